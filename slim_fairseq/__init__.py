@@ -1,0 +1,20 @@
+"""slim_fairseq: parameter-slimming transformers as a fairseq plugin (``--user-dir``).
+
+Importing the package registers its models and architectures with fairseq and allow-lists
+the classes fairseq checkpoints contain for torch's weights-only loading
+(:mod:`slim_fairseq.checkpoint_safety`). It prints nothing and changes nothing else.
+"""
+import os
+
+from slim_fairseq import checkpoint_safety
+
+__version__ = "0.1.0"
+
+checkpoint_safety.install()
+
+from slim_fairseq import models  # noqa: E402,F401  (registers models and archs)
+
+
+def user_dir():
+    """Absolute path to pass as ``--user-dir``."""
+    return os.path.dirname(os.path.abspath(__file__))

@@ -1,0 +1,117 @@
+"""Command-line options of the plugin's encoder-decoder model and LM (see docs/DESIGN.md).
+
+Options are declared without ``default=`` (fairseq parses model args with
+``argument_default=SUPPRESS``); :func:`set_slim_defaults` fills what an arch preset did not set.
+Plugin-only flags never start with ``encoder-``/``decoder-`` (SPEC §5).
+"""
+
+GATES = ("none", "qgv", "kgv", "vgq", "vgk", "qgk", "kgq")
+CROSS_GATES = ("none", "kgv", "vgk")
+GLU_ACTIVATIONS = ("silu", "gelu")
+SAFE_OUTPUTS = ("linear", "mlp")
+TC_PLACES = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
+
+
+CROSS_GATE_WHY = ("qgv/qgk/vgq/kgq gate one sequence with the other position by position: undefined "
+                  "when source and target lengths differ, and it leaks future target tokens")
+
+
+def _cross_gate(value):
+    """argparse type of --cross-attn-gate: a one-line error that says why a gate is refused."""
+    import argparse
+    if value not in CROSS_GATES:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not allowed; allowed: {'|'.join(CROSS_GATES)} ({CROSS_GATE_WHY})")
+    return value
+
+
+def add_slim_args(parser):
+    """Technique options shared by ``slim_transformer`` and ``slim_lm``."""
+    g = parser.add_argument_group("slim_fairseq: Anthe (SPEC §1)")
+    g.add_argument("--self-attn-gate", choices=GATES, metavar="GATE",
+                   help="gated pre-attention in every self-attention (SPEC §1.1): "
+                        + "|".join(GATES) + "; default none")
+    g.add_argument("--cross-attn-gate", metavar="GATE", type=_cross_gate,
+                   help="gate of encoder-decoder attention: none|kgv|vgk (gates mixing the two "
+                        "sequences are rejected: they need S == T and leak future tokens)")
+    g.add_argument("--no-patt", action="store_true",
+                   help="pre-attention projections W_Q, W_K, W_V become identity")
+    g.add_argument("--ffn-glu", action="store_true",
+                   help="GLU feed-forward w2(act(w1 x) * w3 x), hidden floor(2f/3) (SPEC §1.2)")
+    g.add_argument("--glu-activation", choices=GLU_ACTIVATIONS,
+                   help="GLU activation; default silu (SwiGLU, as the Anthe reference code; the paper "
+                        "text says GEGLU)")
+    g.add_argument("--hsoftpos-levels", type=int, metavar="L",
+                   help="H-SoftPOS hierarchical embedding with L levels; 0 = off (SPEC §1.3)")
+    for place, what in (("ff", "feed-forward linears"), ("patt", "W_Q, W_K, W_V"),
+                        ("layer", "ff and patt"), ("emb", "token embedding"),
+                        ("output", "vocabulary projection")):
+        g.add_argument(f"--tc-{place}", type=float, metavar="R",
+                       help=f"Tensor-Chain factorisation of the {what} with parameter ratio R "
+                            "(0 = dense) (SPEC §1.4)")
+    g.add_argument("--tc-length", type=int, metavar="N", help="Tensor-Chain length n (>= 2)")
+    g.add_argument("--output-bias", action="store_true", help="bias on the vocabulary projection")
+
+    g = parser.add_argument_group("slim_fairseq: Subformer (SPEC §2)")
+    g.add_argument("--safe-embed-dim", type=int, metavar="E",
+                   help="SAFE self-attentive factorised embeddings of width E; 0 = off (SPEC §2.1)")
+    g.add_argument("--safe-output", choices=SAFE_OUTPUTS,
+                   help="SAFE output path d_m -> d_e: linear (reference) or mlp (with a nonlinearity)")
+    g.add_argument("--sandwich", action="store_true",
+                   help="sandwich-style parameter sharing of the middle layers (SPEC §2.2)")
+    g.add_argument("--sandwich-dim", type=int, metavar="D",
+                   help="width of the shared middle layers (0 = model width)")
+    g.add_argument("--sandwich-ffn-dim", type=int, metavar="F",
+                   help="FFN width of the shared middle layers (0 = model FFN width)")
+    g.add_argument("--sandwich-heads", type=int, metavar="H",
+                   help="attention heads of the shared middle layers (0 = width // 64)")
+    g.add_argument("--bert-init", action="store_true",
+                   help="BERT-style init: N(0, 0.02) weights, zero biases, zero pad row")
+
+
+def set_slim_defaults(args):
+    """Defaults of every option of :func:`add_slim_args` (called by the base arch functions)."""
+    defaults = dict(
+        self_attn_gate="none", cross_attn_gate="none", no_patt=False,
+        ffn_glu=False, glu_activation="silu", hsoftpos_levels=0,
+        tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=0.0, tc_output=0.0, tc_length=2,
+        output_bias=False,
+        safe_embed_dim=0, safe_output="linear", sandwich=False, sandwich_dim=0,
+        sandwich_ffn_dim=0, sandwich_heads=0, bert_init=False,
+    )
+    for key, value in defaults.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
+def _fail(flag, value, allowed, why=""):
+    raise ValueError(f"{flag}={value!r} is not allowed; allowed: {allowed}" + (f" ({why})" if why else ""))
+
+
+def validate_slim_args(args):
+    """One-line errors for bad option values, before anything is built."""
+    if args.self_attn_gate not in GATES:
+        _fail("--self-attn-gate", args.self_attn_gate, "|".join(GATES))
+    if args.cross_attn_gate not in CROSS_GATES:
+        _fail("--cross-attn-gate", args.cross_attn_gate, "|".join(CROSS_GATES), CROSS_GATE_WHY)
+    if args.glu_activation not in GLU_ACTIVATIONS:
+        _fail("--glu-activation", args.glu_activation, "|".join(GLU_ACTIVATIONS))
+    if args.safe_output not in SAFE_OUTPUTS:
+        _fail("--safe-output", args.safe_output, "|".join(SAFE_OUTPUTS))
+    if args.hsoftpos_levels < 0:
+        _fail("--hsoftpos-levels", args.hsoftpos_levels, "an integer >= 0")
+    for place in TC_PLACES:
+        r = getattr(args, place)
+        if not 0.0 <= r <= 1.0:
+            _fail("--" + place.replace("_", "-"), r, "a ratio in [0, 1] (0 = dense)")
+    if args.tc_length < 2:
+        _fail("--tc-length", args.tc_length, "an integer >= 2")
+    for flag in ("safe_embed_dim", "sandwich_dim", "sandwich_ffn_dim", "sandwich_heads"):
+        if getattr(args, flag) < 0:
+            _fail("--" + flag.replace("_", "-"), getattr(args, flag), "an integer >= 0")
+    if args.hsoftpos_levels and args.safe_embed_dim:
+        raise ValueError("--hsoftpos-levels and --safe-embed-dim are alternative input embeddings; "
+                         "choose one (set the other to 0)")
+    if args.tc_emb and args.safe_embed_dim:
+        raise ValueError("--tc-emb cannot be combined with --safe-embed-dim (SAFE already factorises "
+                         "the embedding); set --tc-emb 0")

@@ -1,0 +1,298 @@
+"""``slim_transformer``: fairseq's transformer with every slimming technique as an option.
+
+Anthe (gates, GLU, H-SoftPOS, Tensor Chain; SPEC §1) and Subformer (SAFE, sandwich sharing;
+SPEC §2) switch on by options and combine freely. Named architectures are presets that only
+set defaults (see ``archs_*.py``). Extension points: docs/DESIGN.md.
+"""
+import argparse
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+    base_architecture,
+)
+from fairseq.modules import AdaptiveSoftmax
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq import utils
+
+from slim_fairseq.models.slim_layers import SlimDecoderLayer, SlimEncoderLayer
+from slim_fairseq.models.slim_options import add_slim_args, set_slim_defaults, validate_slim_args
+from slim_fairseq.modules.input_embedding import (
+    build_input_embedding,
+    build_token_table,
+    token_table_dim,
+)
+
+
+def _wrap_layer(cfg, layer):
+    """Activation checkpointing and FSDP wrapping exactly as fairseq's own stacks do."""
+    if cfg.checkpoint_activations:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    min_params_to_wrap = cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0
+    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
+def _build_stack(cfg, side, make_layer):
+    """Plain stack of L layers, or the sandwich stack with shared middle layers (SPEC §2.2)."""
+    if not getattr(cfg, "sandwich", False):
+        num_layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
+        return [make_layer(cfg) for _ in range(num_layers)]
+    from slim_fairseq.modules.sandwich import build_layer_stack
+    return build_layer_stack(cfg, side, make_layer)
+
+
+class SlimTransformerEncoder(TransformerEncoderBase):
+    """Encoder whose input embedding and layer stack come from the options.
+
+    ``embed_tokens`` is the token table; it is wrapped by :func:`build_input_embedding`.
+    """
+
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
+        input_embedding = build_input_embedding(cfg, embed_tokens, "encoder")
+        num_layers, cfg.encoder.layers = cfg.encoder.layers, 0
+        try:
+            super().__init__(cfg, dictionary, input_embedding, return_fc=return_fc)
+        finally:
+            cfg.encoder.layers = num_layers
+        self.embed_positions = None  # positions live in the input embedding
+        self.layers.extend(_build_stack(cfg, "encoder", self.build_encoder_layer))
+        self.num_layers = len(self.layers)
+
+    def build_encoder_layer(self, cfg):
+        return _wrap_layer(cfg, SlimEncoderLayer(cfg, return_fc=self.return_fc))
+
+    def forward_embedding(self, src_tokens, token_embedding: Optional[Tensor] = None):
+        if token_embedding is not None:
+            raise ValueError("slim_transformer does not take precomputed token embeddings")
+        x = embed = self.embed_tokens(src_tokens)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x)
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        return x, embed
+
+    def max_positions(self):
+        return self.max_source_positions
+
+
+class SlimTransformerDecoder(TransformerDecoderBase):
+    """Decoder whose input embedding, layer stack and output projection come from the options."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        input_embedding = build_input_embedding(cfg, embed_tokens, "decoder")
+        num_layers, cfg.decoder.layers = cfg.decoder.layers, 0
+        try:
+            super().__init__(cfg, dictionary, input_embedding, no_encoder_attn=no_encoder_attn,
+                             output_projection=output_projection)
+        finally:
+            cfg.decoder.layers = num_layers
+        self.embed_positions = None  # positions live in the input embedding
+        self.layers.extend(_build_stack(
+            cfg, "decoder", lambda layer_cfg: self.build_decoder_layer(layer_cfg, no_encoder_attn)))
+        self.num_layers = len(self.layers)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return _wrap_layer(cfg, SlimDecoderLayer(cfg, no_encoder_attn))
+
+    def build_output_projection(self, cfg, dictionary, embed_tokens):
+        """Vocabulary projection: adaptive softmax, SAFE, Tensor Chain or dense (tied or not)."""
+        if getattr(cfg, "base_layers", 0):
+            raise ValueError("--base-layers is not supported by slim_fairseq models")
+        table = embed_tokens.table if hasattr(embed_tokens, "table") else embed_tokens
+        vocab = len(dictionary)
+        if cfg.adaptive_softmax_cutoff is not None:
+            self.adaptive_softmax = AdaptiveSoftmax(
+                vocab, self.output_embed_dim,
+                utils.eval_str_list(cfg.adaptive_softmax_cutoff, type=int),
+                dropout=cfg.adaptive_softmax_dropout,
+                adaptive_inputs=table if cfg.tie_adaptive_weights else None,
+                factor=cfg.adaptive_softmax_factor, tie_proj=cfg.tie_adaptive_proj)
+        elif getattr(cfg, "safe_embed_dim", 0):
+            from slim_fairseq.modules.safe import SAFEOutputProjection
+            self.output_projection = SAFEOutputProjection.from_cfg(
+                cfg, table, self.output_embed_dim, vocab)
+        elif getattr(cfg, "tc_output", 0.0):
+            if self.share_input_output_embed:
+                raise ValueError("--tc-output cannot be combined with tied input/output embeddings "
+                                 "(--share-decoder-input-output-embed / --share-all-embeddings)")
+            from slim_fairseq.modules.tensor_chain import TensorChainLinear
+            self.output_projection = TensorChainLinear(
+                self.output_embed_dim, vocab, ratio=cfg.tc_output, length=cfg.tc_length,
+                bias=getattr(cfg, "output_bias", False))
+        else:
+            bias = getattr(cfg, "output_bias", False)
+            if self.share_input_output_embed:
+                weight = getattr(table, "weight", None)
+                if not isinstance(weight, nn.Parameter) or weight.shape != (vocab, self.output_embed_dim):
+                    raise ValueError(
+                        "tied input/output embeddings need a dense token table of width "
+                        f"{self.output_embed_dim}; this input embedding cannot be tied "
+                        "(drop --share-decoder-input-output-embed / --share-all-embeddings)")
+                self.output_projection = nn.Linear(self.output_embed_dim, vocab, bias=bias)
+                self.output_projection.weight = weight
+            else:
+                self.output_projection = nn.Linear(self.output_embed_dim, vocab, bias=bias)
+                nn.init.normal_(self.output_projection.weight, mean=0,
+                                std=self.output_embed_dim ** -0.5)
+            if bias:
+                nn.init.zeros_(self.output_projection.bias)
+
+    def extract_features_scriptable(
+        self,
+        prev_output_tokens,
+        encoder_out: Optional[Dict[str, List[Tensor]]],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+    ):
+        """fairseq's decoder pass with the input embedding given the incremental state
+        (H-SoftPOS convolutions and SAFE attention cache per step)."""
+        if alignment_layer is None:
+            alignment_layer = self.num_layers - 1
+        enc: Optional[Tensor] = None
+        padding_mask: Optional[Tensor] = None
+        if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
+            enc = encoder_out["encoder_out"][0]
+        if encoder_out is not None and len(encoder_out["encoder_padding_mask"]) > 0:
+            padding_mask = encoder_out["encoder_padding_mask"][0]
+
+        x = self.embed_tokens(prev_output_tokens, incremental_state=incremental_state)
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x)
+        x = x.transpose(0, 1)  # B x T x C -> T x B x C
+
+        self_attn_padding_mask: Optional[Tensor] = None
+        if self.cross_self_attention or prev_output_tokens.eq(self.padding_idx).any():
+            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
+
+        attn: Optional[Tensor] = None
+        inner_states: List[Optional[Tensor]] = [x]
+        for idx, layer in enumerate(self.layers):
+            self_attn_mask = (self.buffered_future_mask(x)
+                              if incremental_state is None and not full_context_alignment else None)
+            x, layer_attn, _ = layer(
+                x, enc, padding_mask, incremental_state,
+                self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask,
+                need_attn=bool(idx == alignment_layer),
+                need_head_weights=bool(idx == alignment_layer),
+            )
+            inner_states.append(x)
+            if layer_attn is not None and idx == alignment_layer:
+                attn = layer_attn.float().to(x)
+        if attn is not None:
+            if alignment_heads is not None:
+                attn = attn[:alignment_heads]
+            attn = attn.mean(dim=0)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [attn], "inner_states": inner_states}
+
+    def max_positions(self):
+        return self.max_target_positions
+
+
+def finish_build(model, cfg):
+    """Post-build hooks shared by the encoder-decoder model and the LM."""
+    if getattr(cfg, "bert_init", False):
+        from slim_fairseq.modules.sandwich import bert_init_
+        bert_init_(model)
+    return model
+
+
+class ContractOverridesMixin:
+    """``contract_overrides(arch)``: CLI overrides that shrink any arch of a model to a tiny one,
+    used by the architecture contract suite (tests/test_contract.py)."""
+
+    TINY = {"embed_dim": "32", "ffn_embed_dim": "48", "layers": "3", "attention_heads": "4"}
+
+    @classmethod
+    def arch_defaults(cls, arch):
+        from fairseq.models import ARCH_CONFIG_REGISTRY
+        args = argparse.Namespace()
+        ARCH_CONFIG_REGISTRY[arch](args)
+        return args
+
+    @classmethod
+    def technique_overrides(cls, defaults):
+        out = []
+        if getattr(defaults, "safe_embed_dim", 0):
+            out += ["--safe-embed-dim", "16"]
+        if getattr(defaults, "sandwich", False):
+            out += ["--sandwich-dim", "48", "--sandwich-ffn-dim", "64", "--sandwich-heads", "4"]
+        if getattr(defaults, "adaptive_input", False):
+            out += ["--adaptive-input-cutoff", "20,60", "--adaptive-input-factor", "2"]
+        if getattr(defaults, "adaptive_softmax_cutoff", None):
+            out += ["--adaptive-softmax-cutoff", "20,60", "--adaptive-softmax-factor", "2"]
+        return out
+
+
+@register_model("slim_transformer")
+class SlimTransformerModel(ContractOverridesMixin, TransformerModel):
+    """Encoder-decoder transformer with the plugin's techniques as options (docs/DESIGN.md)."""
+
+    @classmethod
+    def add_args(cls, parser):
+        TransformerModel.add_args(parser)
+        add_slim_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        set_slim_defaults(args)
+        validate_slim_args(args)
+        model = super().build_model(args, task)
+        return finish_build(model, args)
+
+    @classmethod
+    def build_embedding(cls, args, dictionary, embed_dim, path=None):
+        cfg = TransformerConfig.from_namespace(args)
+        table = build_token_table(cfg, dictionary, token_table_dim(cfg, embed_dim))
+        if path:
+            if cfg.tc_emb or table.embedding_dim != embed_dim:
+                raise ValueError("--encoder-embed-path/--decoder-embed-path need the standard "
+                                 "dense embedding of the model width")
+            utils.load_embedding(utils.parse_embedding(path), dictionary, table)
+        return table
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return SlimTransformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return SlimTransformerDecoder(TransformerConfig.from_namespace(args), tgt_dict, embed_tokens,
+                                      no_encoder_attn=args.no_cross_attention)
+
+    @classmethod
+    def contract_overrides(cls, arch):
+        tiny = []
+        for side in ("encoder", "decoder"):
+            for key, value in cls.TINY.items():
+                tiny += [f"--{side}-{key.replace('_', '-')}", value]
+        return tiny + cls.technique_overrides(cls.arch_defaults(arch))
+
+
+@register_model_architecture("slim_transformer", "slim_transformer")
+def slim_transformer_base(args):
+    """fairseq's transformer base with every technique off."""
+    set_slim_defaults(args)
+    base_architecture(args)

@@ -1,0 +1,1 @@
+"""Technique modules, one file each (docs/DESIGN.md)."""

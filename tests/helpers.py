@@ -1,0 +1,84 @@
+"""Shared test helpers: load the plugin the only safe way, build models through fairseq's own
+parser, make small batches, run fairseq's CLI tools."""
+import argparse
+import os
+import subprocess
+import sys
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_DIR = os.path.join(REPO, "slim_fairseq")
+BIN = os.path.dirname(sys.executable)
+TEST_DATA = os.path.join(REPO, "build", "test-data")
+
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+
+def load_plugin():
+    """Register the plugin with fairseq exactly as ``--user-dir`` does (never import it twice)."""
+    from fairseq import utils
+    utils.import_user_module(argparse.Namespace(user_dir=USER_DIR))
+
+
+def ende_data_bin():
+    """Small binarized subset of the bundled en-de corpus (cached under build/test-data)."""
+    from binarize_bundled import binarize_ende
+    return binarize_ende(TEST_DATA, subset=1500, eval_subset=100, bpe_merges=1000)
+
+
+def wikitext_data_bin():
+    """Small word-level binarized subset of the bundled WikiText-2 (cached under build/test-data)."""
+    from binarize_bundled import binarize_wikitext
+    return binarize_wikitext(TEST_DATA, subset=1500, nwords=2000)
+
+
+def plugin_archs():
+    """Every architecture the plugin registers, with its model class (from fairseq's registry)."""
+    load_plugin()
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    return {arch: cls for arch, cls in sorted(ARCH_MODEL_REGISTRY.items())
+            if cls.__module__.startswith("slim_fairseq")}
+
+
+def is_lm(model_cls):
+    from fairseq.models import FairseqLanguageModel
+    return issubclass(model_cls, FairseqLanguageModel)
+
+
+def task_args(lm):
+    """Task arguments for the bundled data (translation en->de or word-level language modeling)."""
+    if lm:
+        return [wikitext_data_bin(), "--task", "language_modeling", "--tokens-per-sample", "64",
+                "--sample-break-mode", "none"]
+    return [ende_data_bin(), "--task", "translation", "--source-lang", "en", "--target-lang", "de"]
+
+
+def parse_train_args(argv):
+    """Parse a fairseq-train command line (without the program name) with fairseq's parser."""
+    load_plugin()
+    from fairseq import options
+    parser = options.get_training_parser()
+    return options.parse_args_and_arch(parser, input_args=argv)
+
+
+def build(arch, overrides, lm, extra=()):
+    """(args, task, model) for ``arch`` built through fairseq's parser from CLI-style args."""
+    from fairseq import tasks
+    args = parse_train_args(task_args(lm) + ["--arch", arch, "--user-dir", USER_DIR, "--cpu",
+                                             *overrides, *extra])
+    task = tasks.setup_task(args)
+    torch.manual_seed(1)
+    model = task.build_model(args)
+    return args, task, model
+
+
+def run_cli(tool, argv, timeout=600, env=None):
+    """Run a fairseq console script of this venv; return its combined output (fails loudly)."""
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    full_env.update(env or {})
+    proc = subprocess.run([os.path.join(BIN, tool), *argv], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{tool} failed ({proc.returncode}):\n{out[-4000:]}"
+    return out

@@ -1,0 +1,140 @@
+"""Foundation (issue 2): plugin loading, console script, safe checkpoints, fairseq CLI round trip."""
+import argparse
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import BIN, REPO, USER_DIR, ende_data_bin, run_cli
+
+
+class _Payload:
+    """An object whose unpickling would run code (writes a marker file)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_checkpoint_is_refused_and_payload_never_runs(tmp_path):
+    from fairseq import checkpoint_utils
+
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"args": argparse.Namespace(arch="transformer"), "model": {},
+                "extra": _Payload(marker)}, path)
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert not marker.exists()
+    # the same file is harmless without the payload: safety is on, the allow-list is narrow
+    torch.save({"args": argparse.Namespace(arch="transformer"), "model": {"w": torch.ones(2)}},
+               tmp_path / "ok.pt")
+    state = torch.load(tmp_path / "ok.pt", weights_only=True)
+    assert state["args"].arch == "transformer"
+
+
+def test_allow_list_is_narrow():
+    from slim_fairseq_user_dir import user_dir  # noqa: F401  (importable without fairseq)
+    import slim_fairseq.checkpoint_safety as cs
+
+    allowed = cs.allowed_globals()
+    names = {f"{getattr(o, '__module__', '')}.{getattr(o, '__qualname__', o)}" for o in allowed}
+    assert "argparse.Namespace" in names
+    for dangerous in ("posix.system", "builtins.eval", "builtins.exec", "subprocess.Popen",
+                      "builtins.getattr", "builtins.__import__", "torch.load"):
+        assert dangerous not in names
+    assert len(allowed) < 40
+
+
+def test_namespace_checkpoint_needs_the_allow_list(tmp_path):
+    """Without the plugin, torch refuses fairseq's legacy checkpoints; with it they load."""
+    path = tmp_path / "ns.pt"
+    torch.save({"args": argparse.Namespace(arch="transformer")}, path)
+    code = ("import torch,sys; torch.load(sys.argv[1], weights_only=True)")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+    assert proc.returncode != 0 and "Namespace" in proc.stderr
+    assert torch.load(path, weights_only=True)["args"].arch == "transformer"
+
+
+def test_plugin_import_is_silent_and_changes_nothing_global():
+    code = r"""
+import argparse, io, logging, sys, warnings, contextlib
+import torch, fairseq.models, fairseq.tasks
+before = (torch.get_default_dtype(), torch.get_num_threads(), logging.getLogger().level,
+          len(warnings.filters), torch.is_grad_enabled())
+out, err = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    from fairseq import utils
+    utils.import_user_module(argparse.Namespace(user_dir=sys.argv[1]))
+after = (torch.get_default_dtype(), torch.get_num_threads(), logging.getLogger().level,
+         len(warnings.filters), torch.is_grad_enabled())
+assert out.getvalue() == "" and err.getvalue() == "", (out.getvalue(), err.getvalue())
+assert before == after, (before, after)
+from fairseq.models import ARCH_MODEL_REGISTRY
+assert "slim_transformer" in ARCH_MODEL_REGISTRY and "slim_lm" in ARCH_MODEL_REGISTRY
+print("OK")
+"""
+    proc = subprocess.run([sys.executable, "-c", code, USER_DIR], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("OK")
+
+
+def test_console_script_prints_user_dir():
+    out = subprocess.run([os.path.join(BIN, "slim-fairseq-user-dir")], capture_output=True,
+                         text=True, check=True)
+    assert os.path.samefile(out.stdout.strip(), USER_DIR)
+    assert out.stderr == ""
+
+
+def test_bad_option_fails_before_training_with_one_line_error(tmp_path):
+    proc = subprocess.run(
+        [os.path.join(BIN, "fairseq-train"), ende_data_bin(), "--task", "translation",
+         "--arch", "slim_transformer", "--user-dir", USER_DIR, "--cpu",
+         "--cross-attn-gate", "qgv", "--save-dir", str(tmp_path), "--max-update", "1",
+         "--batch-size", "8"],
+        capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "kgv" in lines[0] and "leak" in lines[0], proc.stderr[-2000:]
+    assert not (tmp_path / "checkpoint_last.pt").exists()
+
+
+@pytest.mark.slow
+def test_train_eval_bleu_resume_generate_interactive(tmp_path):
+    """fairseq's own tools with weights_only loading: --eval-bleu checkpoints (numpy state),
+    resume, fairseq-generate and fairseq-interactive, all with --user-dir."""
+    data = ende_data_bin()
+    save = str(tmp_path / "ckpt")
+    common = [data, "--task", "translation", "--source-lang", "en", "--target-lang", "de",
+              "--user-dir", USER_DIR, "--cpu"]
+    train = common + [
+        "--arch", "slim_transformer", "--encoder-layers", "1", "--decoder-layers", "1",
+        "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+        "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+        "--decoder-attention-heads", "2", "--optimizer", "adam", "--lr", "1e-3",
+        "--batch-size", "16", "--save-dir", save, "--no-epoch-checkpoints",
+        "--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_a": 0, "max_len_b": 5}',
+        "--eval-bleu-remove-bpe", "--best-checkpoint-metric", "bleu",
+        "--maximize-best-checkpoint-metric", "--validate-interval-updates", "2",
+        "--max-valid-steps", "1", "--num-workers", "0"]
+    out = run_cli("fairseq-train", train + ["--max-update", "2"])
+    assert "done training" in out
+    out = run_cli("fairseq-train", train + ["--max-update", "4"])
+    assert "Loaded checkpoint" in out and "@ 2 updates" in out and "num_updates 4" in out
+    ckpt = os.path.join(save, "checkpoint_last.pt")
+    out = run_cli("fairseq-generate", common + ["--path", ckpt, "--beam", "5", "--max-len-b", "5",
+                                                "--max-len-a", "0", "--gen-subset", "test",
+                                                "--batch-size", "50", "--remove-bpe"])
+    assert "BLEU" in out
+    proc = subprocess.run([os.path.join(BIN, "fairseq-interactive"), *common, "--path", ckpt,
+                           "--beam", "2", "--max-len-b", "5", "--max-len-a", "0"],
+                          input="the house is small .\n", capture_output=True, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "H-0" in proc.stdout
