@@ -127,13 +127,25 @@ def test_a_builds_through_fairseq_parser(built):
 
 def test_b_every_parameter_gets_a_gradient(built):
     arch, lm, args, task, model = built
-    net_input, target = _batch(task, lm, tgt_lens=(7, 5))
+    net_input, target = _batch(task, lm, tgt_lens=(12, 9))
+    # geometric sweep over the vocabulary, so every band of adaptive input/softmax is used
+    d = task.target_dictionary
+    sweep, k = [], d.nspecial
+    while k < len(d) and len(sweep) < 11:
+        sweep.append(k)
+        k *= 2
+    sweep.append(len(d) - 1)
+    sweep = torch.tensor(sweep)
+    _prefix(net_input, lm)[0, 1: len(sweep) + 1] = sweep
+    target[0, : len(sweep)] = sweep
+    pad = task.target_dictionary.pad()
+    sample = {"id": torch.arange(target.size(0)), "nsentences": target.size(0),
+              "ntokens": int(target.ne(pad).sum()), "net_input": net_input, "target": target}
+    criterion = task.build_criterion(args)  # the criterion fairseq-train would use
     model.train()
     model.zero_grad()
-    lprobs = _log_probs(model, net_input)
-    loss = torch.nn.functional.nll_loss(lprobs.reshape(-1, lprobs.size(-1)), target.reshape(-1),
-                                        ignore_index=task.target_dictionary.pad())
-    assert torch.isfinite(loss)
+    loss, sample_size, _ = criterion(model, sample)
+    assert torch.isfinite(loss) and sample_size > 0
     loss.backward()
     missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     assert not missing, f"{arch}: parameters without gradient (DDP would need " \

@@ -242,7 +242,8 @@ class ContractOverridesMixin:
         if getattr(defaults, "adaptive_input", False):
             out += ["--adaptive-input-cutoff", "20,60", "--adaptive-input-factor", "2"]
         if getattr(defaults, "adaptive_softmax_cutoff", None):
-            out += ["--adaptive-softmax-cutoff", "20,60", "--adaptive-softmax-factor", "2"]
+            out += ["--adaptive-softmax-cutoff", "20,60", "--adaptive-softmax-factor", "2",
+                    "--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
         return out
 
 
