@@ -13,6 +13,9 @@ setup(
     packages=find_packages(include=["slim_fairseq", "slim_fairseq.*"]),
     py_modules=["slim_fairseq_user_dir"],
     python_requires=">=3.10",
-    entry_points={"console_scripts": ["slim-fairseq-user-dir = slim_fairseq_user_dir:main"]},
+    entry_points={"console_scripts": [
+        "slim-fairseq-user-dir = slim_fairseq_user_dir:main",
+        "slim-fairseq-help = slim_fairseq.arch_help:main",
+    ]},
     license="MIT",
 )

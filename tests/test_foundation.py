@@ -138,3 +138,13 @@ def test_train_eval_bleu_resume_generate_interactive(tmp_path):
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "H-0" in proc.stdout
+
+
+def test_arch_help_lists_model_options_and_preset_values():
+    out = subprocess.run([os.path.join(BIN, "slim-fairseq-help"), "slim_transformer"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "--self-attn-gate" in out and "--sandwich-dim" in out and "--tc-ff" in out
+    assert "preset values:" in out and "--encoder-embed-dim 512" in out
+    bad = subprocess.run([os.path.join(BIN, "slim-fairseq-help"), "no_such_arch"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "unknown --arch 'no_such_arch'" in bad.stderr
