@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# STLM weight tying on the bundled WikiText-2 (issue 5, SPEC §3), shrunk for CPU.
+#
+# Three runs at a matched parameter budget (~2.06M with the 8000-word vocabulary), same
+# updates, batches and seed:
+#   tied    tied in/out baseline            D 6, H 128, F 344
+#   ffn     FFN tying over all interior     D 6, H 160, F 414   (--tie-ffn 0, wider)
+#   lora    FFN tying + per-layer LoRA r=8  D 6, H 160, F 352   (--tie-ffn 0 --ffn-lora-rank 8)
+# 8 query / 2 KV heads everywhere. Prints parameters, valid perplexity and training tokens/s.
+#
+# Usage: bash examples/lm/stlm_tying_wikitext2.sh [OUT_DIR]
+# Environment: UPDATES (300), BATCH (8 sequences), TOKENS (128 per sequence), LR (2e-3),
+#   SEED (1), JOBS (parallel runs, 2), NWORDS (vocabulary cap, 8000), RUNS ("tied ffn lora").
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OUT=${1:-$REPO/build/stlm_tying_wikitext2}
+BIN=${FAIRSEQ_BIN:-$REPO/.venv/bin}
+PYTHON=${PYTHON:-$BIN/python}
+UPDATES=${UPDATES:-300}
+BATCH=${BATCH:-8}
+TOKENS=${TOKENS:-128}
+LR=${LR:-2e-3}
+SEED=${SEED:-1}
+JOBS=${JOBS:-2}
+NWORDS=${NWORDS:-8000}
+RUNS=${RUNS:-"tied ffn lora"}
+export OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore
+
+mkdir -p "$OUT"
+DATA=$("$PYTHON" -c "import sys; sys.path.insert(0, '$REPO/scripts'); \
+from binarize_bundled import binarize_wikitext; \
+print(binarize_wikitext('$REPO/build/data', nwords=$NWORDS))")
+
+shape_of() {
+  case "$1" in
+    tied) echo "--decoder-embed-dim 128 --decoder-ffn-embed-dim 344" ;;
+    ffn)  echo "--decoder-embed-dim 160 --decoder-ffn-embed-dim 414 --tie-ffn 0" ;;
+    lora) echo "--decoder-embed-dim 160 --decoder-ffn-embed-dim 352 --tie-ffn 0 --ffn-lora-rank 8 --ffn-lora-alpha 16" ;;
+    *) echo "unknown run $1" >&2; exit 1 ;;
+  esac
+}
+
+train_one() {
+  local name=$1
+  # shellcheck disable=SC2046
+  "$BIN/fairseq-train" "$DATA" --user-dir "$REPO/slim_fairseq" --cpu --num-workers 0 \
+    --task language_modeling --tokens-per-sample "$TOKENS" --sample-break-mode none \
+    --arch stlm_tied --decoder-layers 6 --decoder-attention-heads 8 --kv-heads 2 \
+    $(shape_of "$name") \
+    --batch-size "$BATCH" --max-update "$UPDATES" --seed "$SEED" \
+    --optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01 --clip-norm 1.0 \
+    --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates $((UPDATES / 10)) \
+    --no-save --log-format simple --log-interval 50 \
+    > "$OUT/$name.log" 2>&1
+}
+
+echo "data: $DATA  out: $OUT  updates: $UPDATES x $BATCH x $TOKENS tokens  seed: $SEED"
+running=0
+for name in $RUNS; do
+  train_one "$name" &
+  running=$((running + 1))
+  if [ "$running" -ge "$JOBS" ]; then wait -n; running=$((running - 1)); fi
+done
+wait
+
+printf "%-6s %12s %10s %12s\n" run params valid_ppl train_tok/s | tee "$OUT/summary.txt"
+for name in $RUNS; do
+  log="$OUT/$name.log"
+  params=$(grep -o "num. shared model params: [0-9,]*" "$log" | tail -1 | grep -o "[0-9,]*$" || true)
+  [ -n "$params" ] || params=$(grep -o "num. model params: [0-9,]*" "$log" | tail -1 | grep -o "[0-9,]*$")
+  ppl=$(grep "valid on 'valid' subset" "$log" | tail -1 | sed -E 's/.*\| ppl ([0-9.]+).*/\1/')
+  wps=$(grep -E "\| train \| epoch" "$log" | tail -1 | sed -E 's/.*\| wps ([0-9.]+).*/\1/')
+  printf "%-6s %12s %10s %12s\n" "$name" "$params" "$ppl" "$wps"
+done | tee -a "$OUT/summary.txt"
+
+# Training throughput per CPU-second (process time, one thread): less sensitive than the
+# wall-clock tokens/s above to other processes sharing the machine.
+for name in $RUNS; do
+  # shellcheck disable=SC2046
+  STLM_USER_DIR="$REPO/slim_fairseq" "$PYTHON" - "$DATA" "$TOKENS" "$BATCH" "$name" --arch stlm_tied --decoder-layers 6 \
+      --decoder-attention-heads 8 --kv-heads 2 $(shape_of "$name") <<'PY' 2>>"$OUT/bench.err"
+import argparse, os, sys, time
+import torch
+from fairseq import options, tasks, utils
+
+data, tokens, batch, name, model_args = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+torch.set_num_threads(1)
+utils.import_user_module(argparse.Namespace(user_dir=os.environ["STLM_USER_DIR"]))
+args = options.parse_args_and_arch(options.get_training_parser(), input_args=[
+    data, "--task", "language_modeling", "--tokens-per-sample", str(tokens), "--cpu", *model_args])
+task = tasks.setup_task(args)
+torch.manual_seed(1)
+model = task.build_model(args).train()
+sample = torch.randint(task.dictionary.nspecial, len(task.dictionary), (batch, tokens))
+
+def step():
+    logits = model(sample)[0]
+    torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), sample.reshape(-1)).backward()
+
+for _ in range(2):
+    step()
+start = time.process_time()
+for _ in range(8):
+    step()
+rate = 8 * sample.numel() / (time.process_time() - start)
+print(f"{name:6s} train tokens per CPU-second: {rate:,.0f}")
+PY
+done | tee -a "$OUT/summary.txt"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Train a Subformer language model on WikiText-103 (SPEC 2.3; archs subformer_lm_wiki103_83m,
+# subformer_lm_wiki103_96m, subformer_lm_wiki103_122m: adaptive input and tied adaptive softmax
+# with sandwich sharing).
+#
+# Hyperparameters: fairseq's adaptive-input WikiText-103 recipe (Baevski & Auli), which the
+# Subformer paper follows: NAG, lr 1.0 with cosine cycles (period 270K updates, shrink 0.75,
+# t-mult 2) after 16K warm-up updates from 1e-7, min lr 1e-4, clip-norm 0.1, 286K updates,
+# 3072-token blocks, 3072 tokens x update-freq 3 on each of 8 GPUs (73,728 tokens per update:
+# the update frequency is adapted to the number of GPUs), adaptive_loss, legacy_ddp.
+#
+# usage: train-subformer-lm.sh DATA_BIN [--arch subformer_lm_wiki103_83m] [--gpus N]
+#            [--nodes M ...] [--fp16|--bf16] [--cpu-smoke] [fairseq-train options]
+set -euo pipefail
+# shellcheck source=SCRIPTDIR/../common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+
+ARCH=subformer_lm_wiki103_83m
+MAX_TOKENS=3072
+TOKENS_PER_UPDATE=73728
+TASK_ARGS=(--task language_modeling --tokens-per-sample 3072 --sample-break-mode none)
+HPARAMS=(
+    --optimizer nag --lr 1.0 --lr-scheduler cosine --t-mult 2 --lr-period-updates 270000
+    --lr-shrink 0.75 --warmup-updates 16000 --warmup-init-lr 1e-07 --stop-min-lr 1e-09
+    --min-lr 0.0001 --clip-norm 0.1 --max-update 286000
+    --criterion adaptive_loss --seed 1 --ddp-backend legacy_ddp
+    --skip-invalid-size-inputs-valid-test
+)
+SMOKE_ARGS=(--tokens-per-sample 64 --warmup-updates 1 --lr-period-updates 10)
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+train_main "$@"

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# WMT16 English-Romanian (setup of Lee et al. 2018, used by the Subformer paper).
+#
+# train: Europarl v8 + SETIMES2 (~610K pairs)
+# valid: newsdev2016           test: newstest2016
+# The Romanian side gets Sennrich's WMT16 normalisation (cedilla -> comma-below, quotes) and
+# loses its diacritics, then both sides are Moses-tokenized (sacremoses) and share a joint BPE
+# (35K merges by default; --bpe-merges), training pairs are filtered to 1..250 tokens and
+# ratio <= 1.5, and fairseq-preprocess --joined-dictionary binarizes them.
+#
+# usage: prepare-wmt16enro.sh [--raw-dir DIR] [--work-dir DIR] [--dest-dir DIR]
+#            [--bpe-merges N] [--max-len N] [--ratio R] [--src en --tgt ro] [--no-verify]
+#   --raw-dir DIR  the four downloads below, already downloaded (same file names); no network
+set -euo pipefail
+# shellcheck source=SCRIPTDIR/../common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+
+usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+
+WORK_DIR="wmt16_en_ro"
+DEST_DIR=""
+BPE_MERGES="${BPE_MERGES:-35000}"
+MAX_LEN=250
+RATIO=1.5
+SRC=en
+TGT=ro
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --raw-dir) require_value "$@"; RAW_DIR="$(cd "$2" && pwd)"; shift 2 ;;
+        --work-dir) require_value "$@"; WORK_DIR="$2"; shift 2 ;;
+        --dest-dir) require_value "$@"; DEST_DIR="$2"; shift 2 ;;
+        --bpe-merges) require_value "$@"; BPE_MERGES="$2"; shift 2 ;;
+        --max-len) require_value "$@"; MAX_LEN="$2"; shift 2 ;;
+        --ratio) require_value "$@"; RATIO="$2"; shift 2 ;;
+        --src) require_value "$@"; SRC="$2"; shift 2 ;;
+        --tgt) require_value "$@"; TGT="$2"; shift 2 ;;
+        --no-verify) NO_VERIFY=1; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) die "unknown option $1 (see --help)" ;;
+    esac
+done
+[[ "$SRC-$TGT" == en-ro || "$SRC-$TGT" == ro-en ]] || die "--src/--tgt: allowed en ro or ro en"
+mkdir -p "$WORK_DIR"
+WORK_DIR="$(cd "$WORK_DIR" && pwd)"
+DEST_DIR="${DEST_DIR:-$WORK_DIR/data-bin}"
+ORIG_DIR="$WORK_DIR/orig"
+TMP="$WORK_DIR/tmp"
+EXTRACTED="$WORK_DIR/extracted"
+mkdir -p "$TMP"
+
+# URL, file name, checksum (dev/test md5 as published with sacreBLEU; the training archives
+# have no published checksum: their sha256 is recorded on first download)
+SOURCES=(
+    "https://data.statmt.org/wmt16/translation-task/training-parallel-ep-v8.tgz training-parallel-ep-v8.tgz"
+    "https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip en-ro.txt.zip"
+    "https://data.statmt.org/wmt16/translation-task/dev.tgz dev.tgz md5:4a3dc2760bb077f4308cce96b06e6af6"
+    "https://data.statmt.org/wmt16/translation-task/test.tgz test.tgz md5:3d809cd0c2c86adb2c67034d15c4e446"
+)
+for entry in "${SOURCES[@]}"; do
+    read -r url name checksum <<<"$entry"
+    fetch "$url" "$name" "${checksum:-}"
+    extract "$(raw_path "$name")" "$EXTRACTED"
+done
+
+rm -f "$TMP"/raw.*
+append_parallel "$(find_one "$EXTRACTED" "europarl-v8.ro-en.$SRC")" "$(find_one "$EXTRACTED" "europarl-v8.ro-en.$TGT")" \
+    "$TMP/raw.train" "$SRC" "$TGT"
+append_parallel "$(find_one "$EXTRACTED" "SETIMES*.en-ro.$SRC")" "$(find_one "$EXTRACTED" "SETIMES*.en-ro.$TGT")" \
+    "$TMP/raw.train" "$SRC" "$TGT"
+sgm_to_text "$(find_one "$EXTRACTED" "newsdev2016-$SRC$TGT-src.$SRC.sgm")" >"$TMP/raw.valid.$SRC"
+sgm_to_text "$(find_one "$EXTRACTED" "newsdev2016-$SRC$TGT-ref.$TGT.sgm")" >"$TMP/raw.valid.$TGT"
+sgm_to_text "$(find_one "$EXTRACTED" "newstest2016-$SRC$TGT-src.$SRC.sgm")" >"$TMP/raw.test.$SRC"
+sgm_to_text "$(find_one "$EXTRACTED" "newstest2016-$SRC$TGT-ref.$TGT.sgm")" >"$TMP/raw.test.$TGT"
+
+# Romanian normalisation before tokenization and BPE, on every split (references included,
+# as in the published en-ro results)
+for split in train valid test; do
+    romanian_normalise <"$TMP/raw.$split.ro" >"$TMP/raw.$split.ro.norm"
+    mv "$TMP/raw.$split.ro.norm" "$TMP/raw.$split.ro"
+done
+
+moses_bpe_pipeline "$TMP" "$SRC" "$TGT" "$BPE_MERGES" "$MAX_LEN" "$RATIO" "$DEST_DIR"

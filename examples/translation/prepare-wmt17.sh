@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# WMT17 news translation, one of the seven pairs with English used by the Anthe paper:
+# cs, de, fi, lv, ru, tr, zh (either direction: PAIR = xx-en or en-xx).
+#
+# train: the public WMT17 parallel data of the pair (table below; corpora that need a
+#        registration -- CzEng, Yandex, CWMT -- can be added with --extra-corpus PREFIX)
+# valid: newstest2016 (newsdev2017 for lv and zh)     test: newstest2017
+# Sentencepiece BPE (32K by default) on untokenized text, trained on both sides or, with
+# --tokenizer-lang en, on English text only (one tokenizer shared by all pairs, as in the
+# Anthe paper; --spm-model reuses a trained model), optional corpus-size cap (--max-size 9G
+# as the paper did for ru-en and zh-en), and fairseq-preprocess --joined-dictionary.
+#
+# usage: prepare-wmt17.sh PAIR [--raw-dir DIR] [--work-dir DIR] [--dest-dir DIR]
+#            [--vocab-size N] [--tokenizer-lang joint|en] [--spm-model FILE]
+#            [--spm-sample N] [--max-size SIZE] [--max-len N] [--ratio R]
+#            [--extra-corpus PREFIX]... [--skip CORPUS]... [--no-verify]
+#   --raw-dir DIR  the downloads of the pair, already downloaded (same file names); no network
+#   CORPUS names for --skip: europarl commoncrawl news-commentary rapid wiki-titles leta dcep
+#                            books setimes un
+set -euo pipefail
+# shellcheck source=SCRIPTDIR/../common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+
+usage() { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+
+[[ $# -ge 1 && "$1" != -* ]] || { usage; die "PAIR is required (e.g. de-en)"; }
+PAIR="$1"
+shift
+WORK_DIR=""
+DEST_DIR=""
+VOCAB_SIZE="${VOCAB_SIZE:-32000}"
+TOKENIZER_LANG=joint
+SPM_MODEL=""
+SPM_SAMPLE=10000000
+MAX_SIZE=""
+MAX_LEN=250
+RATIO=""
+EXTRA_CORPORA=()
+SKIP=" "
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --raw-dir) require_value "$@"; RAW_DIR="$(cd "$2" && pwd)"; shift 2 ;;
+        --work-dir) require_value "$@"; WORK_DIR="$2"; shift 2 ;;
+        --dest-dir) require_value "$@"; DEST_DIR="$2"; shift 2 ;;
+        --vocab-size) require_value "$@"; VOCAB_SIZE="$2"; shift 2 ;;
+        --tokenizer-lang) require_value "$@"; TOKENIZER_LANG="$2"; shift 2 ;;
+        --spm-model) require_value "$@"; SPM_MODEL="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
+        --spm-sample) require_value "$@"; SPM_SAMPLE="$2"; shift 2 ;;
+        --max-size) require_value "$@"; MAX_SIZE="$(parse_size "$2")"; shift 2 ;;
+        --max-len) require_value "$@"; MAX_LEN="$2"; shift 2 ;;
+        --ratio) require_value "$@"; RATIO="$2"; shift 2 ;;
+        --extra-corpus) require_value "$@"; EXTRA_CORPORA+=("$2"); shift 2 ;;
+        --skip) require_value "$@"; SKIP+="$2 "; shift 2 ;;
+        --no-verify) NO_VERIFY=1; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) die "unknown option $1 (see --help)" ;;
+    esac
+done
+
+case "$PAIR" in
+    cs-en | de-en | fi-en | lv-en | ru-en | tr-en | zh-en) SRC="${PAIR%-en}"; TGT=en; XX="$SRC" ;;
+    en-cs | en-de | en-fi | en-lv | en-ru | en-tr | en-zh) SRC=en; TGT="${PAIR#en-}"; XX="$TGT" ;;
+    *) die "PAIR: allowed cs-en de-en fi-en lv-en ru-en tr-en zh-en and the reverse directions, got '$PAIR'" ;;
+esac
+case "$TOKENIZER_LANG" in
+    joint | en) ;;
+    *) die "--tokenizer-lang: allowed joint, en; got '$TOKENIZER_LANG'" ;;
+esac
+[[ -z "$SPM_MODEL" || -f "$SPM_MODEL" ]] || die "--spm-model: $SPM_MODEL does not exist"
+# Chinese pieces are much shorter than English words: a loose ratio filter
+RATIO="${RATIO:-$([[ "$XX" == zh ]] && echo 9 || echo 1.5)}"
+COVERAGE="$([[ "$XX" == zh ]] && echo 0.9995 || echo 1.0)"
+
+WORK_DIR="${WORK_DIR:-wmt17_${SRC}_${TGT}}"
+mkdir -p "$WORK_DIR"
+WORK_DIR="$(cd "$WORK_DIR" && pwd)"
+DEST_DIR="${DEST_DIR:-$WORK_DIR/data-bin}"
+ORIG_DIR="$WORK_DIR/orig"
+TMP="$WORK_DIR/tmp"
+EXTRACTED="$WORK_DIR/extracted"
+mkdir -p "$TMP"
+
+WMT17="https://data.statmt.org/wmt17/translation-task"
+EP7="https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz training-parallel-europarl-v7.tgz md5:c52404583294a1b609e56d45b2ed06f5"
+EP8="$WMT17/training-parallel-ep-v8.tgz training-parallel-ep-v8.tgz md5:07b77f254d189a5bfb7b43b7fc489716"
+CC="https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz training-parallel-commoncrawl.tgz md5:7e0acbe86b0d7816300e14650f5b2bd4"
+NC12="$WMT17/training-parallel-nc-v12.tgz training-parallel-nc-v12.tgz md5:fc6b83b809347e64f511d291e4bc8731"
+RAPID="$WMT17/rapid2016.tgz rapid2016.tgz md5:17a3a1846433ad26acb95da02f93af93"
+WIKI="https://www.statmt.org/wmt15/wiki-titles.tgz wiki-titles.tgz md5:f74eef43032766d55884a5073ed8ce27"
+LETA="$WMT17/leta.v1.tgz leta.v1.tgz md5:3f367e86924f910cb1e969de57caf63c"
+DCEP="$WMT17/dcep.lv-en.v1.tgz dcep.lv-en.v1.tgz md5:0f949102e8501dfb3c99d3e3f545b4f9"
+BOOKS="$WMT17/books.lv-en.v1.tgz books.lv-en.v1.tgz md5:7073092421b1259158446870990a9ca5"
+SETIMES="https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-$XX.txt.zip en-$XX.txt.zip -"
+UN="https://storage.googleapis.com/tfdataset-data/downloadataset/uncorpus/UNv1.0.en-$XX.tar.gz UNv1.0.en-$XX.tar.gz -"
+RAPID_NAME="rapid2016.$(printf '%s\n' "$XX" en | sort | paste -sd-)"
+
+# corpus name | download (URL FILE CHECKSUM) | member: parallel files NAME.{lang} or a " ||| " file
+CORPORA=()
+case "$XX" in
+    cs | de) CORPORA+=("europarl|$EP7|par:europarl-v7.$XX-en") ;;
+    fi | lv) CORPORA+=("europarl|$EP8|par:europarl-v8.$XX-en") ;;
+esac
+case "$XX" in cs | de | ru) CORPORA+=("commoncrawl|$CC|par:commoncrawl.$XX-en") ;; esac
+case "$XX" in cs | de | ru | zh) CORPORA+=("news-commentary|$NC12|par:news-commentary-v12.$XX-en") ;; esac
+case "$XX" in de | fi | lv) CORPORA+=("rapid|$RAPID|par:$RAPID_NAME") ;; esac
+case "$XX" in
+    fi) CORPORA+=("wiki-titles|$WIKI|sep:titles.fi-en") ;;
+    ru) CORPORA+=("wiki-titles|$WIKI|sep:wiki.ru-en") ;;
+esac
+if [[ "$XX" == lv ]]; then
+    CORPORA+=("leta|$LETA|par:leta" "dcep|$DCEP|par:dcep" "books|$BOOKS|par:farewell")
+fi
+case "$XX" in tr) CORPORA+=("setimes|$SETIMES|par:SETIMES*.en-$XX") ;; esac
+case "$XX" in ru | zh) CORPORA+=("un|$UN|par:UNv1.0.en-$XX") ;; esac
+
+rm -f "$TMP"/raw.*
+for entry in "${CORPORA[@]}"; do
+    IFS='|' read -r corpus download member <<<"$entry"
+    if [[ "$SKIP" == *" $corpus "* ]]; then
+        log "skipping $corpus (--skip)"
+        continue
+    fi
+    read -r url name checksum <<<"$download"
+    [[ "$checksum" == - ]] && checksum=""
+    fetch "$url" "$name" "$checksum"
+    extract "$(raw_path "$name")" "$EXTRACTED/$corpus"
+    case "$member" in
+        par:*)
+            append_parallel "$(find_one "$EXTRACTED/$corpus" "${member#par:}.$SRC")" \
+                "$(find_one "$EXTRACTED/$corpus" "${member#par:}.$TGT")" "$TMP/raw.train" "$SRC" "$TGT" ;;
+        sep:*)
+            # lines are "xx ||| en"
+            if [[ "$SRC" == en ]]; then
+                append_separated "$(find_one "$EXTRACTED/$corpus" "${member#sep:}")" " ||| " "$TMP/raw.train" "$TGT" "$SRC"
+            else
+                append_separated "$(find_one "$EXTRACTED/$corpus" "${member#sep:}")" " ||| " "$TMP/raw.train" "$SRC" "$TGT"
+            fi ;;
+    esac
+done
+for prefix in "${EXTRA_CORPORA[@]}"; do
+    append_parallel "$prefix.$SRC" "$prefix.$TGT" "$TMP/raw.train" "$SRC" "$TGT"
+done
+[[ -s "$TMP/raw.train.$SRC" ]] || die "no training data collected for $PAIR"
+if [[ -n "$MAX_SIZE" ]]; then
+    cap_corpus "$TMP/raw.train" "$SRC" "$TGT" "$MAX_SIZE"
+fi
+
+fetch "$WMT17/dev.tgz" dev.tgz md5:9b1aa63c1cf49dccdd20b962fe313989
+extract "$(raw_path dev.tgz)" "$EXTRACTED/dev"
+fetch "$WMT17/test.tgz" test.tgz md5:86a1724c276004aa25455ae2a04cef26
+extract "$(raw_path test.tgz)" "$EXTRACTED/test"
+DEV_SET="$([[ "$XX" == lv || "$XX" == zh ]] && echo newsdev2017 || echo newstest2016)"
+sgm_to_text "$(find_one "$EXTRACTED/dev" "$DEV_SET-$SRC$TGT-src.$SRC.sgm")" >"$TMP/raw.valid.$SRC"
+sgm_to_text "$(find_one "$EXTRACTED/dev" "$DEV_SET-$SRC$TGT-ref.$TGT.sgm")" >"$TMP/raw.valid.$TGT"
+sgm_to_text "$(find_one "$EXTRACTED/test" "newstest2017-$SRC$TGT-src.$SRC.sgm")" >"$TMP/raw.test.$SRC"
+sgm_to_text "$(find_one "$EXTRACTED/test" "newstest2017-$SRC$TGT-ref.$TGT.sgm")" >"$TMP/raw.test.$TGT"
+
+if [[ -z "$SPM_MODEL" ]]; then
+    if [[ "$TOKENIZER_LANG" == en ]]; then
+        spm_inputs=("$TMP/raw.train.en")
+    else
+        spm_inputs=("$TMP/raw.train.$SRC" "$TMP/raw.train.$TGT")
+    fi
+    log "training a sentencepiece BPE model, vocabulary $VOCAB_SIZE, on: ${spm_inputs[*]}"
+    spm_train "$TMP/spm" "$VOCAB_SIZE" "$COVERAGE" "$SPM_SAMPLE" "${spm_inputs[@]}"
+    SPM_MODEL="$TMP/spm.model"
+fi
+spm_pipeline "$TMP" "$SRC" "$TGT" "$DEST_DIR" "$SPM_MODEL" "$MAX_LEN" "$RATIO"

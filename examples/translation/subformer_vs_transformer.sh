@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Shrunk Subformer vs a transformer of the same d_m / L on the bundled en-de corpus (CPU).
+#
+# Both models: d_m 256, f_m 1024, 4 heads, 4+4 layers, joined dictionary with
+# --share-all-embeddings, same seed, optimizer, batch size and number of updates.
+#   - subformer:   slim_transformer arch subformer_small shrunk to that shape: SAFE d_e 128,
+#                  sandwich middle d_s 384 / f_s 1024 / 6 heads (d_s = 1.5 d_m as in
+#                  subformer_small), BERT-style init;
+#   - transformer: fairseq's own `transformer` at that shape.
+# Reported per model: parameters, valid loss / nll / PPL (fairseq's masked per-token
+# perplexity, 2^nll) after the last update, test BLEU (beam 5, BPE removed, fairseq's default
+# tokenized BLEU), training tokens/s (fairseq's wps) and generation tokens/s (fairseq-generate).
+# The Subformer paper reports training 10-30% faster and inference 10-20% faster when
+# d_s = d_m, slower when d_s >> d_m: add --same-width to run the subformer with d_s = d_m.
+#
+# usage: subformer_vs_transformer.sh [OUT_DIR] [--max-update N] [--max-tokens N] [--seed S]
+#            [--log-interval N] [--same-width] [--sequential]
+# env:   THREADS (per model, default 1); the two runs go in parallel unless --sequential.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+OUT="$REPO/build/subformer_vs_transformer"
+MAX_UPDATE=400
+MAX_TOKENS=4096
+SEED=1
+LOG_INTERVAL=50
+PARALLEL=1
+MIDDLE=(--sandwich-dim 384 --sandwich-ffn-dim 1024 --sandwich-heads 6)
+THREADS="${THREADS:-1}"
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --max-update) MAX_UPDATE="$2"; shift 2 ;;
+        --max-tokens) MAX_TOKENS="$2"; shift 2 ;;
+        --seed) SEED="$2"; shift 2 ;;
+        --log-interval) LOG_INTERVAL="$2"; shift 2 ;;
+        --same-width) MIDDLE=(--sandwich-dim 256 --sandwich-ffn-dim 1024 --sandwich-heads 4); shift ;;
+        --sequential) PARALLEL=0; shift ;;
+        -h | --help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "error: unknown option $1" >&2; exit 1 ;;
+        *) OUT="$1"; shift ;;
+    esac
+done
+PYTHON="${PYTHON:-python}"
+command -v fairseq-train >/dev/null || { echo "error: fairseq-train not on PATH" >&2; exit 1; }
+mkdir -p "$OUT"
+
+# 1. data: Moses tokenization + joint BPE + fairseq-preprocess --joined-dictionary (cached)
+DATA="$("$PYTHON" "$REPO/scripts/binarize_bundled.py" "$OUT/data" --corpus ende | tail -n 1)"
+[[ -f "$DATA/dict.en.txt" ]] || { echo "error: binarization failed ($DATA)" >&2; exit 1; }
+
+WARMUP=$(( MAX_UPDATE < 400 ? MAX_UPDATE / 2 : 200 ))
+SHAPE=(--encoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --encoder-layers 4
+       --encoder-attention-heads 4 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024
+       --decoder-layers 4 --decoder-attention-heads 4 --dropout 0.1 --share-all-embeddings)
+COMMON=("$DATA" --task translation --source-lang en --target-lang de --cpu --seed "$SEED"
+        --optimizer adam --adam-betas "(0.9, 0.98)" --lr 1e-3 --lr-scheduler inverse_sqrt
+        --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+        --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --no-epoch-checkpoints
+        --save-interval-updates "$MAX_UPDATE" --keep-interval-updates 1
+        --log-format simple --log-interval "$LOG_INTERVAL" --num-workers 0 --skip-invalid-size-inputs-valid-test)
+
+run() {  # name, extra fairseq-train arguments...
+    local name="$1"; shift
+    rm -rf "$OUT/$name"; mkdir -p "$OUT/$name"
+    OMP_NUM_THREADS="$THREADS" fairseq-train "${COMMON[@]}" "${SHAPE[@]}" "$@" \
+        --save-dir "$OUT/$name" > "$OUT/$name/train.log" 2>&1
+    OMP_NUM_THREADS="$THREADS" fairseq-generate "$DATA" --task translation --source-lang en \
+        --target-lang de --cpu --path "$OUT/$name/checkpoint_last.pt" --gen-subset test \
+        --beam 5 --batch-size 64 --required-batch-size-multiple 1 --max-len-a 1.2 --max-len-b 10 --remove-bpe --quiet \
+        --user-dir "$REPO/slim_fairseq" > "$OUT/$name/generate.log" 2>&1
+}
+
+SUBFORMER=(--user-dir "$REPO/slim_fairseq" --arch subformer_small --safe-embed-dim 128
+           "${MIDDLE[@]}" --bert-init)
+TRANSFORMER=(--arch transformer)
+start=$(date +%s)
+if [[ "$PARALLEL" == 1 ]]; then
+    run subformer "${SUBFORMER[@]}" & pid_s=$!
+    run transformer "${TRANSFORMER[@]}" & pid_t=$!
+    wait "$pid_s"; wait "$pid_t"
+else
+    run subformer "${SUBFORMER[@]}"
+    run transformer "${TRANSFORMER[@]}"
+fi
+echo "wall time: $(( $(date +%s) - start )) s (updates: $MAX_UPDATE, max tokens: $MAX_TOKENS, seed: $SEED)"
+
+# 2. report
+"$PYTHON" - "$OUT" <<'EOF'
+import os
+import re
+import sys
+
+out = sys.argv[1]
+print(f"{'model':<12} {'params':>11} {'valid loss':>10} {'valid nll':>9} {'valid ppl':>9} "
+      f"{'test BLEU':>9} {'train tok/s':>11} {'gen tok/s':>9}")
+for name in ("subformer", "transformer"):
+    log = open(os.path.join(out, name, "train.log")).read()
+    params = re.search(r"num\. shared model params: ([\d,]+)", log) or \
+        re.search(r"num\. model params: ([\d,]+)", log)
+    valid = re.findall(r"valid \| .*?\| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+)", log)
+    wps = [float(x) for x in re.findall(r"train_inner \| .*?wps=([\d.]+)", log)]
+    gen = open(os.path.join(out, name, "generate.log")).read()
+    bleu = re.search(r"BLEU4? = ([\d.]+)", gen)
+    gen_speed = re.search(r"tokens\) in [\d.]+s \([\d.]+ sentences/s, ([\d.]+) tokens/s\)", gen)
+    loss, nll, ppl = valid[-1] if valid else ("?", "?", "?")
+    print(f"{name:<12} {params.group(1) if params else '?':>11} {loss:>10} {nll:>9} {ppl:>9} "
+          f"{bleu.group(1) if bleu else '?':>9} "
+          f"{sum(wps) / len(wps) if wps else float('nan'):>11.0f} "
+          f"{gen_speed.group(1) if gen_speed else '?':>9}")
+EOF

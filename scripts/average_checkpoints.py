@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Average the parameters of several fairseq checkpoints (the usual last-N averaging before
+evaluation; fairseq's own scripts/average_checkpoints.py is not part of its wheel).
+
+Checkpoints are read with ``torch.load(weights_only=True)``; the only non-tensor objects allowed
+are those fairseq checkpoints contain (SPEC section 5: argparse.Namespace, a few numpy and
+omegaconf types). The output keeps every field of the newest input (cfg / args, extra state)
+with the averaged ``model`` weights; optimizer state is dropped (the result is for inference).
+
+usage:
+  average_checkpoints.py --inputs DIR --num-update-checkpoints 5 --output avg.pt
+  average_checkpoints.py --inputs DIR --num-epoch-checkpoints 5 --output avg.pt
+  average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import os
+import re
+import sys
+import typing
+
+import torch
+
+EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
+UPDATE_PATTERN = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
+
+
+def checkpoint_allow_list() -> list:
+    """The non-tensor types of fairseq checkpoints that weights_only loading must accept."""
+    allowed: list = [argparse.Namespace, collections.defaultdict, typing.Any]
+    try:
+        import numpy as np
+        try:
+            from numpy._core.multiarray import _reconstruct
+        except ImportError:  # numpy < 2
+            from numpy.core.multiarray import _reconstruct
+        allowed += [np.ndarray, np.dtype, _reconstruct]
+        allowed += [type(np.dtype(name)) for name in ("float32", "float64", "int64", "int32")]
+    except ImportError:
+        pass
+    try:
+        from omegaconf import DictConfig, ListConfig
+        from omegaconf.base import ContainerMetadata, Metadata
+        from omegaconf.nodes import AnyNode
+        allowed += [DictConfig, ListConfig, ContainerMetadata, Metadata, AnyNode]
+    except ImportError:
+        pass
+    return allowed
+
+
+def load_checkpoint(path: str) -> dict:
+    """torch.load with weights_only=True and the fairseq allow-list."""
+    guard = getattr(torch.serialization, "safe_globals", None)
+    with guard(checkpoint_allow_list()) if guard else contextlib.nullcontext():
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def last_checkpoints(folder: str, count: int, pattern: re.Pattern, upper_bound: int | None) -> list[str]:
+    """The COUNT checkpoints of FOLDER with the highest epoch / update number (newest first)."""
+    found = []
+    for name in os.listdir(folder):
+        match = pattern.match(name)
+        if match:
+            number = int(match.group(1))
+            if upper_bound is None or number <= upper_bound:
+                found.append((number, os.path.join(folder, name)))
+    found.sort(reverse=True)
+    if len(found) < count:
+        raise ValueError(f"--inputs: {folder} holds {len(found)} matching checkpoints, {count} requested")
+    return [path for _, path in found[:count]]
+
+
+def average(paths: list[str]) -> dict:
+    """Element-wise mean of the ``model`` weights of PATHS; other fields from the first path."""
+    result = None
+    sums: dict[str, torch.Tensor] = {}
+    keys = None
+    for path in paths:
+        state = load_checkpoint(path)
+        model = state["model"]
+        if keys is None:
+            keys = list(model.keys())
+            result = state
+        elif set(model.keys()) != set(keys):
+            raise ValueError(f"{path}: its parameters differ from those of {paths[0]}")
+        for key in keys:
+            value = model[key]
+            if not torch.is_floating_point(value):
+                sums.setdefault(key, value.clone())  # integer buffers are taken as they are
+                continue
+            total = value.to(torch.float64)
+            sums[key] = total if key not in sums else sums[key] + total
+    averaged = collections.OrderedDict()
+    for key in keys:
+        value = result["model"][key]
+        if torch.is_floating_point(value):
+            averaged[key] = (sums[key] / len(paths)).to(value.dtype)
+        else:
+            averaged[key] = sums[key]
+    result["model"] = averaged
+    result.pop("last_optimizer_state", None)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--inputs", nargs="+", required=True,
+                        help="checkpoint files, or one folder with --num-*-checkpoints")
+    parser.add_argument("--output", required=True, help="file to write the averaged checkpoint to")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--num-epoch-checkpoints", type=int, help="last N checkpointEPOCH.pt files")
+    group.add_argument("--num-update-checkpoints", type=int, help="last N checkpoint_E_U.pt files")
+    parser.add_argument("--checkpoint-upper-bound", type=int,
+                        help="ignore checkpoints after this epoch / update number")
+    args = parser.parse_args(argv)
+
+    count = args.num_epoch_checkpoints or args.num_update_checkpoints
+    if count is not None:
+        if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
+            parser.error("--num-*-checkpoints needs exactly one folder in --inputs")
+        pattern = EPOCH_PATTERN if args.num_epoch_checkpoints else UPDATE_PATTERN
+        paths = last_checkpoints(args.inputs[0], count, pattern, args.checkpoint_upper_bound)
+    else:
+        paths = args.inputs
+    print("averaging:", *paths, sep="\n  ", file=sys.stderr)
+    state = average(paths)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    torch.save(state, args.output)
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

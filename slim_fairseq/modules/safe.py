@@ -1,0 +1,188 @@
+"""SAFE: self-attentive factorised embeddings of the Subformer (SPEC §2.1).
+
+Input side (one module per side; the token table E(V, d_e) may be shared by both)::
+
+    x   = E(S) * sqrt(d_e) + sinusoidal_positions(d_e); dropout
+    x   = LN_{d_e}(x + drop(SelfAttn_{d_e}(x)))          # causal in the decoder
+    out = LN_{d_m}(drop(fc2_{d_e->d_m}(relu(fc1_{d_e->d_e}(x)))))
+
+Output side: ``logits = E(W_{d_m->d_e} h + b)`` tied with the token table (reference form,
+``--safe-output linear``) or with a nonlinearity between the two (``--safe-output mlp``).
+
+Bugs of the reference avoided here: the decoder is scaled by sqrt(d_e) (not sqrt(d_m)) and
+gets positions; pre-norm works (``normalize_before`` moves the d_e LayerNorm in front of the
+attention); the decoder attention keeps its own incremental state (step-by-step decoding
+equals the full forward).
+"""
+import math
+from typing import Dict, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from fairseq import utils
+from fairseq.modules import LayerNorm, MultiheadAttention, PositionalEmbedding
+from fairseq.modules.fairseq_dropout import FairseqDropout
+
+
+def safe_attention_heads(embed_dim: int) -> int:
+    """Heads of the SAFE attention: width // 64 (SPEC §2.2's rule), lowered until it divides
+    the width (e.g. d_e = 350 -> 5 heads of 70)."""
+    heads = max(1, embed_dim // 64)
+    while embed_dim % heads:
+        heads -= 1
+    return heads
+
+
+def _side_settings(cfg, side):
+    """(model width, max positions, learned positions, pre-norm) of one side."""
+    if side == "encoder":
+        sub, max_positions = cfg.encoder, cfg.max_source_positions
+    elif side == "decoder":
+        sub, max_positions = cfg.decoder, cfg.max_target_positions
+    else:
+        raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
+    return sub.embed_dim, max_positions, bool(sub.learned_pos), bool(sub.normalize_before)
+
+
+class SAFEInputEmbedding(nn.Module):
+    """SAFE input embedding of one side (SPEC §2.1); see the module docstring.
+
+    ``forward(tokens, incremental_state=None) -> (B, T, d_m)``; with an incremental state
+    ``tokens`` is the whole prefix and only the last position is computed (the attention
+    keys/values of earlier positions come from this module's own attention cache).
+    """
+
+    def __init__(self, table, model_dim, causal, dropout=0.0, attention_dropout=0.0,
+                 max_positions=1024, learned_pos=False, normalize_before=False,
+                 scale=True, positions=True, attention_heads=0):
+        super().__init__()
+        if not isinstance(table, nn.Embedding):
+            raise ValueError("--safe-embed-dim needs a plain token table (it cannot be combined with "
+                             f"--adaptive-input or --tc-emb); got {type(table).__name__}")
+        self.table = table
+        self.padding_idx = table.padding_idx
+        self.num_embeddings = table.num_embeddings
+        self.safe_dim = token_dim = table.embedding_dim
+        self.embedding_dim = model_dim
+        self.causal = causal
+        self.normalize_before = normalize_before
+        self.embed_scale = math.sqrt(token_dim) if scale else 1.0
+        self.embed_positions = (
+            PositionalEmbedding(max_positions, token_dim, self.padding_idx, learned=learned_pos)
+            if positions else None)
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        heads = attention_heads or safe_attention_heads(token_dim)
+        if token_dim % heads:
+            raise ValueError(f"--safe-embed-dim={token_dim} is not divisible by the SAFE attention "
+                             f"heads ({heads}); allowed: a multiple of {heads}")
+        self.self_attn = MultiheadAttention(token_dim, heads, dropout=attention_dropout,
+                                            self_attention=True)
+        self.self_attn_layer_norm = LayerNorm(token_dim)
+        self.fc1 = nn.Linear(token_dim, token_dim)
+        self.fc2 = nn.Linear(token_dim, model_dim)
+        self.output_layer_norm = LayerNorm(model_dim)
+
+    @classmethod
+    def from_cfg(cls, cfg, table, side):
+        model_dim, max_positions, learned_pos, normalize_before = _side_settings(cfg, side)
+        return cls(
+            table, model_dim, causal=(side == "decoder"),
+            dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+            max_positions=max_positions, learned_pos=learned_pos,
+            normalize_before=normalize_before,
+            scale=not getattr(cfg, "no_scale_embedding", False),
+            positions=not getattr(cfg, "no_token_positional_embeddings", False),
+        )
+
+    @staticmethod
+    def token_dim(cfg, model_dim):
+        """Width d_e of the token table (``--safe-embed-dim``)."""
+        return cfg.safe_embed_dim
+
+    @property
+    def weight(self):
+        return self.table.weight
+
+    def max_positions(self):
+        return self.embed_positions.max_positions if self.embed_positions is not None else None
+
+    def forward(self, tokens: Tensor,
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None):
+        positions = None
+        if self.embed_positions is not None:
+            positions = self.embed_positions(tokens, incremental_state=incremental_state)
+        if incremental_state is not None:
+            if not self.causal:
+                raise ValueError("incremental decoding needs the causal (decoder) SAFE embedding")
+            tokens = tokens[:, -1:]
+            if positions is not None:
+                positions = positions[:, -1:]
+        x = self.embed_scale * self.table(tokens)
+        if positions is not None:
+            x = x + positions
+        x = self.dropout_module(x)
+
+        x = x.transpose(0, 1)  # B x T x C -> T x B x C
+        attn_mask = None
+        key_padding_mask = None
+        if incremental_state is None:
+            pad = tokens.eq(self.padding_idx)
+            if pad.any():
+                key_padding_mask = pad
+            if self.causal:
+                seq_len = x.size(0)
+                attn_mask = torch.triu(
+                    utils.fill_with_neg_inf(x.new_zeros(seq_len, seq_len)), 1)
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=key_padding_mask,
+                              incremental_state=incremental_state, need_weights=False,
+                              attn_mask=attn_mask)
+        x = residual + self.dropout_module(x)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+
+        x = self.fc2(F.relu(self.fc1(x)))
+        x = self.output_layer_norm(self.dropout_module(x))
+        return x.transpose(0, 1)
+
+
+class SAFEOutputProjection(nn.Module):
+    """Tied SAFE output path ``logits = E(W h + b)`` (SPEC §2.1).
+
+    ``mlp=False`` is the reference's two linears; ``mlp=True`` puts ``activation`` between
+    them (the paper's "two-layer MLP"). The vocabulary projection is the token table itself
+    (no bias), so only ``W`` (d_m x d_e) and ``b`` are new parameters.
+    """
+
+    def __init__(self, table, model_dim, mlp=False, activation="relu"):
+        super().__init__()
+        if not isinstance(table, nn.Embedding):
+            raise ValueError("--safe-embed-dim needs a plain token table for the tied output "
+                             f"(not {type(table).__name__}); drop --adaptive-softmax-cutoff/--tc-output")
+        self.table = table
+        self.proj = nn.Linear(model_dim, table.embedding_dim)
+        self.activation_fn = utils.get_activation_fn(activation) if mlp else None
+
+    @classmethod
+    def from_cfg(cls, cfg, table, model_dim, vocab_size):
+        if table.num_embeddings != vocab_size:
+            raise ValueError(
+                f"--safe-embed-dim: the tied output needs the decoder's own table of {vocab_size} "
+                f"types, got {table.num_embeddings}")
+        return cls(table, model_dim, mlp=(getattr(cfg, "safe_output", "linear") == "mlp"),
+                   activation=getattr(cfg, "activation_fn", "relu") or "relu")
+
+    @property
+    def weight(self):
+        return self.table.weight
+
+    def forward(self, features: Tensor) -> Tensor:
+        h = self.proj(features)
+        if self.activation_fn is not None:
+            h = self.activation_fn(h)
+        return F.linear(h, self.table.weight)
