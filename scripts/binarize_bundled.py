@@ -144,9 +144,9 @@ def _apply_bpe(codes_path, in_path, out_path, limit=None):
     _write_lines(out_path, [bpe.process_line(line) for line in lines])
 
 
-def ende_paths(out_dir, subset=None, eval_subset=None, bpe_merges=8000):
+def ende_paths(out_dir, subset=None, eval_subset=None, bpe_merges=8000, src="en", tgt="de"):
     """Where :func:`binarize_ende` puts things: dict with ``tok``, ``bpe``, ``codes``, ``data_bin``."""
-    name = f"ende_bpe{bpe_merges}"
+    name = f"ende_bpe{bpe_merges}" if (src, tgt) == ("en", "de") else f"ende_{src}2{tgt}_bpe{bpe_merges}"
     if subset is not None:
         name += f"_train{subset}"
     if eval_subset is not None:
@@ -177,7 +177,7 @@ def binarize_ende(out_dir=DEFAULT_BUILD_DIR, subset=None, eval_subset=None, bpe_
 
 
 def _binarize_ende_locked(out_dir, subset, eval_subset, bpe_merges, workers, force, source_dir, src, tgt):
-    paths = ende_paths(out_dir, subset, eval_subset, bpe_merges)
+    paths = ende_paths(out_dir, subset, eval_subset, bpe_merges, src, tgt)
     settings = {"corpus": "ende", "source": source_dir, "subset": subset, "eval_subset": eval_subset,
                 "bpe_merges": bpe_merges, "src": src, "tgt": tgt}
     if not force and _is_done(paths["data_bin"], settings):
