@@ -44,13 +44,15 @@ CASES = _cases()
 
 
 def _cli_archs():
-    """Controls plus one arch per (model class, name prefix): the CLI checks are slow."""
-    chosen, seen = list(CONTROLS), set()
+    """Controls plus one arch per (model class, name prefix): the CLI checks are slow. Within a
+    family the ``<prefix>_base`` preset (else the shortest name) stands for the others."""
+    families = {}
     for arch, cls in plugin_archs().items():
-        key = (cls, arch.split("_")[0])
-        if key not in seen:
-            seen.add(key)
-            chosen.append(arch)
+        families.setdefault((cls.__name__, arch.split("_")[0]), []).append(arch)
+    chosen = list(CONTROLS)
+    for (_, prefix), archs in sorted(families.items()):
+        base = f"{prefix}_base"
+        chosen.append(base if base in archs else min(archs, key=lambda a: (len(a), a)))
     return chosen
 
 

@@ -12,8 +12,7 @@
 # tokenized BLEU on the Moses-tokenized references), and training tokens/s (fairseq's wps).
 #
 # usage: anthe_vs_transformer.sh [OUT_DIR] [--max-update N] [--max-tokens N] [--warmup N]
-#            [--seed S] [--test-shards K] [--sequential] [--eval-only]
-#        --test-shards K translates only shard 0 of K of the test set (every K-th batch; faster).
+#            [--seed S] [--sequential] [--eval-only]
 #        --eval-only reuses the checkpoints of an earlier run (translate + report only).
 # env:   THREADS (per model, default 1); the two runs go in parallel unless --sequential.
 set -euo pipefail
@@ -25,7 +24,6 @@ MAX_UPDATE=600
 MAX_TOKENS=4096
 WARMUP=200
 SEED=1
-TEST_SHARDS=1
 PARALLEL=1
 EVAL_ONLY=0
 THREADS="${THREADS:-1}"
@@ -35,10 +33,9 @@ while [[ $# -gt 0 ]]; do
         --max-tokens) MAX_TOKENS="$2"; shift 2 ;;
         --warmup) WARMUP="$2"; shift 2 ;;
         --seed) SEED="$2"; shift 2 ;;
-        --test-shards) TEST_SHARDS="$2"; shift 2 ;;
         --sequential) PARALLEL=0; shift ;;
         --eval-only) EVAL_ONLY=1; shift ;;
-        -h | --help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) echo "error: unknown option $1" >&2; exit 1 ;;
         *) OUT="$1"; shift ;;
     esac
@@ -73,7 +70,7 @@ train() {  # name, extra fairseq-train arguments...
     OMP_NUM_THREADS="$THREADS" fairseq-generate "$DATA" --user-dir "$REPO/slim_fairseq" \
         --task translation --source-lang en \
         --target-lang de --cpu --path "$OUT/$name/checkpoint_last.pt" --gen-subset test \
-        --beam 5 --batch-size 64 --required-batch-size-multiple 1 --remove-bpe --quiet --num-shards "$TEST_SHARDS" --shard-id 0 > "$OUT/$name/generate.log" 2>&1
+        --beam 5 --batch-size 64 --required-batch-size-multiple 1 --remove-bpe --quiet > "$OUT/$name/generate.log" 2>&1
 }
 
 ANTHE=(--user-dir "$REPO/slim_fairseq" --arch anthe_base)
@@ -88,7 +85,7 @@ else
     train transformer "${TRANSFORMER[@]}"
 fi
 echo "wall time: $(( $(date +%s) - start )) s (updates: $MAX_UPDATE, max tokens: $MAX_TOKENS," \
-     "warmup: $WARMUP, seed: $SEED, test shard 1 of $TEST_SHARDS, threads per model: $THREADS)"
+     "warmup: $WARMUP, seed: $SEED, threads per model: $THREADS)"
 
 # 2. report
 "$PYTHON" - "$OUT" <<'EOF'

@@ -1,0 +1,59 @@
+"""Time TensorChainLinear's two forward strategies (materialise W then matmul, or contract the
+input core by core), forward + backward, for the shapes Anthe uses (SPEC §1.4).
+
+    OMP_NUM_THREADS=1 python scripts/tc_forward_timing.py
+
+Prints one line per (shape, bond, rows) with both timings, the faster mode and what
+``forward_mode="auto"`` picks; the last line counts how often "auto" picked the faster one.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from slim_fairseq.modules.tensor_chain import TensorChainLinear
+
+
+def time_mode(module, x, mode, repeats):
+    module.forward_mode = mode
+    grad = torch.randn(x.shape[0], module.out_features)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        module(x).backward(grad)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    shapes = [(512, 512, 14), (512, 1365, 2), (1365, 512, 2), (512, 2048, 8), (512, 32000, 8),
+              (256, 256, 8), (256, 682, 2)]
+    agree = total = 0
+    print(f"{'in x out':>12} {'bond':>4} {'rows':>6} {'materialise ms':>15} {'contract ms':>12} "
+          f"{'faster':>12} {'auto':>12} {'cost ratio':>10}")
+    for n_in, n_out, bond in shapes:
+        module = TensorChainLinear(n_in, n_out, bond=bond)
+        for rows in (1, 8, 64, 512, 4096):
+            x = torch.randn(rows, n_in)
+            module.forward_mode = "auto"
+            auto = "contract" if module.use_contraction(rows) else "materialise"
+            ratio = module.cost_ratio(rows)
+            t_mat = time_mode(module, x, "materialise", args.repeats)
+            t_con = time_mode(module, x, "contract", args.repeats)
+            faster = "contract" if t_con < t_mat else "materialise"
+            agree += faster == auto
+            total += 1
+            print(f"{n_in:>5}x{n_out:<6} {bond:>4} {rows:>6} {1e3 * t_mat:>15.3f} "
+                  f"{1e3 * t_con:>12.3f} {faster:>12} {auto:>12} {ratio:>10.2f}")
+    print(f"auto picked the faster mode in {agree}/{total} cases")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Anthe presets (SPEC §1.5, paper Table 1 ablation ladder; LM of paper App. C).
+
+Every preset only sets defaults (options given on the command line win) and then calls the
+base arch function of ``slim_transformer`` / ``slim_lm``. The flag set of each row is listed
+in examples/translation/ANTHE.md.
+"""
+from fairseq.models import register_model_architecture
+from fairseq.utils import safe_getattr
+
+from slim_fairseq.models.slim_lm import slim_lm_base
+from slim_fairseq.models.slim_transformer import slim_transformer_base
+
+
+def _default(args, **values):
+    for name, value in values.items():
+        setattr(args, name, safe_getattr(args, name, value))
+
+
+def _transformer_base_shape(args):
+    """Paper base: d 512, 6+6 layers, 8 heads, f 2048, post-LN, dropout 0.1, sinusoidal."""
+    _default(args, encoder_embed_dim=512, encoder_ffn_embed_dim=2048, encoder_layers=6,
+             encoder_attention_heads=8, decoder_embed_dim=512, decoder_ffn_embed_dim=2048,
+             decoder_layers=6, decoder_attention_heads=8, encoder_normalize_before=False,
+             decoder_normalize_before=False, dropout=0.1)
+
+
+def _separate_embeddings(args):
+    """"B": separate encoder embedding, decoder embedding and output projection, output bias."""
+    _default(args, share_all_embeddings=False, share_decoder_input_output_embed=False,
+             output_bias=True)
+
+
+def _glu(args):
+    """"B'": GLU feed-forward, SiLU as in the reference code (SPEC §1.2)."""
+    _default(args, ffn_glu=True, glu_activation="silu")
+
+
+def _gates_and_hsoftpos(args):
+    """qgv in self-attention, kgv in cross-attention, H-SoftPOS with 2 levels."""
+    _default(args, self_attn_gate="qgv", cross_attn_gate="kgv", hsoftpos_levels=2)
+
+
+def _tensor_chain(args):
+    """TC_{ff:.005, patt:.07}, chain length 2."""
+    _default(args, tc_ff=0.005, tc_patt=0.07, tc_length=2)
+
+
+@register_model_architecture("slim_transformer", "anthe_ablation_transformer_shared")
+def anthe_ablation_transformer_shared(args):
+    """Table 1 row "Transformer + shared embeddings" (60,522,496 params at V=32000)."""
+    _transformer_base_shape(args)
+    _default(args, share_all_embeddings=True, output_bias=False)
+    slim_transformer_base(args)
+
+
+@register_model_architecture("slim_transformer", "anthe_ablation_b")
+def anthe_ablation_b(args):
+    """Table 1 row "B": no embedding sharing, output bias (93,322,496 params)."""
+    _transformer_base_shape(args)
+    _separate_embeddings(args)
+    slim_transformer_base(args)
+
+
+@register_model_architecture("slim_transformer", "anthe_ablation_b_glu")
+def anthe_ablation_b_glu(args):
+    """Table 1 row "B'" = B + GLU (93,324,536 params)."""
+    _transformer_base_shape(args)
+    _separate_embeddings(args)
+    _glu(args)
+    slim_transformer_base(args)
+
+
+@register_model_architecture("slim_transformer", "anthe_ablation_b_glu_qgv_hsoftpos")
+def anthe_ablation_b_glu_qgv_hsoftpos(args):
+    """Table 1 row "B' + qgv + H-SoftPOS" (68,912,632 params)."""
+    _transformer_base_shape(args)
+    _separate_embeddings(args)
+    _glu(args)
+    _gates_and_hsoftpos(args)
+    slim_transformer_base(args)
+
+
+@register_model_architecture("slim_transformer", "anthe_base")
+def anthe_base(args):
+    """Anthe = B' + qgv (cross: kgv) + H-SoftPOS(l=2) + TC_{ff:.005, patt:.07}, n = 2
+    (30,695,032 params)."""
+    _transformer_base_shape(args)
+    _separate_embeddings(args)
+    _glu(args)
+    _gates_and_hsoftpos(args)
+    _tensor_chain(args)
+    slim_transformer_base(args)
+
+
+@register_model_architecture("slim_transformer", "anthe_base_nopatt")
+def anthe_base_nopatt(args):
+    """Anthe with identity pre-attention projections (paper Table 5; 29,699,704 params)."""
+    _default(args, no_patt=True)
+    anthe_base(args)
+
+
+def _gpt2_small_shape(args):
+    """GPT-2 small: 12 layers, d 768, 12 heads, f 3072, GELU, 1024 positions (pre-LN, as
+    fairseq's LMs always are)."""
+    _default(args, decoder_embed_dim=768, decoder_ffn_embed_dim=3072, decoder_layers=12,
+             decoder_attention_heads=12, dropout=0.1, attention_dropout=0.1,
+             activation_fn="gelu", max_target_positions=1024)
+
+
+@register_model_architecture("slim_lm", "slim_lm_gpt2_small")
+def slim_lm_gpt2_small(args):
+    """GPT-2-small-shaped baseline LM: learned positions, tied input/output embeddings."""
+    _gpt2_small_shape(args)
+    _default(args, decoder_learned_pos=True, share_decoder_input_output_embed=True)
+    slim_lm_base(args)
+
+
+@register_model_architecture("slim_lm", "anthe_lm_gpt2_small")
+def anthe_lm_gpt2_small(args):
+    """Anthe recipe on the GPT-2-small shape: GLU (SiLU), qgv, H-SoftPOS(l=2, sinusoidal),
+    TC_{ff:.005, patt:.07}, separate output projection with bias."""
+    _gpt2_small_shape(args)
+    _default(args, decoder_learned_pos=False, share_decoder_input_output_embed=False,
+             output_bias=True, ffn_glu=True, glu_activation="silu", self_attn_gate="qgv",
+             hsoftpos_levels=2)
+    _tensor_chain(args)
+    slim_lm_base(args)

@@ -1,0 +1,131 @@
+"""H-SoftPOS hierarchical embedding with l levels (SPEC §1.3).
+
+    d_sp = floor(d / 2l),  n_sp = d_sp,  d_emb = d - (2l - 1) d_sp
+    X_1 = E(S) sqrt(d_emb) + sinusoidal positions(d_emb)
+    X_i = CausalConv1d(width(X_{i-1}) -> d_sp, kernel 3, dilation 2**(i-2))(X_{i-1}), i = 2..l
+    SoftPOS_i(X) = softmax(X[..., :n_sp]) @ W_sp_i      (W_sp_i: n_sp x d_sp, orthogonal init)
+    output = [X_1, SoftPOS_1(X_1), X_2, SoftPOS_2(X_2), ...]   (width d)
+
+Pad positions are zeroed before every convolution, so a left-padded sentence gives the same
+output as alone. In incremental decoding each convolution keeps its last
+``(kernel - 1) * dilation`` inputs in fairseq's incremental state.
+"""
+import math
+from typing import Dict, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from fairseq.incremental_decoding_utils import with_incremental_state
+from fairseq.modules import PositionalEmbedding
+
+KERNEL_SIZE = 3
+
+
+def hsoftpos_dims(model_dim, levels):
+    """(d_sp, n_sp, d_emb) for model width d and l levels (512, 2 -> 128, 128, 128)."""
+    if levels < 1:
+        raise ValueError(
+            f"--hsoftpos-levels={levels} is not allowed; allowed: an integer >= 1 (0 = off)")
+    d_sp = model_dim // (2 * levels)
+    if d_sp < 1:
+        raise ValueError(f"--hsoftpos-levels={levels} is too many for model width {model_dim}; "
+                         f"allowed: 1..{model_dim // 2}")
+    return d_sp, d_sp, model_dim - (2 * levels - 1) * d_sp
+
+
+@with_incremental_state
+class HSoftPOSEmbedding(nn.Module):
+    """Input embedding (docs/DESIGN.md interface) of SPEC §1.3 around a ``[V, d_emb]`` token
+    table (``nn.Embedding`` or ``TensorChainEmbedding``); returns ``(B, T, d)`` without dropout."""
+
+    def __init__(self, table, model_dim, levels, padding_idx, max_positions, learned_pos=False,
+                 scale=True):
+        super().__init__()
+        self.d_sp, self.n_sp, self.d_emb = hsoftpos_dims(model_dim, levels)
+        if table.embedding_dim != self.d_emb:
+            raise ValueError(f"H-SoftPOS with d={model_dim}, l={levels} needs a token table of "
+                             f"width {self.d_emb}, got {table.embedding_dim}")
+        self.table = table
+        self.levels = levels
+        self.embedding_dim = model_dim
+        self.padding_idx = padding_idx
+        self.num_embeddings = getattr(table, "num_embeddings", None)
+        self.embed_scale = math.sqrt(self.d_emb) if scale else 1.0
+        self.embed_positions = PositionalEmbedding(max_positions, self.d_emb, padding_idx,
+                                                   learned=learned_pos)
+        self.dilations = [2 ** (i - 2) for i in range(2, levels + 1)]
+        widths = [self.d_emb] + [self.d_sp] * (levels - 1)
+        self.convs = nn.ModuleList(
+            nn.Conv1d(widths[i], self.d_sp, KERNEL_SIZE, dilation=dil)
+            for i, dil in enumerate(self.dilations))
+        self.softpos = nn.ParameterList(
+            nn.Parameter(torch.empty(self.n_sp, self.d_sp)) for _ in range(levels))
+        for w in self.softpos:
+            nn.init.orthogonal_(w)
+
+    @staticmethod
+    def token_dim(cfg, model_dim):
+        """Width d_emb of the token table H-SoftPOS needs for model width ``model_dim``."""
+        return hsoftpos_dims(model_dim, cfg.hsoftpos_levels)[2]
+
+    @classmethod
+    def from_cfg(cls, cfg, table, side):
+        from slim_fairseq.modules.input_embedding import side_config
+        model_dim, max_positions, learned = side_config(cfg, side)
+        return cls(table, model_dim, cfg.hsoftpos_levels, table.padding_idx, max_positions,
+                   learned_pos=learned, scale=not cfg.no_scale_embedding)
+
+    @property
+    def weight(self):
+        return self.table.weight
+
+    def max_positions(self):
+        return self.embed_positions.max_positions
+
+    def soft_positions(self, level, x):
+        return torch.softmax(x[..., : self.n_sp], dim=-1) @ self.softpos[level]
+
+    def forward(self, tokens: Tensor,
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None):
+        positions = self.embed_positions(tokens, incremental_state=incremental_state)
+        if incremental_state is not None:
+            return self._step(tokens[:, -1:], positions[:, -1:], incremental_state)
+        keep = tokens.ne(self.padding_idx).unsqueeze(-1).to(positions.dtype)  # (B, T, 1)
+        x = (self.embed_scale * self.table(tokens) + positions) * keep
+        parts = [x, self.soft_positions(0, x)]
+        for level, (conv, dil) in enumerate(zip(self.convs, self.dilations), start=1):
+            padded = F.pad(x.transpose(1, 2), ((KERNEL_SIZE - 1) * dil, 0))  # causal
+            x = conv(padded).transpose(1, 2) * keep
+            parts += [x, self.soft_positions(level, x)]
+        return torch.cat(parts, dim=-1)
+
+    def _step(self, token, position, incremental_state):
+        """One decoding step: ``token`` (B, 1); convolution inputs of earlier steps are cached."""
+        keep = token.ne(self.padding_idx).unsqueeze(-1).to(position.dtype)
+        x = (self.embed_scale * self.table(token) + position) * keep
+        parts = [x, self.soft_positions(0, x)]
+        cache = self.get_incremental_state(incremental_state, "conv_inputs") or {}
+        for level, (conv, dil) in enumerate(zip(self.convs, self.dilations), start=1):
+            key = str(level)
+            history = cache.get(key)
+            if history is None:
+                history = x.new_zeros(x.size(0), x.size(2), (KERNEL_SIZE - 1) * dil)
+            window = torch.cat([history, x.transpose(1, 2)], dim=2)
+            cache[key] = window[:, :, 1:]
+            x = conv(window).transpose(1, 2) * keep
+            parts += [x, self.soft_positions(level, x)]
+        self.set_incremental_state(incremental_state, "conv_inputs", cache)
+        return torch.cat(parts, dim=-1)
+
+    def reorder_incremental_state(self, incremental_state, new_order):
+        """Beam search: reorder every cached convolution input."""
+        cache = self.get_incremental_state(incremental_state, "conv_inputs")
+        if cache is None:
+            return
+        for key, value in cache.items():
+            if value is not None:
+                cache[key] = value.index_select(0, new_order)
+        self.set_incremental_state(incremental_state, "conv_inputs", cache)

@@ -1,0 +1,368 @@
+"""Tensor-Chain (TC) linear layer and embedding (SPEC §1.4).
+
+A weight ``W`` of shape ``[N_a, N_c]`` (``y = x @ W + bias``) is the contraction of ``n`` cores:
+``N_a = a_1 ... a_n``, ``N_c = c_1 ... c_n``; the first core is ``[a_1, b, c_1]``, the middle
+ones ``[a_i, b, b, c_i]`` and the last ``[a_n, b, c_n]`` (an open chain). For ``n = 2``
+``W[(i1, i2), (k1, k2)] = sum_j A[i1, j, k1] B[i2, j, k2]``. Row/column multi-indices are
+row-major (``i_1`` most significant).
+"""
+import math
+import warnings
+
+import torch
+import torch.nn as nn
+
+
+def prime_factors(n):
+    """Prime factors of ``n`` in ascending order (with multiplicity)."""
+    factors, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    if n > 1:
+        factors.append(n)
+    return factors
+
+
+def factorize(n, length):
+    """Split ``n`` into ``length`` factors as close to ``n ** (1/length)`` as its prime
+    factorisation allows (SPEC §1.4), largest first: 512 -> (32, 16), 1365 -> (39, 35).
+
+    Among all ways to group the prime factors, the one with the smallest spread of
+    log-factors wins. A dimension with fewer than ``length`` prime factors (e.g. a prime)
+    gets factor 1 in the remaining slots and a warning.
+    """
+    if n < 1 or length < 1:
+        raise ValueError(f"cannot factorise {n} into {length} factors")
+    primes = prime_factors(n)
+    if len(primes) < length:
+        warnings.warn(f"Tensor Chain: {n} has fewer than {length} prime factors; "
+                      f"using factor 1 in {length - len(primes)} slot(s)")
+    # every distinct way to group the primes into `length` slots (slot multisets only)
+    groupings = {(1,) * length}
+    for p in reversed(primes):
+        groupings = {tuple(sorted(slots[:i] + (slots[i] * p,) + slots[i + 1:], reverse=True))
+                     for slots in groupings for i in range(length)}
+    target = math.log(n) / length
+    return min(sorted(groupings, reverse=True),
+               key=lambda slots: sum((math.log(x) - target) ** 2 for x in slots))
+
+
+def tc_param_count(in_factors, out_factors, bond):
+    """Number of core parameters (bias excluded) of a chain with the given factors and bond."""
+    ends = in_factors[0] * out_factors[0] + in_factors[-1] * out_factors[-1]
+    middle = sum(a * c for a, c in zip(in_factors[1:-1], out_factors[1:-1]))
+    return bond * ends + bond * bond * middle
+
+
+def solve_bond(in_features, out_features, ratio, length=2, in_factors=None, out_factors=None):
+    """Bond dimension b for parameter ratio ``ratio`` = TC params / dense params (SPEC §1.4).
+
+    Solves ``b (a_1 c_1 + a_n c_n) + b^2 sum_{i=2}^{n-1} a_i c_i = r N_a N_c``, takes the
+    floor, at least 1; for n = 2 at least 2, like the reference code.
+    512x512 at r=.07 -> 14; 512x1365 at r=.005 -> 2.
+    """
+    in_factors = in_factors or factorize(in_features, length)
+    out_factors = out_factors or factorize(out_features, length)
+    target = ratio * in_features * out_features
+    linear = in_factors[0] * out_factors[0] + in_factors[-1] * out_factors[-1]
+    quadratic = sum(a * c for a, c in zip(in_factors[1:-1], out_factors[1:-1]))
+    if quadratic == 0:
+        bond = target / linear
+    else:
+        bond = (-linear + math.sqrt(linear * linear + 4.0 * quadratic * target)) / (2.0 * quadratic)
+    bond = max(int(math.floor(bond + 1e-9)), 1)
+    if length == 2:
+        bond = max(bond, 2)
+    return bond
+
+
+def _core_shapes(in_factors, out_factors, bond):
+    """End cores [a, b, c], middle cores [a, b, b, c]."""
+    last = len(in_factors) - 1
+    return [(a, bond, c) if i in (0, last) else (a, bond, bond, c)
+            for i, (a, c) in enumerate(zip(in_factors, out_factors))]
+
+
+def _core_std(target_std, bond, length):
+    """Per-core std so that the materialised weight has std ``target_std``:
+    Var(W) = b^(n-1) * prod_i sigma_i^2 (products of independent zero-mean entries)."""
+    return (target_std ** 2 / bond ** (length - 1)) ** (1.0 / (2 * length))
+
+
+def materialise(cores):
+    """Contract the chain into the full ``[N_a, N_c]`` matrix."""
+    first = cores[0]  # [a1, b, c1]
+    acc = first.permute(0, 2, 1)  # [A, C, b]
+    for core in cores[1:-1]:  # [a, b, b', c]
+        rows, cols, _ = acc.shape
+        acc = torch.einsum("ACb,abec->AaCce", acc, core)
+        acc = acc.reshape(rows * core.shape[0], cols * core.shape[3], core.shape[2])
+    last = cores[-1]  # [a, b, c]
+    rows, cols, _ = acc.shape
+    out = torch.einsum("ACb,abc->AaCc", acc, last)
+    return out.reshape(rows * last.shape[0], cols * last.shape[2])
+
+
+def contract_input(x2d, cores):
+    """``x2d @ W`` without building W: contract the input with one core at a time."""
+    m = x2d.shape[0]
+    a1 = cores[0].shape[0]
+    t = x2d.reshape(m, a1, -1)  # [m, a1, R]
+    t = torch.einsum("mar,abc->mrcb", t, cores[0])  # [m, R, C, b]
+    for core in cores[1:-1]:
+        a, _, bond_out, c = core.shape
+        rest, cols = t.shape[1] // a, t.shape[2]
+        t = t.reshape(m, a, rest, cols, t.shape[3])
+        t = torch.einsum("marCb,abec->mrCce", t, core)
+        t = t.reshape(m, rest, cols * c, bond_out)
+    last = cores[-1]
+    a, _, c = last.shape
+    cols = t.shape[2]
+    t = t.reshape(m, a, cols, t.shape[3])  # rest is 1 here
+    out = torch.einsum("maCb,abc->mCc", t, last)
+    return out.reshape(m, cols * c)
+
+
+class TensorChainLinear(nn.Module):
+    """Drop-in replacement for ``nn.Linear(in_features, out_features)`` whose weight is a
+    Tensor Chain (SPEC §1.4). Give either ``ratio`` (TC params / dense params, bond solved by
+    :func:`solve_bond`) or ``bond``. The cores are initialised so that the materialised weight
+    has the variance of ``nn.Linear``'s default init (or std ``init_std``); bias starts at zero.
+
+    ``forward_mode``: ``"auto"`` (pick by shape, see :meth:`use_contraction`),
+    ``"materialise"`` or ``"contract"``.
+    """
+
+    # Contraction runs as several small einsums; it pays off when it needs this many times
+    # fewer multiply-adds than materialise-and-multiply. Thresholds measured with
+    # scripts/tc_forward_timing.py (CPU, forward + backward; "auto" picked the faster mode in
+    # 32 of 35 measured shapes, the misses being near-ties): small batches of rows pay
+    # materialisation's fixed cost, large ones favour one big matmul.
+    SMALL_BATCH_ROWS = 256
+    CONTRACT_ADVANTAGE_SMALL = 2.0
+    CONTRACT_ADVANTAGE_LARGE = 6.0
+
+    def __init__(self, in_features, out_features, ratio=None, bond=None, length=2, bias=True,
+                 init_std=None, forward_mode="auto"):
+        super().__init__()
+        if length < 2:
+            raise ValueError(f"--tc-length={length} is not allowed; allowed: an integer >= 2")
+        if (ratio is None) == (bond is None):
+            raise ValueError("TensorChainLinear needs exactly one of ratio or bond")
+        if forward_mode not in ("auto", "materialise", "contract"):
+            raise ValueError(f"forward_mode={forward_mode!r}; allowed: auto|materialise|contract")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.length = length
+        self.in_factors = factorize(in_features, length)
+        self.out_factors = factorize(out_features, length)
+        if bond is None:
+            bond = solve_bond(in_features, out_features, ratio, length,
+                              self.in_factors, self.out_factors)
+        self.bond = int(bond)
+        self.forward_mode = forward_mode
+        self.cores = nn.ParameterList(
+            [nn.Parameter(torch.empty(shape))
+             for shape in _core_shapes(self.in_factors, self.out_factors, self.bond)])
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.init_std = init_std
+        self.reset_parameters()
+
+    def dense_init_std(self):
+        """Std of the dense layer this chain replaces (nn.Linear default: U(+-1/sqrt(in)))."""
+        if self.init_std is not None:
+            return self.init_std
+        return 1.0 / math.sqrt(3.0 * self.in_features)
+
+    def reset_parameters(self):
+        std = _core_std(self.dense_init_std(), self.bond, self.length)
+        for core in self.cores:
+            nn.init.normal_(core, 0.0, std)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"factors={self.in_factors}x{self.out_factors}, bond={self.bond}, "
+                f"bias={self.bias is not None}")
+
+    def full_weight(self):
+        """The materialised ``[in_features, out_features]`` matrix (``y = x @ W``)."""
+        return materialise(list(self.cores))
+
+    @property
+    def weight(self):
+        """``nn.Linear``-layout weight ``[out_features, in_features]`` (materialised)."""
+        return self.full_weight().t()
+
+    def cost_ratio(self, rows):
+        """Multiply-adds of materialising W and multiplying (N_a N_c (b + rows)) divided by
+        those of contracting the input core by core (rows x the per-core contraction sizes)."""
+        na, nc, b = self.in_features, self.out_features, self.bond
+        contract_cost = 0
+        cols, remaining = 1, na
+        for i, (a, c) in enumerate(zip(self.in_factors, self.out_factors)):
+            bond_in = 1 if i == 0 else b
+            bond_out = 1 if i == self.length - 1 else b
+            contract_cost += remaining * cols * bond_in * c * bond_out
+            remaining //= a
+            cols *= c
+        return na * nc * (b + rows) / (rows * contract_cost)
+
+    def use_contraction(self, rows):
+        """Whether contracting the input is expected to be faster than materialising W
+        (``forward_mode="auto"``; see the thresholds above)."""
+        if self.forward_mode != "auto":
+            return self.forward_mode == "contract"
+        advantage = (self.CONTRACT_ADVANTAGE_SMALL if rows <= self.SMALL_BATCH_ROWS
+                     else self.CONTRACT_ADVANTAGE_LARGE)
+        return self.cost_ratio(rows) > advantage
+
+    def forward(self, x):
+        shape = x.shape
+        x2d = x.reshape(-1, self.in_features)
+        if self.use_contraction(x2d.shape[0]):
+            y = contract_input(x2d, list(self.cores))
+            if self.bias is not None:
+                y = y + self.bias
+        else:
+            w = self.full_weight()
+            y = torch.addmm(self.bias, x2d, w) if self.bias is not None else x2d @ w
+        return y.reshape(*shape[:-1], self.out_features)
+
+    @torch.no_grad()
+    def to_dense(self):
+        """Export as an ``nn.Linear`` with the materialised weight (for inference)."""
+        dense = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        dense = dense.to(device=self.cores[0].device, dtype=self.cores[0].dtype)
+        dense.weight.copy_(self.full_weight().t())
+        if self.bias is not None:
+            dense.bias.copy_(self.bias)
+        return dense
+
+    @classmethod
+    @torch.no_grad()
+    def from_dense(cls, linear_or_weight, bond, length=2):
+        """Compress a dense layer by TT-SVD (sequential truncated SVDs, SPEC §1.4).
+
+        ``linear_or_weight``: an ``nn.Linear`` (weight and bias are taken) or a weight in
+        ``nn.Linear`` layout ``[out_features, in_features]``. With a bond at least the largest
+        unfolding rank, the result reproduces the weight exactly (up to float rounding).
+        """
+        if isinstance(linear_or_weight, nn.Linear):
+            weight, bias = linear_or_weight.weight, linear_or_weight.bias
+        else:
+            weight, bias = linear_or_weight, None
+        out_features, in_features = weight.shape
+        module = cls(in_features, out_features, bond=bond, length=length, bias=bias is not None)
+        module = module.to(device=weight.device, dtype=weight.dtype)
+        cores = tt_svd(weight.t().double(), module.in_factors, module.out_factors, module.bond)
+        for param, core in zip(module.cores, cores):
+            param.copy_(core.to(param.dtype))
+        if bias is not None:
+            module.bias.copy_(bias)
+        return module
+
+
+def tt_svd(w, in_factors, out_factors, bond):
+    """Decompose ``w [N_a, N_c]`` into chain cores with every bond truncated (or zero-padded)
+    to ``bond``."""
+    n = len(in_factors)
+    pair_sizes = [a * c for a, c in zip(in_factors, out_factors)]
+    # [a1..an, c1..cn] -> [a1, c1, a2, c2, ...] -> [a1 c1, a2 c2, ...]
+    t = w.reshape(*in_factors, *out_factors)
+    order = [j for i in range(n) for j in (i, n + i)]
+    t = t.permute(*order).reshape(*pair_sizes)
+    cores = []
+    remainder = t.reshape(pair_sizes[0], -1)  # [bond_in * a c, rest]
+    bond_in = 1
+    for i in range(n - 1):
+        u, s, vh = torch.linalg.svd(remainder, full_matrices=False)
+        rank = min(bond, s.shape[0])
+        u = u[:, :rank]
+        sv = s[:rank, None] * vh[:rank]
+        if rank < bond:  # pad the link with zeros up to the requested bond
+            u = torch.cat([u, u.new_zeros(u.shape[0], bond - rank)], dim=1)
+            sv = torch.cat([sv, sv.new_zeros(bond - rank, sv.shape[1])], dim=0)
+        a, c = in_factors[i], out_factors[i]
+        core = u.reshape(bond_in, a, c, bond)
+        if i == 0:
+            cores.append(core[0].permute(0, 2, 1).contiguous())  # [a, b, c]
+        else:
+            cores.append(core.permute(1, 0, 3, 2).contiguous())  # [a, b, b', c]
+        bond_in = bond
+        remainder = sv.reshape(bond * pair_sizes[i + 1], -1)
+    a, c = in_factors[-1], out_factors[-1]
+    cores.append(remainder.reshape(bond, a, c).permute(1, 0, 2).contiguous())  # [a, b, c]
+    return cores
+
+
+class TensorChainEmbedding(nn.Module):
+    """Token table ``[V, d]`` stored as a Tensor Chain (``--tc-emb``, SPEC §1.4). Rows are
+    computed only for the looked-up tokens (the table is never built in ``forward``); the
+    padding row is zero. Init matches fairseq's ``Embedding`` (N(0, d^-1/2)) in variance."""
+
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, ratio=None, length=2,
+                 bond=None):
+        super().__init__()
+        if length < 2:
+            raise ValueError(f"--tc-length={length} is not allowed; allowed: an integer >= 2")
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.padding_idx = padding_idx
+        self.length = length
+        self.in_factors = factorize(num_embeddings, length)
+        self.out_factors = factorize(embedding_dim, length)
+        if bond is None:
+            if ratio is None:
+                raise ValueError("TensorChainEmbedding needs ratio or bond")
+            bond = solve_bond(num_embeddings, embedding_dim, ratio, length,
+                              self.in_factors, self.out_factors)
+        self.bond = int(bond)
+        self.cores = nn.ParameterList(
+            [nn.Parameter(torch.empty(shape))
+             for shape in _core_shapes(self.in_factors, self.out_factors, self.bond)])
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        std = _core_std(self.embedding_dim ** -0.5, self.bond, self.length)
+        for core in self.cores:
+            nn.init.normal_(core, 0.0, std)
+
+    def extra_repr(self):
+        return (f"{self.num_embeddings}, {self.embedding_dim}, padding_idx={self.padding_idx}, "
+                f"factors={self.in_factors}x{self.out_factors}, bond={self.bond}")
+
+    @property
+    def weight(self):
+        """The full ``[V, d]`` table, materialised on demand (e.g. for a tied output)."""
+        table = materialise(list(self.cores))
+        if self.padding_idx is not None:
+            keep = torch.ones(self.num_embeddings, 1, dtype=table.dtype, device=table.device)
+            keep[self.padding_idx] = 0
+            table = table * keep
+        return table
+
+    def forward(self, tokens):
+        flat = tokens.reshape(-1)
+        # mixed-radix digits of each token id (i_1 most significant)
+        digits = []
+        rest = flat
+        for a in reversed(self.in_factors):
+            digits.append(rest % a)
+            rest = torch.div(rest, a, rounding_mode="floor")
+        digits.reverse()
+        acc = self.cores[0][digits[0]]  # [m, b, c1]
+        acc = acc.transpose(1, 2)  # [m, C, b]
+        for core, idx in zip(list(self.cores)[1:-1], digits[1:-1]):
+            picked = core[idx]  # [m, b, b', c]
+            acc = torch.einsum("mCb,mbec->mCce", acc, picked)
+            acc = acc.reshape(acc.shape[0], -1, acc.shape[-1])
+        picked = self.cores[-1][digits[-1]]  # [m, b, c]
+        rows = torch.einsum("mCb,mbc->mCc", acc, picked).reshape(flat.shape[0], -1)
+        if self.padding_idx is not None:
+            rows = rows.masked_fill((flat == self.padding_idx).unsqueeze(-1), 0.0)
+        return rows.reshape(*tokens.shape, self.embedding_dim)

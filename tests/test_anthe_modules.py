@@ -1,0 +1,405 @@
+"""Anthe modules (issue 3, SPEC §1): Tensor Chain, GLU, gated attention, H-SoftPOS."""
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from helpers import load_plugin
+
+load_plugin()  # registers the plugin the way --user-dir does; then its modules import normally
+
+from slim_fairseq.modules.gated_attention import (
+    CROSS_GATES,
+    GATES,
+    GatedMultiheadAttention,
+    build_attention,
+)
+from slim_fairseq.modules.glu import GLUProjection, glu_hidden_dim
+from slim_fairseq.modules.hsoftpos import HSoftPOSEmbedding
+from slim_fairseq.modules.tensor_chain import (
+    TensorChainEmbedding,
+    TensorChainLinear,
+    factorize,
+    solve_bond,
+    tc_param_count,
+)
+
+
+def n_params(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+# ------------------------------------------------------------------------- Tensor Chain
+
+
+def test_factorisation_examples():
+    assert factorize(512, 2) == (32, 16)
+    assert factorize(1365, 2) == (39, 35)
+    for n, length in ((2048, 2), (32000, 2), (32000, 3), (1365, 4)):
+        factors = factorize(n, length)
+        assert len(factors) == length and math.prod(factors) == n
+
+
+def test_prime_dimension_warns_and_uses_factor_one():
+    with pytest.warns(UserWarning, match="prime factors"):
+        assert factorize(509, 2) == (509, 1)
+
+
+def test_bond_solver_reference_examples():
+    assert solve_bond(512, 512, 0.07) == 14
+    assert solve_bond(512, 1365, 0.005) == 2
+    assert TensorChainLinear(512, 512, ratio=0.07).bond == 14
+    layer = TensorChainLinear(512, 1365, ratio=0.005)
+    assert sum(c.numel() for c in layer.cores) == 3616
+    assert n_params(TensorChainLinear(512, 512, ratio=0.07)) == 17920 + 512
+
+
+def test_bond_solver_longer_chains_meet_the_ratio():
+    for length in (3, 4):
+        bond = solve_bond(512, 2048, 0.05, length)
+        ins, outs = factorize(512, length), factorize(2048, length)
+        assert tc_param_count(ins, outs, bond) <= 0.05 * 512 * 2048
+        assert tc_param_count(ins, outs, bond + 1) > 0.05 * 512 * 2048
+
+
+@pytest.mark.parametrize("length", [2, 3, 4])
+@pytest.mark.parametrize("mode", ["materialise", "contract"])
+def test_every_core_gets_a_gradient(length, mode):
+    torch.manual_seed(0)
+    layer = TensorChainLinear(96, 120, bond=3, length=length, forward_mode=mode)
+    layer(torch.randn(5, 96)).pow(2).sum().backward()
+    for core in layer.cores:
+        assert core.grad is not None and core.grad.abs().sum() > 0
+    assert layer.bias.grad is not None
+
+
+@pytest.mark.parametrize("length", [2, 3, 4])
+def test_contraction_equals_materialised_weight(length):
+    torch.manual_seed(0)
+    layer = TensorChainLinear(96, 120, bond=4, length=length)
+    nn.init.normal_(layer.bias)
+    x = torch.randn(2, 3, 96)
+    dense = x @ layer.full_weight() + layer.bias
+    layer.forward_mode = "contract"
+    assert torch.allclose(layer(x), dense, atol=1e-5)
+    layer.forward_mode = "materialise"
+    assert torch.allclose(layer(x), dense, atol=1e-5)
+    assert torch.allclose(layer.to_dense()(x), dense, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,ratio", [((512, 512), 0.07), ((512, 1365), 0.005),
+                                         ((1365, 512), 0.005)])
+def test_materialised_std_matches_dense_init(shape, ratio):
+    torch.manual_seed(0)
+    dense_std = nn.Linear(*shape).weight.std().item()
+    tc_std = TensorChainLinear(*shape, ratio=ratio).full_weight().std().item()
+    assert abs(tc_std - dense_std) / dense_std < 0.2, (tc_std, dense_std)
+
+
+@pytest.mark.parametrize("length", [2, 3, 4])
+def test_from_dense_full_bond_is_exact(length):
+    torch.manual_seed(0)
+    dense = nn.Linear(48, 60)
+    pairs = [a * c for a, c in zip(factorize(48, length), factorize(60, length))]
+    # full bond: the largest rank any unfolding (left pairs x right pairs) can have
+    full_bond = max(min(math.prod(pairs[:i]), math.prod(pairs[i:])) for i in range(1, length))
+    tc = TensorChainLinear.from_dense(dense, bond=full_bond, length=length)
+    assert (tc.to_dense().weight - dense.weight).abs().max() < 1e-5
+    assert torch.equal(tc.bias, dense.bias)
+    x = torch.randn(4, 48)
+    assert (tc(x) - dense(x)).abs().max() < 1e-5
+
+
+def test_from_dense_truncation_is_best_rank_approximation():
+    torch.manual_seed(0)
+    weight = torch.randn(64, 64)
+    errors = [(TensorChainLinear.from_dense(weight, bond=b).weight - weight).norm().item()
+              for b in (2, 8, 32)]
+    assert errors[0] > errors[1] > errors[2] > 0
+
+
+@pytest.mark.parametrize("length", [2, 3, 4])
+def test_chain_lengths_train(length):
+    """Plain gradient descent on a regression task lowers the loss for every chain length."""
+    torch.manual_seed(0)
+    target = nn.Linear(64, 72)
+    layer = TensorChainLinear(64, 72, bond=4, length=length)
+    x = torch.randn(256, 64)
+    with torch.no_grad():
+        y = target(x)
+    losses = []
+    for _ in range(60):
+        layer.zero_grad()
+        loss = F.mse_loss(layer(x), y)
+        loss.backward()
+        with torch.no_grad():
+            for p in layer.parameters():
+                p -= 0.5 * p.grad
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < 0.8 * losses[0], losses[::10]
+
+
+def test_auto_forward_mode_picks_by_shape():
+    layer = TensorChainLinear(512, 32000, bond=8)
+    assert layer.use_contraction(1)
+    assert not TensorChainLinear(512, 512, bond=14).use_contraction(4096)
+
+
+@pytest.mark.parametrize("length", [2, 3])
+def test_tc_embedding_rows_and_padding(length):
+    torch.manual_seed(0)
+    emb = TensorChainEmbedding(600, 48, padding_idx=1, ratio=0.1, length=length)
+    tokens = torch.tensor([[1, 5, 599], [0, 1, 300]])
+    rows = emb(tokens)
+    table = emb.weight
+    assert rows.shape == (2, 3, 48)
+    assert torch.allclose(rows, table[tokens], atol=1e-6)
+    assert rows[0, 0].abs().sum() == 0 and rows[1, 1].abs().sum() == 0
+    assert n_params(emb) < 0.1 * 600 * 48 + 1
+    rows.sum().backward()
+    assert all(c.grad is not None and c.grad.abs().sum() > 0 for c in emb.cores)
+    std = table[torch.arange(600) != 1].std().item()
+    assert abs(std - 48 ** -0.5) / 48 ** -0.5 < 0.2
+
+
+# ---------------------------------------------------------------------------------- GLU
+
+
+def test_glu_projection_formula_and_width():
+    assert glu_hidden_dim(2048) == 1365
+    torch.manual_seed(0)
+    for activation, act in (("silu", F.silu), ("gelu", F.gelu)):
+        glu = GLUProjection(16, glu_hidden_dim(48), activation)
+        x = torch.randn(3, 16)
+        expected = act(x @ glu.w1.weight.t() + glu.w1.bias) * (x @ glu.w3.weight.t() + glu.w3.bias)
+        assert glu(x).shape == (3, 32)
+        assert torch.allclose(glu(x), expected, atol=1e-6)
+    with pytest.raises(ValueError, match="--glu-activation"):
+        GLUProjection(16, 32, "relu")
+
+
+def test_glu_with_tensor_chain():
+    glu = GLUProjection(512, 1365, tc_ratio=0.005)
+    assert n_params(glu) == 2 * (3616 + 1365)
+
+
+# ------------------------------------------------------------------------ gated attention
+
+
+def _weights(proj, dim):
+    if proj is None:
+        return torch.eye(dim), torch.zeros(dim)
+    return proj.weight, proj.bias
+
+
+def _reference_attention(mha, query, key, value, attn_mask=None, key_padding_mask=None):
+    """SPEC §1.1 written out directly: slot inputs, projections, gate, per-head softmax."""
+    d, h = mha.embed_dim, mha.num_heads
+    wq, bq = _weights(mha.q_proj, d)
+    wk, bk = _weights(mha.k_proj, d)
+    wv, bv = _weights(mha.v_proj, d)
+    inputs = {"q": query, "k": key, "v": value}
+    weights = {"q": (wq, bq), "k": (wk, bk), "v": (wv, bv)}
+
+    def proj(name, x):
+        w, b = weights[name]
+        return x @ w.t() + b
+
+    slots = {name: proj(name, inputs[name]) for name in "qkv"}
+    if mha.gate != "none":
+        a, b = mha.gate[0], mha.gate[2]
+        slots[a] = inputs[a]
+        slots[b] = proj(b, inputs[b] * torch.sigmoid(proj(a, inputs[a])))
+    q, k, v = slots["q"], slots["k"], slots["v"]  # (T, B, d)
+    tq, bsz, _ = q.shape
+    ts = k.shape[0]
+    hd = d // h
+    q = q.reshape(tq, bsz, h, hd).permute(1, 2, 0, 3)
+    k = k.reshape(ts, bsz, h, hd).permute(1, 2, 0, 3)
+    v = v.reshape(ts, bsz, h, hd).permute(1, 2, 0, 3)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
+    if attn_mask is not None:
+        scores = scores + attn_mask
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    out = torch.softmax(scores, -1) @ v  # (B, h, T, hd)
+    out = out.permute(2, 0, 1, 3).reshape(tq, bsz, d)
+    return mha.out_proj(out)
+
+
+@pytest.mark.parametrize("no_patt", [False, True])
+@pytest.mark.parametrize("gate", GATES)
+def test_self_attention_gate_matches_formula(gate, no_patt):
+    torch.manual_seed(0)
+    mha = GatedMultiheadAttention(16, 4, self_attention=True, gate=gate, no_patt=no_patt).eval()
+    x = torch.randn(5, 2, 16)
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1, :2] = True
+    out, _ = mha(x, x, x, key_padding_mask=pad)
+    expected = _reference_attention(mha, x, x, x, key_padding_mask=pad)
+    assert torch.allclose(out, expected, atol=1e-5)
+    assert n_params(mha) == (1 if no_patt else 4) * (16 * 16 + 16)
+
+
+def test_no_patt_qgv_is_v_times_sigmoid_q():
+    torch.manual_seed(0)
+    mha = GatedMultiheadAttention(8, 1, self_attention=True, gate="qgv", no_patt=True).eval()
+    x = torch.randn(4, 1, 8)
+    q, k, v = mha.project_inputs(x, x, x)
+    assert torch.equal(q, x) and torch.equal(k, x)
+    assert torch.allclose(v, x * torch.sigmoid(x))
+
+
+@pytest.mark.parametrize("gate", CROSS_GATES)
+def test_cross_attention_gate_matches_formula(gate):
+    torch.manual_seed(0)
+    mha = GatedMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate).eval()
+    query, enc = torch.randn(3, 2, 16), torch.randn(7, 2, 16)
+    out, _ = mha(query, enc, enc, static_kv=True)
+    assert torch.allclose(out, _reference_attention(mha, query, enc, enc), atol=1e-5)
+
+
+@pytest.mark.parametrize("gate", sorted(set(GATES) - set(CROSS_GATES)))
+def test_forbidden_cross_gates_raise(gate):
+    cfg = type("Cfg", (), {"cross_attn_gate": gate, "no_patt": False, "tc_patt": 0.0,
+                           "tc_layer": 0.0, "tc_length": 2})()
+    with pytest.raises(ValueError, match=r"--cross-attn-gate.*none\|kgv\|vgk.*leak"):
+        build_attention(cfg, 16, 4, role="cross", dropout=0.0)
+    with pytest.raises(ValueError, match="--cross-attn-gate"):
+        GatedMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate)
+
+
+def test_gate_none_is_fairseq_attention():
+    from fairseq.modules import MultiheadAttention
+    torch.manual_seed(0)
+    ref = MultiheadAttention(16, 4, self_attention=True)
+    torch.manual_seed(0)
+    mine = GatedMultiheadAttention(16, 4, self_attention=True)
+    assert [n for n, _ in ref.named_parameters()] == [n for n, _ in mine.named_parameters()]
+    x = torch.randn(5, 2, 16)
+    assert torch.equal(ref(x, x, x)[0], mine(x, x, x)[0])
+
+
+def _causal_mask(t):
+    return torch.triu(torch.full((t, t), float("-inf")), 1)
+
+
+@pytest.mark.parametrize("gate", ["qgv", "kgv", "vgq", "qgk"])
+def test_decoder_self_attention_incremental_with_reorder(gate):
+    torch.manual_seed(0)
+    mha = GatedMultiheadAttention(16, 4, self_attention=True, gate=gate, tc_ratio=0.3).eval()
+    x = torch.randn(6, 3, 16)
+    full, _ = mha(x, x, x, attn_mask=_causal_mask(6))
+    state = {}
+    steps = []
+    for t in range(6):
+        step, _ = mha(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state)
+        steps.append(step)
+    assert torch.allclose(torch.cat(steps), full, atol=1e-5)
+    # beam reorder: fairseq's reorder of the cached K/V follows the new order
+    order = torch.tensor([2, 0, 1])
+    mha.reorder_incremental_state(state, order)
+    xr = x[:, order]
+    nxt = torch.randn(1, 3, 16)
+    step, _ = mha(nxt, nxt, nxt, incremental_state=state)
+    seq = torch.cat([xr, nxt])
+    expected, _ = mha(seq, seq, seq, attn_mask=_causal_mask(7))
+    assert torch.allclose(step, expected[-1:], atol=1e-5)
+
+
+@pytest.mark.parametrize("gate", CROSS_GATES)
+def test_cross_attention_incremental_static_kv(gate):
+    torch.manual_seed(0)
+    mha = GatedMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate).eval()
+    query, enc = torch.randn(4, 2, 16), torch.randn(7, 2, 16)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[0, :3] = True
+    full, _ = mha(query, enc, enc, key_padding_mask=pad, static_kv=True)
+    state = {}
+    steps = [mha(query[t:t + 1], enc, enc, key_padding_mask=pad, incremental_state=state,
+                 static_kv=True)[0] for t in range(4)]
+    assert torch.allclose(torch.cat(steps), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("gate", ["kgv", "vgk"])
+def test_cross_attention_beamable_encoder_output(gate):
+    """With set_beam_size(k) the encoder output, repeated per beam, is projected once per
+    sentence (fairseq's beamable enc-dec attention); results equal the unshared path."""
+    torch.manual_seed(0)
+    mha = GatedMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate).eval()
+    enc = torch.randn(7, 2, 16).repeat_interleave(3, dim=1)  # 2 sentences x 3 beams
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, :2] = True
+    pad = pad.repeat_interleave(3, dim=0)
+    query = torch.randn(1, 6, 16)
+    expected, _ = mha(query, enc, enc, key_padding_mask=pad, static_kv=True)
+    mha.set_beam_size(3)
+    state = {}
+    out, _ = mha(query, enc, enc, key_padding_mask=pad, incremental_state=state, static_kv=True)
+    assert mha._get_input_buffer(state)["prev_key"].shape[0] == 2
+    assert torch.allclose(out, expected, atol=1e-5)
+
+
+def test_tc_patt_projection_counts():
+    mha = GatedMultiheadAttention(512, 8, self_attention=True, gate="qgv", tc_ratio=0.07)
+    assert n_params(mha) == 3 * 18432 + 262656
+    x = torch.randn(3, 1, 512)
+    out, _ = mha(x, x, x)
+    out.sum().backward()
+    assert all(p.grad is not None for p in mha.parameters())
+
+
+# ------------------------------------------------------------------------------ H-SoftPOS
+
+
+def _hsoftpos(vocab=40, dim=32, levels=2, pad=1):
+    from fairseq.models.transformer import Embedding
+    d_emb = HSoftPOSEmbedding.token_dim(type("C", (), {"hsoftpos_levels": levels})(), dim)
+    return HSoftPOSEmbedding(Embedding(vocab, d_emb, pad), dim, levels, pad, 256).eval()
+
+
+def test_hsoftpos_width_and_parameter_count():
+    module = _hsoftpos(vocab=32000, dim=512, levels=2)
+    assert (module.d_sp, module.n_sp, module.d_emb) == (128, 128, 128)
+    assert n_params(module) == 4_178_048
+    out = module(torch.tensor([[5, 6, 7, 2]]))
+    assert out.shape == (1, 4, 512)
+    assert _hsoftpos(dim=40, levels=3)(torch.tensor([[4, 5]])).shape == (1, 2, 40)
+
+
+@pytest.mark.parametrize("levels", [1, 2, 3])
+def test_hsoftpos_left_padding_invariance(levels):
+    torch.manual_seed(0)
+    module = _hsoftpos(levels=levels)
+    alone = torch.tensor([[7, 8, 9, 10, 2]])
+    batch = torch.tensor([[1, 1, 1, 7, 8, 9, 10, 2], [11, 12, 13, 14, 15, 16, 17, 2]])
+    assert torch.allclose(module(alone)[0], module(batch)[0, 3:], atol=1e-6)
+
+
+@pytest.mark.parametrize("levels", [2, 3])
+def test_hsoftpos_incremental_equals_full_and_reorders(levels):
+    torch.manual_seed(0)
+    module = _hsoftpos(levels=levels)
+    tokens = torch.randint(4, 40, (3, 7))
+    full = module(tokens)
+    state = {}
+    steps = [module(tokens[:, : t + 1], incremental_state=state) for t in range(7)]
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+    order = torch.tensor([1, 2, 0])
+    module.reorder_incremental_state(state, order)
+    longer = torch.cat([tokens[order], torch.randint(4, 40, (3, 1))], dim=1)
+    step = module(longer, incremental_state=state)
+    assert torch.allclose(step, module(longer)[:, -1:], atol=1e-5)
+
+
+def test_hsoftpos_is_causal():
+    torch.manual_seed(0)
+    module = _hsoftpos(levels=3)
+    a = torch.randint(4, 40, (1, 9))
+    b = a.clone()
+    b[0, 6] = (a[0, 6] + 1 - 4) % 36 + 4
+    assert torch.allclose(module(a)[0, :6], module(b)[0, :6])
+    assert not torch.allclose(module(a)[0, 6:], module(b)[0, 6:])
