@@ -1,0 +1,122 @@
+"""Smoke tests of scripts/benchmark.py and scripts/quality.py (issue 8): tiny shapes, one or two
+steps; the tables, JSON and PNG plots must be produced and consistent with the built models."""
+import json
+import os
+
+import pytest
+import torch
+
+from helpers import build, ende_data_bin, wikitext_data_bin
+
+import benchmark  # scripts/ is on sys.path (tests/helpers.py)
+import quality
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TINY_SHAPE = ["--dim", "32", "--layers", "3", "--heads", "4", "--ffn", "64"]
+
+
+def _is_png(path):
+    with open(path, "rb") as f:
+        return f.read(8) == PNG_MAGIC
+
+
+def test_parse_model_spec():
+    assert benchmark.parse_model_spec("glu=slim_transformer --ffn-glu --glu-activation gelu") == (
+        "glu", "slim_transformer", ["--ffn-glu", "--glu-activation", "gelu"])
+    assert benchmark.parse_model_spec("anthe_base") == ("anthe_base", "anthe_base", [])
+    with pytest.raises(ValueError, match="--model"):
+        benchmark.parse_model_spec("   ")
+
+
+def test_dense_export_matches_tensor_chain_model():
+    """--dense-export replaces every TensorChainLinear by nn.Linear without changing outputs."""
+    _, task, model = build("anthe_base", ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+                                          "--encoder-layers", "1", "--decoder-layers", "1",
+                                          "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+                                          "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64"],
+                           lm=False)
+    model.eval()
+    assert benchmark.tc_linears(model)
+    dense = benchmark.export_dense(model).eval()
+    assert not benchmark.tc_linears(dense)
+    assert benchmark.tc_linears(model), "export must not modify the original model"
+    src = torch.randint(4, len(task.source_dictionary), (2, 7))
+    prev = torch.randint(4, len(task.target_dictionary), (2, 5))
+    lengths = torch.full((2,), 7)
+    with torch.no_grad():
+        expected = model(src, lengths, prev)[0]
+        got = dense(src, lengths, prev)[0]
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_benchmark_script_tiny(tmp_path):
+    out = tmp_path / "bench"
+    rows = benchmark.main([
+        "--out", str(out), *TINY_SHAPE, "--threads", "1", "--max-tokens", "128", "--num-batches", "1",
+        "--steps", "1", "--repeats", "1", "--batch-sizes", "1,2", "--beams", "1,2", "--gen-len", "2",
+        "--tokens-per-sample", "16", "--gemm-size", "128", "--dense-export",
+        "--ende-data", ende_data_bin(), "--lm-data", wikitext_data_bin(),
+        "--model", "anthe_base", "--model", "skipless_lm"])
+    by_label = {r["label"]: r for r in rows}
+    assert set(by_label) == {"transformer", "transformer_lm", "anthe_base", "anthe_base +dense", "skipless_lm"}
+
+    # parameter counts agree with the same models built through fairseq's parser
+    shape = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-layers", "3",
+             "--decoder-layers", "3", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+             "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64"]
+    _, _, anthe = build("anthe_base", shape, lm=False)
+    _, _, transformer = build("transformer", shape, lm=False)
+    assert by_label["anthe_base"]["params"] == sum(p.numel() for p in anthe.parameters())
+    assert by_label["transformer"]["params"] == sum(p.numel() for p in transformer.parameters())
+    assert by_label["anthe_base"]["ratios"]["params"] == pytest.approx(
+        by_label["anthe_base"]["params"] / by_label["transformer"]["params"])
+    assert 0 < by_label["anthe_base"]["non_embedding_params"] < by_label["anthe_base"]["params"]
+    # the dense export holds more parameters than the chain it replaces
+    assert by_label["anthe_base +dense"]["params"] > by_label["anthe_base"]["params"]
+
+    for label in ("transformer", "transformer_lm", "anthe_base", "skipless_lm"):
+        row = by_label[label]
+        assert row["train_tokens_per_s"] > 0 and row["train_gflops"] > 0
+        assert row["peak_memory_bytes"] > 4 * row["params"]  # at least the fp32 weights
+    for row in rows:
+        assert set(row["generation_tokens_per_s"]) == {"b1_beam1", "b1_beam2", "b2_beam1", "b2_beam2"}
+        assert all(v > 0 for v in row["generation_tokens_per_s"].values())
+    assert by_label["transformer"]["ratios"]["train_tokens_per_s"] == 1.0
+
+    table = (out / "table.md").read_text()
+    for label in by_label:
+        assert f"| {label}" in table
+    assert json.loads((out / "results.json").read_text())["rows"][0]["label"] == "transformer"
+    for png in ("ratios.png", "throughput.png"):
+        assert _is_png(out / png)
+
+
+def test_quality_log_parsers():
+    line = ('2026-01-01 00:00:00 | INFO | valid | {"epoch": 1, "valid_loss": "9.5", "valid_nll_loss": '
+            '"9.1", "valid_ppl": "548.75", "valid_num_updates": "40"}')
+    assert quality.parse_valid_points("noise\n" + line) == [(40, 9.5, 9.1, 548.75)]
+    assert quality.parse_params("| num. shared model params: 1,234,567 (num. trained: 1,234,567)") == 1234567
+    assert quality.parse_bleu("Generate test with beam=5: BLEU = 12.34 45.6/20.1/9.8/4.5 (BP = 1.000)") == 12.34
+    assert quality.mean_std([1.0, 3.0]) == (2.0, pytest.approx(2 ** 0.5))
+
+
+@pytest.mark.slow
+def test_quality_script_tiny(tmp_path):
+    out = tmp_path / "quality"
+    data = ende_data_bin()
+    rows = quality.main([
+        "--out", str(out), *TINY_SHAPE, "--threads", "1", "--seeds", "1", "--max-update", "2",
+        "--validate-interval", "1", "--max-tokens", "256", "--tokens-per-sample", "16", "--no-baseline",
+        "--ende-data", data, "--bpe-codes", os.path.join(os.path.dirname(data), "bpe", "codes"),
+        "--lm-data", wikitext_data_bin(), "--model", "anthe_base", "--lm-model", "stlm_tied"])
+    assert {(r["corpus"], r["label"]) for r in rows} == {("ende", "anthe_base"), ("wikitext", "stlm_tied")}
+    for row in rows:
+        assert row["valid_ppl"][0] > 1 and row["updates"][0] == 2
+        assert row["params"] > 0
+    ende = next(r for r in rows if r["corpus"] == "ende")
+    assert ende["test_bleu"][0] is not None and ende["test_bleu"][0] >= 0
+    table = (out / "table.md").read_text()
+    assert "anthe_base" in table and "stlm_tied" in table and "test BLEU" in table
+    for png in ("valid_loss_ende.png", "valid_loss_wikitext.png", "params_vs_quality.png"):
+        assert _is_png(out / png)
