@@ -21,7 +21,7 @@ $(STAMP): constraints.txt requirements.txt setup.py
 	@touch $(STAMP)
 
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:warnings -p no:cacheprovider tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:warnings -p no:cacheprovider -n 2 --dist worksteal tests
 
 test-fast: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:warnings -m "not slow" tests
