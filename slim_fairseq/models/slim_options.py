@@ -5,15 +5,11 @@ Options are declared without ``default=`` (fairseq parses model args with
 Plugin-only flags never start with ``encoder-``/``decoder-`` (SPEC §5).
 """
 
-GATES = ("none", "qgv", "kgv", "vgq", "vgk", "qgk", "kgq")
-CROSS_GATES = ("none", "kgv", "vgk")
+from slim_fairseq.modules.gated_attention import CROSS_GATE_WHY, CROSS_GATES, GATES
+
 GLU_ACTIVATIONS = ("silu", "gelu")
 SAFE_OUTPUTS = ("linear", "mlp")
 TC_PLACES = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
-
-
-CROSS_GATE_WHY = ("qgv/qgk/vgq/kgq gate one sequence with the other position by position: undefined "
-                  "when source and target lengths differ, and it leaks future target tokens")
 
 
 def _cross_gate(value):

@@ -20,6 +20,9 @@ GATES = ("none", "qgv", "kgv", "vgq", "vgk", "qgk", "kgq")
 # in cross-attention Q comes from the target and K, V from the source: only gates whose two
 # inputs sit on the same side are defined for S != T, and only they cannot leak the future
 CROSS_GATES = ("none", "kgv", "vgk")
+CROSS_GATE_WHY = ("qgv/qgk/vgq/kgq gate one sequence with the other position by position: "
+                  "undefined when source and target lengths differ, and it leaks future target "
+                  "tokens")
 ROLES = ("encoder_self", "decoder_self", "cross")
 
 
@@ -31,9 +34,7 @@ def check_gate(gate, role):
         if gate not in CROSS_GATES:
             raise ValueError(
                 f"--cross-attn-gate={gate!r} is not allowed; allowed: {'|'.join(CROSS_GATES)} "
-                "(qgv/qgk/vgq/kgq gate one sequence with the other position by position: "
-                "undefined when source and target lengths differ, and it leaks future target "
-                "tokens)")
+                f"({CROSS_GATE_WHY})")
     elif gate not in GATES:
         raise ValueError(f"--self-attn-gate={gate!r} is not allowed; allowed: {'|'.join(GATES)}")
 
