@@ -4,8 +4,9 @@
 
 Every model is built through fairseq's own parser with the same shape flags (d, L, heads, f),
 then measured in ONE process, interleaved: each repetition visits every model in turn
-(round-robin), and the reported number is the median over repetitions, so slow drifts of the
-machine (other jobs, thermal state) hit every model alike. Measured per model:
+(round-robin). Absolute numbers are medians over repetitions; ratios against the baseline are
+medians of per-repetition ratios (paired), so slow drifts of the machine (other jobs, thermal
+state) hit both sides of each ratio alike. Measured per model:
 
 * total and non-embedding parameters (shared tensors counted once; "embedding" = everything
   under ``embed_tokens``, ``embed_positions``, ``output_projection``, ``adaptive_softmax``:
@@ -27,6 +28,8 @@ whose TC layers are exported with ``TensorChainLinear.to_dense()``.
 
 Output (``--out``, default ``results/<name>``): ``results.json``, ``table.md`` (ratios vs the
 baseline of the same task, plus absolute numbers) and ``ratios.png`` / ``throughput.png``.
+``--report-only`` re-writes them from an earlier run's ``results.json``; ``--no-training`` measures
+generation only.
 
 Example (CPU, 2 threads)::
 
@@ -194,7 +197,7 @@ def autocast_context(device, dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def measure_matmul_peak(device, dtype, size, repeats=5):
+def measure_matmul_peak(device, dtype, size, repeats=10):
     """Best GFLOP/s of an ``size x size`` GEMM (2 n^3 FLOPs) in ``dtype`` on ``device``."""
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
@@ -359,6 +362,15 @@ def fmt_num(value, digits=0):
     return f"{value:,.{digits}f}"
 
 
+def paired_ratio(values, base_values):
+    """Median over repetitions of ``value / baseline value`` of the same repetition. Runs are
+    interleaved, so a slow moment of the machine hits both members of a pair; the median of
+    the pairs is steadier than the ratio of two medians (used when the counts differ)."""
+    if values and base_values and len(values) == len(base_values):
+        return statistics.median(v / b for v, b in zip(values, base_values))
+    return ratio(median(values), median(base_values))
+
+
 def summarise(entries, args, peaks):
     gen_keys = [(b, k) for b in args.batch_sizes for k in args.beams]
     baselines = {e.lm: e for e in entries if e.baseline}
@@ -373,16 +385,17 @@ def summarise(entries, args, peaks):
             "baseline": e.baseline, "dense_export_of": e.export_of,
             "params": e.params, "non_embedding_params": e.non_embedding,
             "train_tokens_per_s": train, "train_tokens_per_s_all": e.train_tps,
-            "train_gflops": gflops, "train_peak_fraction": ratio(gflops, peak_flops),
+            "train_gflops": gflops, "train_gflops_all": e.train_gflops,
+            "train_peak_fraction": ratio(gflops, peak_flops),
             "peak_memory_bytes": e.peak_bytes,
             "generation_tokens_per_s": {f"b{b}_beam{k}": median(e.gen.get((b, k), [])) for b, k in gen_keys},
             "generation_tokens_per_s_all": {f"b{b}_beam{k}": e.gen.get((b, k), []) for b, k in gen_keys},
             "ratios": {
                 "params": ratio(e.params, base.params),
                 "non_embedding_params": ratio(e.non_embedding, base.non_embedding),
-                "train_tokens_per_s": ratio(train, median(base.train_tps)),
+                "train_tokens_per_s": paired_ratio(e.train_tps, base.train_tps),
                 "peak_memory": ratio(e.peak_bytes, base.peak_bytes),
-                **{f"gen_b{b}_beam{k}": ratio(median(e.gen.get((b, k), [])), median(base.gen.get((b, k), [])))
+                **{f"gen_b{b}_beam{k}": paired_ratio(e.gen.get((b, k), []), base.gen.get((b, k), []))
                    for b, k in gen_keys},
             },
         }
@@ -390,13 +403,15 @@ def summarise(entries, args, peaks):
     return rows
 
 
-def markdown_table(rows, args, peaks):
+def markdown_table(rows, args, peaks, threads=None):
     gen_keys = [(b, k) for b in args.batch_sizes for k in args.beams]
+    threads = threads or torch.get_num_threads()
     lines = [f"Shape: d={args.dim}, L={args.layers}, heads={args.heads}, ffn={args.ffn}; device "
-             f"{peaks['device']}, dtype {args.dtype}, threads {torch.get_num_threads()}; matmul peak "
+             f"{peaks['device']}, dtype {args.dtype}, threads {threads}; matmul peak "
              f"{peaks['matmul_gflops']:.1f} GFLOP/s ({args.gemm_size}² GEMM); {args.repeats} interleaved "
              f"repetitions, medians.", ""]
-    lines.append("Ratios vs the fairseq baseline of the same task and shape (higher = faster / larger):")
+    lines.append("Ratios vs the fairseq baseline of the same task and shape (higher = faster / larger; "
+                 "speed ratios are medians of per-repetition ratios):")
     lines.append("")
     head = ["model", "params", "non-emb params", "train tok/s", "peak mem"]
     head += [f"gen b{b} beam{k}" for b, k in gen_keys]
@@ -434,9 +449,10 @@ def markdown_table(rows, args, peaks):
             if a is None or b is None:
                 raise ValueError(f"--pair {pair}: labels must be among {sorted(by_label)}")
             cells = [f"{a['label']} vs {b['label']}",
-                     fmt_ratio(ratio(a["train_tokens_per_s"], b["train_tokens_per_s"]))]
-            cells += [fmt_ratio(ratio(a["generation_tokens_per_s"][f"b{x}_beam{k}"],
-                                      b["generation_tokens_per_s"][f"b{x}_beam{k}"])) for x, k in gen_keys]
+                     fmt_ratio(paired_ratio(a["train_tokens_per_s_all"], b["train_tokens_per_s_all"]))]
+            cells += [fmt_ratio(paired_ratio(a["generation_tokens_per_s_all"][f"b{x}_beam{k}"],
+                                             b["generation_tokens_per_s_all"][f"b{x}_beam{k}"]))
+                      for x, k in gen_keys]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -514,7 +530,11 @@ def get_parser():
     p.add_argument("--pair", action="append", default=[], metavar="A:B",
                    help="also report model A's speed relative to model B (labels), e.g. a reduced "
                         "model vs its original")
+    p.add_argument("--no-training", action="store_true",
+                   help="skip training speed, FLOPs and memory (generation only)")
     p.add_argument("--no-generation", action="store_true")
+    p.add_argument("--report-only", action="store_true",
+                   help="re-write table.md and the plots from <out>/results.json (no measuring)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
     p.add_argument("--ende-data", help="en-de data-bin (default: binarize the bundled corpus)")
     p.add_argument("--lm-data", help="WikiText-2 data-bin (default: binarize the bundled corpus)")
@@ -523,10 +543,65 @@ def get_parser():
     return p
 
 
+def entries_from_results(rows):
+    """Entry objects back from the rows of a results.json (for --report-only)."""
+    entries = []
+    for r in rows:
+        e = Entry(r["label"], r["arch"], r["overrides"], r["task"] == "lm", baseline=r["baseline"],
+                  export_of=r["dense_export_of"])
+        e.params, e.non_embedding, e.peak_bytes = r["params"], r["non_embedding_params"], r["peak_memory_bytes"]
+        e.train_tps = r["train_tokens_per_s_all"]
+        e.train_gflops = r.get("train_gflops_all") or ([r["train_gflops"]] if r["train_gflops"] else [])
+        for key, values in r["generation_tokens_per_s_all"].items():
+            batch, beam = key[1:].split("_beam")
+            e.gen[(int(batch), int(beam))] = values
+        entries.append(e)
+    return entries
+
+
+def report_only(args):
+    """Re-write table.md and the plots of an earlier run from its results.json."""
+    out_dir = args.out or os.path.join(REPO_ROOT, "results", args.name)
+    with open(os.path.join(out_dir, "results.json")) as f:
+        saved = json.load(f)
+    meta = saved["meta"]
+    run_args = copy.copy(args)  # --pair comes from this command line
+    for key in ("dim", "layers", "heads", "ffn", "dtype"):
+        setattr(run_args, key, meta[key])
+    run_args.gemm_size = meta.get("gemm_size") or (2048 if meta["device"].startswith("cpu") else 8192)
+    gen_keys = [tuple(int(x) for x in key[1:].split("_beam"))
+                for key in saved["rows"][0]["generation_tokens_per_s_all"]]
+    run_args.batch_sizes = sorted({b for b, _ in gen_keys})
+    run_args.beams = sorted({k for _, k in gen_keys})
+    run_args.repeats = max(len(r["train_tokens_per_s_all"] or next(iter(r["generation_tokens_per_s_all"].values()), []))
+                           for r in saved["rows"])
+    peaks = {"device": meta["device"], "matmul_gflops": meta["matmul_gflops"]}
+    rows = summarise(entries_from_results(saved["rows"]), run_args, peaks)
+    return write_outputs(out_dir, meta, rows, run_args, peaks)
+
+
+def write_outputs(out_dir, meta, rows, args, peaks):
+    """results.json, table.md and the plots of one run; prints the table."""
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    table = markdown_table(rows, args, peaks, threads=meta["threads"])
+    with open(os.path.join(out_dir, "table.md"), "w") as f:
+        f.write(table)
+    plot(rows, args, out_dir)
+    print(table)
+    log(f"wrote {out_dir}/results.json, table.md, ratios.png, throughput.png")
+    return rows
+
+
 def main(argv=None):
+    command_line = list(sys.argv) if argv is None else ["scripts/benchmark.py", *argv]  # fairseq's parser edits sys.argv
     args = get_parser().parse_args(argv)
+    if args.report_only:
+        return report_only(args)
     if not args.model:
         raise SystemExit("benchmark.py: give at least one --model")
+    if args.no_training and args.no_generation:
+        raise SystemExit("benchmark.py: --no-training and --no-generation leave nothing to measure")
     args.ffn = args.ffn or 4 * args.dim
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "2"))
     torch.set_num_threads(threads)
@@ -581,12 +656,12 @@ def main(argv=None):
             f"{len(tc_linears(e.model))} TC linears")
 
     peaks = {"device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({threads} threads)"}
-    gemm = args.gemm_size or (8192 if device.type == "cuda" else 2048)
+    gemm = args.gemm_size = args.gemm_size or (8192 if device.type == "cuda" else 2048)
     peaks["matmul_gflops"] = measure_matmul_peak(device, dtype, gemm)
     log(f"matmul peak ({gemm}x{gemm}, {args.dtype}): {peaks['matmul_gflops']:.1f} GFLOP/s")
 
     # one-off measurements: FLOPs per batch and peak memory (not timed)
-    for e in entries:
+    for e in entries if not args.no_training else []:
         count_batch_flops(e, batches_of[e.lm], device, dtype)
         if args.no_memory:
             warm_up(e, batches_of[e.lm][0], device, dtype)
@@ -596,7 +671,7 @@ def main(argv=None):
             + ("" if e.peak_bytes is None else f", peak memory {e.peak_bytes / 2 ** 20:.0f} MiB"))
 
     # training throughput, interleaved
-    for rep in range(args.repeats):
+    for rep in range(0 if args.no_training else args.repeats):
         for e in entries:
             tps, gflops = train_repetition(e, batches_of[e.lm], args.steps, device, dtype)
             e.train_tps.append(tps)
@@ -638,19 +713,15 @@ def main(argv=None):
                     + "; ".join(f"{e.label} {median(e.gen[(args.batch_sizes[0], args.beams[0])]):,.0f}"
                                 for e in gen_entries) + f" tok/s at b{args.batch_sizes[0]} beam{args.beams[0]}")
 
+    # the peak again at the end, keeping the better one: a single early reading can catch the
+    # machine in a slow moment and would inflate every "% of peak"
+    peaks["matmul_gflops"] = max(peaks["matmul_gflops"], measure_matmul_peak(device, dtype, gemm))
+    log(f"matmul peak, best of both readings: {peaks['matmul_gflops']:.1f} GFLOP/s")
     rows = summarise(entries, args, peaks)
-    meta = {"argv": sys.argv if argv is None else ["scripts/benchmark.py", *argv], "dim": args.dim,
+    meta = {"argv": command_line, "gemm_size": gemm, "dim": args.dim,
             "layers": args.layers, "heads": args.heads, "ffn": args.ffn, "dtype": args.dtype,
             "threads": threads, "torch": torch.__version__, **peaks}
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    table = markdown_table(rows, args, peaks)
-    with open(os.path.join(out_dir, "table.md"), "w") as f:
-        f.write(table)
-    plot(rows, args, out_dir)
-    print(table)
-    log(f"wrote {out_dir}/results.json, table.md, ratios.png, throughput.png")
-    return rows
+    return write_outputs(out_dir, meta, rows, args, peaks)
 
 
 if __name__ == "__main__":

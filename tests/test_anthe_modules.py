@@ -89,6 +89,30 @@ def test_contraction_equals_materialised_weight(length):
     assert torch.allclose(layer.to_dense()(x), dense, atol=1e-5)
 
 
+@pytest.mark.parametrize("n_in,n_out", [(96, 120), (120, 96)])
+def test_two_core_contraction_both_orders_match_dense_with_gradients(n_in, n_out):
+    """contract_pair picks a different core order for these two shapes (fewer copied elements:
+    first core first for 96 -> 120, last core first for 120 -> 96); output and every gradient
+    must equal those of the materialised weight."""
+    from slim_fairseq.modules.tensor_chain import contract_pair
+    torch.manual_seed(0)
+    layer = TensorChainLinear(n_in, n_out, bond=4)
+    (a1, a2), (c1, c2), b = layer.in_factors, layer.out_factors, layer.bond
+    first_core_first = a1 * a2 + a2 * b * c1 <= a1 * b * c2 + c1 * c2
+    assert first_core_first == (n_in < n_out)
+    x = torch.randn(7, n_in, requires_grad=True)
+    grad = torch.randn(7, n_out)
+    results = []
+    for fn in (lambda: contract_pair(x, *layer.cores), lambda: x @ layer.full_weight()):
+        y = fn()
+        y.backward(grad)
+        results.append([y.detach()] + [t.grad.clone() for t in (x, *layer.cores)])
+        for t in (x, *layer.cores):
+            t.grad = None
+    for got, want in zip(*results):
+        assert torch.allclose(got, want, atol=1e-5)
+
+
 @pytest.mark.parametrize("shape,ratio", [((512, 512), 0.07), ((512, 1365), 0.005),
                                          ((1365, 512), 0.005)])
 def test_materialised_std_matches_dense_init(shape, ratio):
@@ -230,16 +254,24 @@ def _reference_attention(mha, query, key, value, attn_mask=None, key_padding_mas
     return mha.out_proj(out)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("need_weights", [True, False])  # False: the fused-kernel path
 @pytest.mark.parametrize("no_patt", [False, True])
 @pytest.mark.parametrize("gate", GATES)
-def test_self_attention_gate_matches_formula(gate, no_patt):
+def test_self_attention_gate_matches_formula(gate, no_patt, need_weights, causal):
     torch.manual_seed(0)
     mha = GatedMultiheadAttention(16, 4, self_attention=True, gate=gate, no_patt=no_patt).eval()
     x = torch.randn(5, 2, 16)
     pad = torch.zeros(2, 5, dtype=torch.bool)
-    pad[1, :2] = True
-    out, _ = mha(x, x, x, key_padding_mask=pad)
-    expected = _reference_attention(mha, x, x, x, key_padding_mask=pad)
+    mask = None
+    if causal:  # decoder: right padding and fairseq's additive future mask
+        pad[1, 3:] = True
+        mask = torch.triu(torch.full((5, 5), float("-inf")), 1)
+    else:
+        pad[1, :2] = True
+    out, weights = mha(x, x, x, key_padding_mask=pad, attn_mask=mask, need_weights=need_weights)
+    assert (weights is None) == (not need_weights)
+    expected = _reference_attention(mha, x, x, x, key_padding_mask=pad, attn_mask=mask)
     assert torch.allclose(out, expected, atol=1e-5)
     assert n_params(mha) == (1 if no_patt else 4) * (16 * 16 + 16)
 

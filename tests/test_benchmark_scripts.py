@@ -49,6 +49,27 @@ def test_dense_export_matches_tensor_chain_model():
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_dense_export_of_tc_attention_runs_fairseq_attention():
+    """After the export, an ungated attention with TC q/k/v holds three nn.Linear and runs
+    fairseq's own MultiheadAttention forward (``plain``), with unchanged outputs."""
+    from slim_fairseq.modules.gated_attention import GatedMultiheadAttention
+    _, task, model = build("slim_transformer", ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+                                                "--encoder-layers", "1", "--decoder-layers", "1",
+                                                "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+                                                "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+                                                "--tc-patt", "0.5"], lm=False)
+    model.eval()
+    attentions = [m for m in model.modules() if isinstance(m, GatedMultiheadAttention)]
+    assert attentions and not any(m.plain for m in attentions)
+    dense = benchmark.export_dense(model).eval()
+    assert all(m.plain for m in dense.modules() if isinstance(m, GatedMultiheadAttention))
+    src = torch.randint(4, len(task.source_dictionary), (2, 6))
+    prev = torch.randint(4, len(task.target_dictionary), (2, 4))
+    with torch.no_grad():
+        torch.testing.assert_close(dense(src, torch.full((2,), 6), prev)[0],
+                                   model(src, torch.full((2,), 6), prev)[0], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_benchmark_script_tiny(tmp_path):
     out = tmp_path / "bench"
@@ -90,6 +111,42 @@ def test_benchmark_script_tiny(tmp_path):
     assert json.loads((out / "results.json").read_text())["rows"][0]["label"] == "transformer"
     for png in ("ratios.png", "throughput.png"):
         assert _is_png(out / png)
+
+    # --report-only re-writes the same table from results.json without measuring
+    (out / "table.md").unlink()
+    again = benchmark.main(["--report-only", "--out", str(out)])
+    assert [r["ratios"] for r in again] == [r["ratios"] for r in rows]
+    assert (out / "table.md").read_text() == table
+
+
+def test_benchmark_generation_only(tmp_path):
+    rows = benchmark.main([
+        "--out", str(tmp_path / "gen"), *TINY_SHAPE, "--threads", "1", "--no-training", "--repeats", "1",
+        "--batch-sizes", "1", "--beams", "1", "--gen-len", "2", "--tokens-per-sample", "16",
+        "--gemm-size", "128", "--lm-data", wikitext_data_bin(), "--model", "skipless_lm"])
+    assert [r["label"] for r in rows] == ["transformer_lm", "skipless_lm"]
+    for row in rows:
+        assert row["train_tokens_per_s"] is None and row["peak_memory_bytes"] is None
+        assert row["generation_tokens_per_s"]["b1_beam1"] > 0
+    with pytest.raises(SystemExit, match="nothing to measure"):
+        benchmark.main(["--no-training", "--no-generation", "--model", "skipless_lm"])
+
+
+@pytest.mark.slow
+def test_benchmark_bf16_autocast_training_and_cast_generation(tmp_path):
+    """--dtype bf16: autocast training and a bf16-cast model (and its dense export) in generation."""
+    rows = benchmark.main([
+        "--out", str(tmp_path / "bf16"), *TINY_SHAPE, "--threads", "1", "--dtype", "bf16", "--max-tokens", "128",
+        "--num-batches", "1", "--steps", "1", "--repeats", "1", "--batch-sizes", "1", "--beams", "1,2",
+        "--gen-len", "2", "--gemm-size", "128", "--dense-export", "--no-memory",
+        "--ende-data", ende_data_bin(), "--model", "tc=slim_transformer --tc-ff 0.5"])
+    by_label = {r["label"]: r for r in rows}
+    assert set(by_label) == {"transformer", "tc", "tc +dense"}
+    for label in ("transformer", "tc"):
+        assert by_label[label]["train_tokens_per_s"] > 0
+    for row in rows:
+        assert all(v > 0 for v in row["generation_tokens_per_s"].values())
+    assert "dtype bf16" in (tmp_path / "bf16" / "table.md").read_text()
 
 
 def test_quality_log_parsers():

@@ -29,7 +29,7 @@ EVAL_COUNT = 60  # sentences in the miniature valid / test sets
 
 RECIPE_SCRIPTS = sorted(
     [EXAMPLES / "common.sh"]
-    + [p for pattern in ("prepare-*.sh", "train-*.sh", "evaluate*.sh")
+    + [p for pattern in ("prepare-*.sh", "train-*.sh", "evaluate*.sh", "*_vs_*.sh", "stlm_tying_*.sh")
        for folder in ("translation", "lm") for p in (EXAMPLES / folder).glob(pattern)]
 )
 

@@ -46,13 +46,13 @@ arch_of() {
 
 train_one() {
   local name=$1
-  # shellcheck disable=SC2046
+  # shellcheck disable=SC2046,SC2086
   "$BIN/fairseq-train" "$DATA" --user-dir "$REPO/slim_fairseq" --cpu --num-workers 0 \
     --task language_modeling --tokens-per-sample "$TOKENS" --sample-break-mode none \
     $(arch_of "$name") $SHAPE --dropout 0.0 \
     --batch-size "$BATCH" --max-update "$UPDATES" --seed "$SEED" \
     --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
-    --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates $((UPDATES / 10)) \
+    --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates $(( UPDATES >= 10 ? UPDATES / 10 : 1 )) \
     --no-save --log-format simple --log-interval 50 \
     > "$OUT/$name.log" 2>&1
 }
@@ -66,11 +66,5 @@ for name in $RUNS; do
 done
 wait
 
-printf "%-14s %12s %10s\n" run params valid_ppl
-for name in $RUNS; do
-  log="$OUT/$name.log"
-  params=$(grep -o "num. shared model params: [0-9,]*" "$log" | tail -1 | grep -o "[0-9,]*$" || true)
-  [ -n "$params" ] || params=$(grep -o "num. model params: [0-9,]*" "$log" | tail -1 | grep -o "[0-9,]*$")
-  ppl=$(grep "valid on 'valid' subset" "$log" | tail -1 | sed -E 's/.*\| ppl ([0-9.]+).*/\1/')
-  printf "%-14s %12s %10s\n" "$name" "$params" "$ppl"
-done | tee "$OUT/summary.txt"
+# shellcheck disable=SC2086  # RUNS is a list of names
+"$PYTHON" "$REPO/examples/summarize_runs.py" "$OUT" $RUNS | tee "$OUT/summary.txt"

@@ -50,7 +50,7 @@ train_one() {
     $(shape_of "$name") \
     --batch-size "$BATCH" --max-update "$UPDATES" --seed "$SEED" \
     --optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01 --clip-norm 1.0 \
-    --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates $((UPDATES / 10)) \
+    --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates $(( UPDATES >= 10 ? UPDATES / 10 : 1 )) \
     --no-save --log-format simple --log-interval 50 \
     > "$OUT/$name.log" 2>&1
 }
@@ -64,15 +64,8 @@ for name in $RUNS; do
 done
 wait
 
-printf "%-6s %12s %10s %12s\n" run params valid_ppl train_tok/s | tee "$OUT/summary.txt"
-for name in $RUNS; do
-  log="$OUT/$name.log"
-  params=$(grep -o "num. shared model params: [0-9,]*" "$log" | tail -1 | grep -o "[0-9,]*$" || true)
-  [ -n "$params" ] || params=$(grep -o "num. model params: [0-9,]*" "$log" | tail -1 | grep -o "[0-9,]*$")
-  ppl=$(grep "valid on 'valid' subset" "$log" | tail -1 | sed -E 's/.*\| ppl ([0-9.]+).*/\1/')
-  wps=$(grep -E "\| train \| epoch" "$log" | tail -1 | sed -E 's/.*\| wps ([0-9.]+).*/\1/')
-  printf "%-6s %12s %10s %12s\n" "$name" "$params" "$ppl" "$wps"
-done | tee -a "$OUT/summary.txt"
+# shellcheck disable=SC2086  # RUNS is a list of names
+"$PYTHON" "$REPO/examples/summarize_runs.py" "$OUT" $RUNS | tee "$OUT/summary.txt"
 
 # Training throughput per CPU-second (process time, one thread): less sensitive than the
 # wall-clock tokens/s above to other processes sharing the machine.

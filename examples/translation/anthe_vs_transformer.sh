@@ -61,7 +61,7 @@ COMMON=("$DATA" --task translation --source-lang en --target-lang de --cpu --see
 train() {  # name, extra fairseq-train arguments...
     local name="$1"; shift
     if [[ "$EVAL_ONLY" == 0 ]]; then
-        rm -rf "$OUT/$name"; mkdir -p "$OUT/$name"
+        rm -rf "${OUT:?}/$name"; mkdir -p "$OUT/$name"
         OMP_NUM_THREADS="$THREADS" fairseq-train "${COMMON[@]}" "${SHAPE[@]}" "$@" \
             --save-dir "$OUT/$name" > "$OUT/$name/train.log" 2>&1
     fi
@@ -88,20 +88,4 @@ echo "wall time: $(( $(date +%s) - start )) s (updates: $MAX_UPDATE, max tokens:
      "warmup: $WARMUP, seed: $SEED, threads per model: $THREADS)"
 
 # 2. report
-"$PYTHON" - "$OUT" <<'EOF'
-import re, sys, os
-out = sys.argv[1]
-print(f"{'model':<12} {'params':>11} {'valid loss':>10} {'valid nll':>9} {'valid ppl':>9} "
-      f"{'test BLEU':>9} {'train tok/s':>11}")
-for name in ("anthe", "transformer"):
-    log = open(os.path.join(out, name, "train.log")).read()
-    params = re.search(r"num\. shared model params: ([\d,]+)", log) or \
-        re.search(r"num\. model params: ([\d,]+)", log)
-    valid = re.findall(r"valid \| .*?\| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+)", log)
-    wps = [float(x) for x in re.findall(r"train \| .*?\| wps ([\d.]+)", log)]
-    gen = open(os.path.join(out, name, "generate.log")).read()
-    bleu = re.search(r"BLEU4? = ([\d.]+)", gen)
-    loss, nll, ppl = valid[-1] if valid else ("?", "?", "?")
-    print(f"{name:<12} {params.group(1) if params else '?':>11} {loss:>10} {nll:>9} {ppl:>9} "
-          f"{bleu.group(1) if bleu else '?':>9} {sum(wps) / len(wps) if wps else float('nan'):>11.0f}")
-EOF
+"$PYTHON" "$REPO/examples/summarize_runs.py" "$OUT" anthe transformer

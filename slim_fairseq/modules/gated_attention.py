@@ -11,6 +11,8 @@ ungated) output projection. ``no_patt`` makes W_Q, W_K, W_V the identity.
 from typing import Dict, Optional, Tuple
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq import utils
@@ -62,8 +64,7 @@ class GatedMultiheadAttention(MultiheadAttention):
         self.gate = gate
         self.no_patt = bool(no_patt)
         self.tc_ratio = float(tc_ratio or 0.0)
-        self.plain = gate == "none" and not self.no_patt and not self.tc_ratio
-        if self.plain:
+        if gate == "none" and not self.no_patt and not self.tc_ratio:
             return
         if self.use_xformers:
             raise ValueError("--xformers-att-config cannot be combined with attention gates, "
@@ -90,6 +91,13 @@ class GatedMultiheadAttention(MultiheadAttention):
             if in_dims[raw] != embed_dim or in_dims[target] != embed_dim:
                 raise ValueError(f"attention gate {gate!r} needs key/value width == model width "
                                  f"(got kdim={self.kdim}, vdim={self.vdim}, d={embed_dim})")
+
+    @property
+    def plain(self):
+        """No gate and three dense projections: exactly fairseq's attention, so fairseq's own
+        forward runs (also after Tensor-Chain projections were exported with ``to_dense``)."""
+        return self.gate == "none" and all(
+            type(getattr(self, name + "_proj")) is nn.Linear for name in ("q", "k", "v"))
 
     def _project(self, name, x):
         proj = getattr(self, name + "_proj")
@@ -203,6 +211,11 @@ class GatedMultiheadAttention(MultiheadAttention):
             k, v, key_padding_mask, attn_mask = self._append_zero_attn(
                 k=k, v=v, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
 
+        if (not need_weights and not before_softmax and bsz == kv_bsz
+                and (attn_mask is None or attn_mask.is_floating_point())
+                and type(self).apply_sparse_mask is MultiheadAttention.apply_sparse_mask):
+            return self._fused_attention(q, k, v, attn_mask, key_padding_mask, tgt_len, bsz), None
+
         shared_kv = self.encoder_decoder_attention and bsz != kv_bsz
         if shared_kv:  # several beams per encoder sentence
             scores = torch.einsum("bxhtd,bhsd->bxhts",
@@ -239,6 +252,23 @@ class GatedMultiheadAttention(MultiheadAttention):
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return attn, weights
+
+    def _fused_attention(self, q, k, v, attn_mask, key_padding_mask, tgt_len, bsz):
+        """``out_proj(softmax(q k^T + attn_mask + padding) v)`` with torch's fused attention
+        kernel; the same result as the explicit path below (q already carries the scaling)."""
+        heads, head_dim = self.num_heads, self.head_dim
+        src_len = k.size(1)
+        q, k, v = (t.view(bsz, heads, -1, head_dim) for t in (q, k, v))
+        mask = None if attn_mask is None else attn_mask.to(q.dtype).view(1, 1, tgt_len, src_len)
+        if key_padding_mask is not None:
+            padding = torch.zeros(bsz, 1, 1, src_len, dtype=q.dtype, device=q.device).masked_fill(
+                key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
+            mask = padding if mask is None else mask + padding
+        dropout = self.dropout_module
+        p = dropout.p if (self.training or dropout.apply_during_inference) else 0.0
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
+        attn = attn.permute(2, 0, 1, 3).reshape(tgt_len, bsz, heads * head_dim)
+        return self.out_proj(attn)
 
 
 def tc_ratio_for(cfg, place):

@@ -119,6 +119,19 @@ class ShapedAttention(GroupedQueryAttention):
         the Tk cached positions of k, v (B, KV, Tk, d_h)."""
         q_len, k_len = q.size(2), k.size(2)
         k, v = self.expand_kv(k), self.expand_kv(v)
+        alpha, beta, gamma = (s.to(v.dtype).view(1, -1, 1, 1) for s in (self.alpha, self.beta, self.gamma))
+        if key_padding_mask is None and (q_len == k_len or q_len == 1):
+            # no padding: the softmax term is fused causal attention (every key is visible to a
+            # single new query) and the uniform term C V is the running mean of the values
+            dropout_p = self.dropout if self.training else 0.0
+            attended = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p,
+                                                      is_causal=q_len > 1, scale=self.scaling)
+            if q_len == 1:
+                mean = v.mean(dim=2, keepdim=True)
+            else:
+                counts = torch.arange(1, k_len + 1, device=v.device, dtype=v.dtype).view(-1, 1)
+                mean = v.cumsum(dim=2) / counts
+            return alpha * v[:, :, k_len - q_len:, :] + beta * attended - gamma * mean
         allowed = causal_allowed(q_len, k_len, q.device).view(1, 1, q_len, k_len)
         if key_padding_mask is not None:
             allowed = allowed & ~key_padding_mask.bool().view(-1, 1, 1, k_len)
@@ -129,7 +142,6 @@ class ShapedAttention(GroupedQueryAttention):
         probs = F.dropout(probs, p=self.dropout, training=self.training).to(v.dtype)
         visible = allowed.to(v.dtype)
         uniform = visible / visible.sum(dim=-1, keepdim=True).clamp(min=1.0)
-        alpha, beta, gamma = (s.to(v.dtype).view(1, -1, 1, 1) for s in (self.alpha, self.beta, self.gamma))
         return alpha * v[:, :, k_len - q_len:, :] + torch.matmul(beta * probs - gamma * uniform, v)
 
     def extra_repr(self) -> str:

@@ -106,8 +106,31 @@ def materialise(cores):
     return out.reshape(rows * last.shape[0], cols * last.shape[2])
 
 
+def contract_pair(x2d, first, last):
+    """``x2d @ W`` for a two-core chain (``first`` [a1, b, c1], ``last`` [a2, b, c2]) as two
+    matmuls. Both orders cost the same multiply-adds up to the intermediate's width; what
+    differs is the layout copy each needs, so the order that copies fewer elements per row
+    runs: first core first copies the input (a1 a2) and the intermediate (a2 b c1); last core
+    first copies the intermediate (a1 b c2) and the output (c1 c2)."""
+    m = x2d.shape[0]
+    a1, bond, c1 = first.shape
+    a2, _, c2 = last.shape
+    if a1 * a2 + a2 * bond * c1 <= a1 * bond * c2 + c1 * c2:
+        u = torch.matmul(x2d.reshape(m, a1, a2).transpose(1, 2),
+                         first.reshape(a1, bond * c1))  # [m, a2, b c1]
+        out = torch.matmul(u.reshape(m, a2 * bond, c1).transpose(1, 2),
+                           last.reshape(a2 * bond, c2))  # [m, c1, c2]
+    else:
+        t = x2d.reshape(m * a1, a2) @ last.reshape(a2, bond * c2)  # [m a1, b c2]
+        t = t.reshape(m, a1 * bond, c2).transpose(1, 2).reshape(m * c2, a1 * bond)
+        out = (t @ first.reshape(a1 * bond, c1)).reshape(m, c2, c1).transpose(1, 2)
+    return out.reshape(m, c1 * c2)
+
+
 def contract_input(x2d, cores):
     """``x2d @ W`` without building W: contract the input with one core at a time."""
+    if len(cores) == 2:
+        return contract_pair(x2d, cores[0], cores[1])
     m = x2d.shape[0]
     a1 = cores[0].shape[0]
     t = x2d.reshape(m, a1, -1)  # [m, a1, R]
@@ -136,14 +159,14 @@ class TensorChainLinear(nn.Module):
     ``"materialise"`` or ``"contract"``.
     """
 
-    # Contraction runs as several small einsums; it pays off when it needs this many times
-    # fewer multiply-adds than materialise-and-multiply. Thresholds measured with
-    # scripts/tc_forward_timing.py (CPU, forward + backward; "auto" picked the faster mode in
-    # 32 of 35 measured shapes, the misses being near-ties): small batches of rows pay
-    # materialisation's fixed cost, large ones favour one big matmul.
+    # Contraction runs as small, memory-bound matmuls; it pays off when it needs this many
+    # times fewer multiply-adds than materialise-and-multiply. Thresholds measured with
+    # scripts/tc_forward_timing.py (CPU, 2 threads, forward + backward, two-core contraction
+    # by contract_pair): small batches of rows pay materialisation's fixed cost, large ones
+    # favour one big matmul.
     SMALL_BATCH_ROWS = 256
-    CONTRACT_ADVANTAGE_SMALL = 2.0
-    CONTRACT_ADVANTAGE_LARGE = 6.0
+    CONTRACT_ADVANTAGE_SMALL = 1.5
+    CONTRACT_ADVANTAGE_LARGE = 5.0
 
     def __init__(self, in_features, out_features, ratio=None, bond=None, length=2, bias=True,
                  init_std=None, forward_mode="auto"):
