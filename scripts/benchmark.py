@@ -197,6 +197,11 @@ def autocast_context(device, dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def default_gemm_size(cuda):
+    """GEMM size of the matmul-peak measurement when --gemm-size is not given."""
+    return 8192 if cuda else 2048
+
+
 def measure_matmul_peak(device, dtype, size, repeats=10):
     """Best GFLOP/s of an ``size x size`` GEMM (2 n^3 FLOPs) in ``dtype`` on ``device``."""
     a = torch.randn(size, size, device=device).to(dtype)
@@ -568,15 +573,13 @@ def report_only(args):
     run_args = copy.copy(args)  # --pair comes from this command line
     for key in ("dim", "layers", "heads", "ffn", "dtype"):
         setattr(run_args, key, meta[key])
-    run_args.gemm_size = meta.get("gemm_size") or (2048 if meta["device"].startswith("cpu") else 8192)
-    gen_keys = [tuple(int(x) for x in key[1:].split("_beam"))
-                for key in saved["rows"][0]["generation_tokens_per_s_all"]]
-    run_args.batch_sizes = sorted({b for b, _ in gen_keys})
-    run_args.beams = sorted({k for _, k in gen_keys})
-    run_args.repeats = max(len(r["train_tokens_per_s_all"] or next(iter(r["generation_tokens_per_s_all"].values()), []))
-                           for r in saved["rows"])
+    run_args.gemm_size = meta.get("gemm_size") or default_gemm_size(cuda=not meta["device"].startswith("cpu"))
+    entries = entries_from_results(saved["rows"])
+    run_args.batch_sizes = sorted({b for b, _ in entries[0].gen})
+    run_args.beams = sorted({k for _, k in entries[0].gen})
+    run_args.repeats = max(len(e.train_tps or next(iter(e.gen.values()), [])) for e in entries)
     peaks = {"device": meta["device"], "matmul_gflops": meta["matmul_gflops"]}
-    rows = summarise(entries_from_results(saved["rows"]), run_args, peaks)
+    rows = summarise(entries, run_args, peaks)
     return write_outputs(out_dir, meta, rows, run_args, peaks)
 
 
@@ -656,7 +659,7 @@ def main(argv=None):
             f"{len(tc_linears(e.model))} TC linears")
 
     peaks = {"device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({threads} threads)"}
-    gemm = args.gemm_size = args.gemm_size or (8192 if device.type == "cuda" else 2048)
+    gemm = args.gemm_size = args.gemm_size or default_gemm_size(cuda=device.type == "cuda")
     peaks["matmul_gflops"] = measure_matmul_peak(device, dtype, gemm)
     log(f"matmul peak ({gemm}x{gemm}, {args.dtype}): {peaks['matmul_gflops']:.1f} GFLOP/s")
 

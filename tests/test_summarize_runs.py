@@ -1,12 +1,11 @@
 """examples/summarize_runs.py, the report step of the evidence scripts, on fairseq log lines."""
-import importlib.util
 import os
+import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location(
-    "summarize_runs", os.path.join(REPO, "examples", "summarize_runs.py"))
-summarize_runs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(summarize_runs)
+from helpers import REPO
+
+sys.path.insert(0, os.path.join(REPO, "examples"))
+import summarize_runs  # noqa: E402
 
 TRAIN_LOG = """\
 2026-11-22 01:00:00 | INFO | fairseq_cli.train | num. shared model params: 3,909,448 (num. trained: 3,909,448)
