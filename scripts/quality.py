@@ -1,20 +1,34 @@
 #!/usr/bin/env python3
-"""Equal-budget quality comparison on the bundled corpora (issue 8, item 2).
+"""Quality per parameter on the bundled corpora: equal-budget runs, learning-rate sweeps, sizes,
+seeds, and each family's frontier against fairseq's transformer (issues 8 and 14).
 
-Every model (plus fairseq's ``transformer`` / ``transformer_lm`` baseline of the same shape) is
-trained with ``fairseq-train`` under the same budget -- the same ``--max-update`` and
-``--max-tokens`` (so the same number of training tokens), optionally capped in wall time by
-``--time-budget`` (fairseq's ``--stop-time-hours``) -- for every seed, then evaluated:
+Every run is one ``fairseq-train`` of a model spec at one width (``--dim``), one learning rate
+(``--lr``) and one seed, under the same budget: the same ``--max-update`` and ``--max-tokens``
+(so the same number of training tokens), optionally capped in wall time by ``--time-budget``
+(fairseq's ``--stop-time-hours``). Then it is evaluated:
 
 * en-de translation (``--corpus ende``): valid perplexity (fairseq's masked per-token
-  perplexity of the label-smoothing-free NLL, base 2, padding excluded -- SPEC §1.5) and test
-  BLEU (``fairseq-generate`` beam 5, detokenized with Moses + subword-nmt, ``--scoring
-  sacrebleu``);
+  perplexity of the label-smoothing-free NLL, base 2, padding excluded; see
+  docs/TECHNIQUES.md on why the Anthe paper's perplexities are not comparable) and test BLEU
+  (``fairseq-generate`` beam 5, detokenized with Moses + subword-nmt, ``--scoring sacrebleu``);
 * WikiText-2 language modelling (``--corpus wikitext``): valid perplexity.
 
+``--dim 64,128,256`` and ``--lr 1e-3,3e-3,1e-2`` sweep widths and learning rates; for every
+(model, width) the learning rate with the lowest mean valid loss is kept, and each model's
+best points form its *frontier* (valid loss against parameters). The report gives, per model,
+the distance to the frontier of the baseline (``--frontier-baseline``, default fairseq's
+``transformer`` / ``transformer_lm`` run of the plan): the valid-loss difference at equal
+parameters and the baseline's parameters at equal loss, with the seed spread.
+
+Runs are independent and **resumable**: each finished run leaves ``runs/<tag>/run.json`` and is
+reused by a later call with the same settings, so a long study can be stopped and restarted,
+or extended by more widths, rates or seeds. ``--jobs N`` trains N runs at a time
+(``--threads`` threads each).
+
 Output (``--out``, default ``results/<name>``): ``results.json`` (every run, every valid point),
-``table.md`` (mean ± std over seeds), ``valid_loss_<corpus>.png`` (valid-loss curves, mean over
-seeds) and ``params_vs_quality.png``.
+``table.md``, ``valid_loss_<corpus>.png`` (valid-loss curves of every best point, mean over
+seeds) and ``params_vs_quality.png`` (valid loss, and BLEU for en-de, against parameters on a
+log axis, one frontier line per model).
 
 Example::
 
@@ -26,12 +40,15 @@ Example::
 ``[LABEL=]ARCH [fairseq overrides...]``, as in scripts/benchmark.py.
 """
 import argparse
+import concurrent.futures
 import json
+import math
 import os
 import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,14 +59,16 @@ sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
 from benchmark import accepted_flags, load_plugin, parse_model_spec, shape_overrides  # noqa: E402
 
 BASELINES = {"ende": "transformer", "wikitext": "transformer_lm"}
+_LOG_LOCK = threading.Lock()
 
 
 def log(message):
-    print(f"[quality] {message}", flush=True)
+    with _LOG_LOCK:
+        print(f"[quality] {message}", flush=True)
 
 
 def run_tool(tool, argv, log_path, threads):
-    """Run a fairseq console script, tee its output to ``log_path``; return the output."""
+    """Run a fairseq console script, stream its output to ``log_path``; return the output."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                PYTHONWARNINGS="ignore")
     cmd = [os.path.join(BIN, tool), *argv]
@@ -64,18 +83,34 @@ def run_tool(tool, argv, log_path, threads):
     return output
 
 
+def _json_records(output, kind):
+    for line in output.splitlines():
+        match = re.search(r"\| " + kind + r" \| (\{.*\})\s*$", line)
+        if match:
+            yield json.loads(match.group(1))
+
+
 def parse_valid_points(output):
     """Every ``valid`` record of a ``--log-format json`` training log: [(updates, loss, nll, ppl)]."""
     points = []
-    for line in output.splitlines():
-        match = re.search(r"\| valid \| (\{.*\})\s*$", line)
-        if not match:
-            continue
-        record = json.loads(match.group(1))
+    for record in _json_records(output, "valid"):
         loss = float(record["valid_loss"])
         nll = float(record.get("valid_nll_loss", loss))
         points.append((int(float(record["valid_num_updates"])), loss, nll, float(record["valid_ppl"])))
     return points
+
+
+def parse_train_wps(output):
+    """Training tokens/s: total target tokens over total training wall time of the json log's
+    ``train_inner`` records (fairseq's own ``wps`` meters), or None."""
+    tokens = seconds = 0.0
+    for record in _json_records(output, "train_inner"):
+        wps, ups = float(record.get("wps", 0)), float(record.get("ups", 0))
+        if wps > 0 and ups > 0:
+            # each record covers --log-interval updates; wps / ups = tokens per update
+            tokens += wps / ups
+            seconds += 1.0 / ups
+    return tokens / seconds if seconds else None
 
 
 def parse_params(output):
@@ -88,17 +123,19 @@ def parse_bleu(output):
     return float(match.group(1)) if match else None
 
 
-def train_argv(corpus, data, arch, overrides, args, seed, save_dir):
+def train_argv(corpus, data, arch, overrides, args, seed, save_dir, dim=None, lr=None):
     lm = corpus == "wikitext"
+    dim = dim or args.dims[0]
+    lr = lr or args.lrs[0]
     argv = [data, "--user-dir", PLUGIN_DIR, "--arch", arch, "--cpu", "--seed", str(seed),
             "--save-dir", save_dir, "--no-epoch-checkpoints", "--no-last-checkpoints",
             "--max-update", str(args.max_update), "--max-tokens", str(args.max_tokens),
             "--validate-interval-updates", str(args.validate_interval),
             "--save-interval-updates", "0", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-            "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt",
+            "--lr", str(lr), "--lr-scheduler", "inverse_sqrt",
             "--warmup-updates", str(args.warmup or max(1, args.max_update // 10)),
             "--warmup-init-lr", "1e-07", "--clip-norm", "1.0", "--num-workers", "0",
-            "--log-format", "json", "--log-interval", str(args.validate_interval),
+            "--log-format", "json", "--log-interval", str(args.log_interval or args.validate_interval),
             "--skip-invalid-size-inputs-valid-test"]
     if args.time_budget:
         argv += ["--stop-time-hours", f"{args.time_budget / 3600.0:.6f}"]
@@ -110,10 +147,22 @@ def train_argv(corpus, data, arch, overrides, args, seed, save_dir):
     else:
         argv += ["--task", "translation", "--source-lang", "en", "--target-lang", "de",
                  "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
-    argv += shape_overrides(arch, lm, args.dim, args.layers, args.heads, args.ffn)
+    argv += shape_overrides(arch, lm, dim, args.layers, args.heads, args.ffn_mult * dim)
     if args.dropout is not None and "--dropout" in accepted_flags(arch):
         argv += ["--dropout", str(args.dropout)]
-    return argv + overrides
+    return argv + expand_width(overrides, dim)
+
+
+def expand_width(overrides, dim):
+    """Width templates in a spec's overrides: ``{d}``, ``{2d}``, ``{d/2}`` (k d / m, an integer)
+    become numbers for the run's width, so one spec serves a size sweep (e.g.
+    ``--sandwich-dim {2d}``)."""
+    def value(match):
+        k, m = int(match.group(1) or 1), int(match.group(2) or 1)
+        if (k * dim) % m:
+            raise ValueError(f"width template {match.group(0)} is not an integer for d={dim}")
+        return str(k * dim // m)
+    return [re.sub(r"\{(\d*)d(?:/(\d+))?\}", value, token) for token in overrides]
 
 
 def generate_argv(data, save_dir, args, bpe_codes):
@@ -140,41 +189,148 @@ def fmt(mean, std, digits=2):
     return "—" if mean is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def fmt_lr(lr):
+    return f"{lr:g}"
+
+
+# ----------------------------------------------------------------------------------------------
+# summaries: mean over seeds, best learning rate, frontiers
+
+METRICS = ("valid_ppl", "valid_nll", "test_bleu", "train_seconds", "updates", "train_wps")
+
+
 def summarise(runs):
+    """One row per (corpus, label, dim, lr): mean ± std over seeds of every metric."""
     groups = {}
     for run in runs:
-        groups.setdefault((run["corpus"], run["label"]), []).append(run)
+        key = (run["corpus"], run["label"], run.get("dim"), run.get("lr"))
+        groups.setdefault(key, []).append(run)
     rows = []
-    for (corpus, label), group in groups.items():
-        row = {"corpus": corpus, "label": label, "arch": group[0]["arch"], "seeds": [r["seed"] for r in group],
-               "params": group[0]["params"], "baseline": group[0]["baseline"]}
-        for key in ("valid_ppl", "valid_nll", "test_bleu", "train_seconds", "updates"):
+    for (corpus, label, dim, lr), group in groups.items():
+        row = {"corpus": corpus, "label": label, "arch": group[0]["arch"], "dim": dim, "lr": lr,
+               "seeds": [r["seed"] for r in group], "params": group[0]["params"],
+               "baseline": group[0]["baseline"]}
+        for key in METRICS:
             row[key] = mean_std([r.get(key) for r in group])
         rows.append(row)
     return rows
 
 
-def markdown(rows, args):
+def best_rows(rows):
+    """Per (corpus, label, dim): the row of the learning rate with the lowest mean valid loss."""
+    best = {}
+    for row in rows:
+        if row["valid_nll"][0] is None:
+            continue
+        key = (row["corpus"], row["label"], row["dim"])
+        if key not in best or row["valid_nll"][0] < best[key]["valid_nll"][0]:
+            best[key] = row
+    return sorted(best.values(), key=lambda r: (r["corpus"], r["label"], r["params"] or 0))
+
+
+def interpolate(points, x):
+    """Piecewise-linear value at ``x`` through ``points`` [(x, y)] sorted by x; outside the range
+    the two nearest points extrapolate. Returns (y, extrapolated)."""
+    if len(points) == 1:
+        return points[0][1], x != points[0][0]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0), False
+    (x0, y0), (x1, y1) = (points[0], points[1]) if x < points[0][0] else (points[-2], points[-1])
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0), True
+
+
+def frontier_rows(best, baseline_label):
+    """Each best point against the baseline's frontier (valid NLL over log10 params).
+
+    ``delta_nll``: the point's valid NLL minus the baseline frontier's at the same parameter count
+    (negative = better), with the spread ``sqrt(std_point^2 + std_baseline^2)`` (baseline std taken
+    from its nearest point). ``params_ratio``: the point's parameters over those the baseline
+    needs for the same valid NLL (< 1 = fewer parameters for equal quality), when that loss lies
+    on or between the baseline's points.
+    """
+    out = []
+    for corpus in sorted({r["corpus"] for r in best}):
+        base = sorted(((math.log10(r["params"]), r["valid_nll"][0], r["valid_nll"][1])
+                       for r in best if r["corpus"] == corpus and r["label"] == baseline_label[corpus]
+                       and r["params"]), key=lambda p: p[0])
+        if not base:
+            continue
+        curve = [(x, y) for x, y, _ in base]
+        for r in best:
+            if r["corpus"] != corpus or not r["params"]:
+                continue
+            x = math.log10(r["params"])
+            y_base, extrapolated = interpolate(curve, x)
+            std_base = min(base, key=lambda p: abs(p[0] - x))[2]
+            ratio = None
+            ys = [y for _, y in curve]
+            if len(curve) > 1 and min(ys) <= r["valid_nll"][0] <= max(ys):
+                # the baseline frontier is decreasing in params: invert it segment by segment
+                for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+                    if min(y0, y1) <= r["valid_nll"][0] <= max(y0, y1) and y0 != y1:
+                        x_equal = x0 + (x1 - x0) * (r["valid_nll"][0] - y0) / (y1 - y0)
+                        ratio = 10 ** (x - x_equal)
+                        break
+            out.append({"corpus": corpus, "label": r["label"], "dim": r["dim"], "lr": r["lr"],
+                        "params": r["params"], "valid_nll": r["valid_nll"],
+                        "delta_nll": r["valid_nll"][0] - y_base,
+                        "delta_std": math.hypot(r["valid_nll"][1], std_base),
+                        "extrapolated": extrapolated, "params_ratio": ratio,
+                        "test_bleu": r["test_bleu"]})
+    return out
+
+
+def markdown(rows, args, baseline_label):
+    dims = ",".join(map(str, args.dims))
     lines = [f"Equal budget: {args.max_update} updates of ≤{args.max_tokens} tokens"
              + (f", ≤{args.time_budget:.0f} s" if args.time_budget else "")
-             + f"; shape d={args.dim}, L={args.layers}, heads={args.heads}, ffn={args.ffn}; seeds "
-             f"{','.join(map(str, args.seeds))}; mean ± std over seeds.", ""]
-    for corpus, title in (("ende", "en-de (bundled)"), ("wikitext", "WikiText-2 (bundled)")):
+             + f"; shape d={dims}, L={args.layers}, heads={args.heads}, ffn={args.ffn_mult} d; "
+             f"lr {','.join(map(fmt_lr, args.lrs))}; seeds {','.join(map(str, args.seeds))}; "
+             "mean ± std over seeds.", ""]
+    titles = (("ende", "en-de (bundled)"), ("wikitext", "WikiText-2 (bundled)"))
+    for corpus, title in titles:
         subset = [r for r in rows if r["corpus"] == corpus]
         if not subset:
             continue
-        lines += [f"**{title}**", ""]
-        head = ["model", "params", "seeds", "valid PPL"] + (["test BLEU"] if corpus == "ende" else [])
-        head += ["train s", "updates"]
+        lines += [f"**{title}: every run**", ""]
+        head = ["model", "d", "lr", "params", "seeds", "valid PPL", "valid NLL (bits)"]
+        head += (["test BLEU"] if corpus == "ende" else []) + ["train tok/s", "train s", "updates"]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
-        for r in subset:
-            cells = [r["label"] + (" (baseline)" if r["baseline"] else ""),
+        for r in sorted(subset, key=lambda r: (r["label"], r["dim"] or 0, r["lr"] or 0)):
+            cells = [r["label"] + (" (baseline)" if r["baseline"] else ""), str(r["dim"]),
+                     fmt_lr(r["lr"]) if r["lr"] else "—",
                      "—" if r["params"] is None else f"{r['params']:,}", str(len(r["seeds"])),
-                     fmt(*r["valid_ppl"])]
+                     fmt(*r["valid_ppl"]), fmt(*r["valid_nll"], digits=3)]
             if corpus == "ende":
                 cells.append(fmt(*r["test_bleu"]))
-            cells += [fmt(*r["train_seconds"], digits=0), fmt(*r["updates"], digits=0)]
+            cells += [fmt(*r["train_wps"], digits=0), fmt(*r["train_seconds"], digits=0),
+                      fmt(*r["updates"], digits=0)]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    front = frontier_rows(best_rows(rows), baseline_label)
+    for corpus, title in titles:
+        subset = [f for f in front if f["corpus"] == corpus]
+        if not subset:
+            continue
+        lines += [f"**{title}: best learning rate per model and width, against the "
+                  f"`{baseline_label[corpus]}` frontier**", "",
+                  "Δ NLL = valid NLL (bits/token) minus the baseline frontier's at the same parameter "
+                  "count (negative = better; ± combines both seed spreads; *extrap.* = outside the "
+                  "baseline's sizes). params ratio = parameters over those the baseline needs for the "
+                  "same valid NLL (< 1 = fewer).", ""]
+        head = ["model", "d", "best lr", "params", "valid NLL", "Δ NLL vs frontier", "params ratio"]
+        head += ["test BLEU"] if corpus == "ende" else []
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        for f in sorted(subset, key=lambda f: (f["label"], f["params"])):
+            cells = [f["label"], str(f["dim"]), fmt_lr(f["lr"]) if f["lr"] else "—", f"{f['params']:,}",
+                     fmt(*f["valid_nll"], digits=3),
+                     f"{f['delta_nll']:+.3f} ± {f['delta_std']:.3f}" + (" *extrap.*" if f["extrapolated"] else ""),
+                     "—" if f["params_ratio"] is None else f"{f['params_ratio']:.2f}"]
+            if corpus == "ende":
+                cells.append(fmt(*f["test_bleu"]))
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -187,39 +343,62 @@ def plot(runs, rows, out_dir):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    best = best_rows(rows)
+    chosen = {(r["corpus"], r["label"], r["dim"], r["lr"]) for r in best}
     for corpus in sorted({r["corpus"] for r in runs}):
-        fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        for label in dict.fromkeys(r["label"] for r in runs if r["corpus"] == corpus):
-            curves = [r["valid_curve"] for r in runs if r["corpus"] == corpus and r["label"] == label]
+        fig, ax = plt.subplots(figsize=(6.0, 4.0))
+        keys = dict.fromkeys((r["label"], r.get("dim"), r.get("lr")) for r in runs if r["corpus"] == corpus)
+        for label, dim, lr in keys:
+            if (corpus, label, dim, lr) not in chosen:
+                continue
             by_update = {}
-            for curve in curves:
-                for updates, _loss, nll, _ppl in curve:
-                    by_update.setdefault(updates, []).append(nll)
+            for run in runs:
+                if (run["corpus"], run["label"], run.get("dim"), run.get("lr")) == (corpus, label, dim, lr):
+                    for updates, _loss, nll, _ppl in run["valid_curve"]:
+                        by_update.setdefault(updates, []).append(nll)
             xs = sorted(by_update)
-            ax.plot(xs, [statistics.mean(by_update[x]) for x in xs], marker="o", markersize=3, label=label)
+            name = label if len({k[1] for k in keys}) == 1 else f"{label} d{dim}"
+            ax.plot(xs, [statistics.mean(by_update[x]) for x in xs], marker="o", markersize=2, label=name)
         ax.set_xlabel("updates")
         ax.set_ylabel("valid NLL (bits/token)")
-        ax.set_title(f"{corpus}: valid loss (mean over seeds)", fontsize=9)
-        ax.legend(fontsize=6)
+        ax.set_title(f"{corpus}: valid loss of each best point (mean over seeds)", fontsize=9)
+        ax.legend(fontsize=5, ncol=2)
         fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, f"valid_loss_{corpus}.png"), dpi=80)
+        fig.savefig(os.path.join(out_dir, f"valid_loss_{corpus}.png"), dpi=90)
         plt.close(fig)
 
-    corpora = sorted({r["corpus"] for r in rows})
-    fig, axes = plt.subplots(1, len(corpora), figsize=(5.0 * len(corpora), 3.8), squeeze=False)
-    for ax, corpus in zip(axes[0], corpora):
-        metric = "test_bleu" if corpus == "ende" else "valid_ppl"
-        for r in rows:
-            if r["corpus"] != corpus or r["params"] is None or r[metric][0] is None:
+    panels = [(c, "valid_nll") for c in sorted({r["corpus"] for r in best})]
+    panels += [("ende", "test_bleu")] if any(r["corpus"] == "ende" and r["test_bleu"][0] is not None
+                                             for r in best) else []
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.0), squeeze=False)
+    for ax, (corpus, metric) in zip(axes[0], panels):
+        for label in dict.fromkeys(r["label"] for r in best if r["corpus"] == corpus):
+            pts = [r for r in best if r["corpus"] == corpus and r["label"] == label
+                   and r["params"] and r[metric][0] is not None]
+            if not pts:
                 continue
-            ax.errorbar(r["params"] / 1e6, r[metric][0], yerr=r[metric][1], fmt="s" if r["baseline"] else "o")
-            ax.annotate(r["label"], (r["params"] / 1e6, r[metric][0]), fontsize=6)
-        ax.set_xlabel("parameters (M)")
-        ax.set_ylabel("test BLEU" if corpus == "ende" else "valid PPL")
-        ax.set_title(corpus, fontsize=9)
+            ax.errorbar([r["params"] for r in pts], [r[metric][0] for r in pts],
+                        yerr=[r[metric][1] for r in pts], marker="s" if pts[0]["baseline"] else "o",
+                        markersize=4, capsize=2, label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("parameters (log scale)")
+        ax.set_ylabel("test BLEU" if metric == "test_bleu" else "valid NLL (bits/token)")
+        ax.set_title(f"{corpus}: best lr per point", fontsize=9)
+        ax.legend(fontsize=5)
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "params_vs_quality.png"), dpi=80)
+    fig.savefig(os.path.join(out_dir, "params_vs_quality.png"), dpi=90)
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+
+def _float_list(text):
+    return [float(x) for x in text.split(",") if x]
+
+
+def _int_list(text):
+    return [int(x) for x in text.split(",") if x]
 
 
 def get_parser():
@@ -228,24 +407,38 @@ def get_parser():
     p.add_argument("--lm-model", action="append", default=[], metavar="SPEC", help="WikiText-2 LM spec")
     p.add_argument("--corpus", choices=["ende", "wikitext", "both"], default="both")
     p.add_argument("--no-baseline", action="store_true", help="do not add fairseq's transformer(_lm)")
+    p.add_argument("--frontier-baseline", metavar="LABEL",
+                   help="label whose frontier the others are measured against (default: fairseq's "
+                        "transformer / transformer_lm of the plan)")
     p.add_argument("--name", default="quality")
     p.add_argument("--out")
-    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--dim", dest="dims", type=_int_list, default=[256], metavar="D[,D...]",
+                   help="model width(s); several make a size sweep")
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ffn", type=int, help="FFN width (default 4 d)")
+    p.add_argument("--ffn", type=int, help="FFN width for a single --dim (default 4 d)")
+    p.add_argument("--ffn-mult", type=int, default=4, help="FFN width as a multiple of d (default 4)")
     p.add_argument("--dropout", type=float, help="override every model's dropout")
-    p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",") if x], default=[1, 2])
+    p.add_argument("--seeds", type=_int_list, default=[1, 2])
+    p.add_argument("--confirm-seeds", type=_int_list, default=[], metavar="S[,S...]",
+                   help="after the sweep over --seeds, train these seeds too, at the best learning "
+                        "rate of each model and width only (cheaper than sweeping every seed)")
     p.add_argument("--max-update", type=int, default=300)
     p.add_argument("--time-budget", type=float, help="wall-clock cap per training run, seconds")
     p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--validate-interval", type=int, default=50, help="validate every N updates")
+    p.add_argument("--log-interval", type=int, help="training log interval (default: --validate-interval)")
     p.add_argument("--max-valid-steps", type=int, help="cap validation batches (fairseq --max-valid-steps)")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", dest="lrs", type=_float_list, default=[1e-3], metavar="LR[,LR...]",
+                   help="learning rate(s); several make a sweep, the best by valid loss is kept")
     p.add_argument("--warmup", type=int, help="warm-up updates (default max-update / 10)")
     p.add_argument("--tokens-per-sample", type=int, default=128, help="LM block length")
-    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
+    p.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
+    p.add_argument("--threads", type=int, help="threads per run (default: OMP_NUM_THREADS / jobs)")
+    p.add_argument("--no-resume", action="store_true", help="re-run runs that already finished")
     p.add_argument("--no-bleu", action="store_true")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep each run's checkpoint_best.pt (default: removed once evaluated)")
     p.add_argument("--report-only", action="store_true",
                    help="only re-write table.md and the plots from the runs in <out>/results.json "
                         "(e.g. after stopping a long comparison early)")
@@ -257,9 +450,85 @@ def get_parser():
     return p
 
 
+def check_args(p, args):
+    """One-line errors before any training starts."""
+    if not args.dims or any(d <= 0 for d in args.dims):
+        p.error("--dim: expected positive integers, e.g. 64,128,256")
+    if not args.lrs or any(lr <= 0 for lr in args.lrs):
+        p.error("--lr: expected positive numbers, e.g. 1e-3,3e-3")
+    if not args.seeds:
+        p.error("--seeds: expected integers, e.g. 1,2")
+    if args.ffn and len(args.dims) > 1:
+        p.error("--ffn fixes one FFN width; with several --dim values use --ffn-mult")
+    if args.ffn:
+        if args.ffn % args.dims[0]:
+            p.error(f"--ffn {args.ffn} is not a multiple of --dim {args.dims[0]}; use --ffn-mult")
+        args.ffn_mult = args.ffn // args.dims[0]
+    if args.jobs < 1:
+        p.error("--jobs: expected an integer >= 1")
+    if args.threads is None:
+        args.threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "2")) // args.jobs)
+
+
+def run_tag(corpus, label, dim, lr, seed, single_dim, single_lr):
+    """Folder name of a run; one width / one rate keep the short names of earlier versions."""
+    parts = [corpus, label] + ([] if single_dim else [f"d{dim}"]) + ([] if single_lr else [f"lr{fmt_lr(lr)}"])
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "_".join(parts) + f"_s{seed}")
+
+
+def settings_key(argv):
+    """A run's training settings without the paths that differ between machines or clones."""
+    key, skip = [], False
+    for token in argv[1:]:  # argv[0] is the data-bin
+        if skip:
+            skip = False
+            continue
+        if token in ("--save-dir", "--user-dir"):
+            skip = True
+            continue
+        key.append(token)
+    return key
+
+
+def execute_run(job, data, args):
+    """Train (and for en-de translate) one run; reuse its run.json when it already finished."""
+    corpus, label, arch, overrides, baseline, dim, lr, seed, save_dir = job
+    done_path = os.path.join(save_dir, "run.json")
+    argv = train_argv(corpus, data[corpus], arch, overrides, args, seed, save_dir, dim, lr)
+    if not args.no_resume and os.path.exists(done_path):
+        with open(done_path) as f:
+            run = json.load(f)
+        if run.get("settings") == settings_key(argv) and (corpus != "ende" or args.no_bleu or "test_bleu" in run):
+            return run, True
+    os.makedirs(save_dir, exist_ok=True)
+    start = time.time()
+    output = run_tool("fairseq-train", argv, os.path.join(save_dir, "train.log"), args.threads)
+    seconds = time.time() - start
+    curve = parse_valid_points(output)
+    if not curve:
+        raise RuntimeError(f"no validation record in {save_dir}/train.log")
+    run = {"corpus": corpus, "label": label, "arch": arch, "overrides": overrides, "seed": seed,
+           "dim": dim, "lr": lr, "baseline": baseline, "params": parse_params(output),
+           "valid_curve": curve, "updates": curve[-1][0], "valid_nll": curve[-1][2],
+           "valid_ppl": curve[-1][3], "train_seconds": seconds, "train_wps": parse_train_wps(output),
+           "settings": settings_key(argv)}  # without paths, so a moved or cloned study still resumes
+    if corpus == "ende" and not args.no_bleu:
+        gen = run_tool("fairseq-generate", generate_argv(data[corpus], save_dir, args, args.bpe_codes),
+                       os.path.join(save_dir, "generate.log"), args.threads)
+        run["test_bleu"] = parse_bleu(gen)
+    ckpt = os.path.join(save_dir, "checkpoint_best.pt")
+    if os.path.exists(ckpt) and not args.keep_checkpoints:
+        os.remove(ckpt)  # keep the results directory small
+    with open(done_path + ".tmp", "w") as f:
+        json.dump(run, f, indent=1)
+    os.replace(done_path + ".tmp", done_path)
+    return run, False
+
+
 def main(argv=None):
-    args = get_parser().parse_args(argv)
-    args.ffn = args.ffn or 4 * args.dim
+    parser = get_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
     out_dir = args.out or os.path.join(REPO_ROOT, "results", args.name)
     os.makedirs(out_dir, exist_ok=True)
     load_plugin()
@@ -275,6 +544,7 @@ def main(argv=None):
             plan.append((corpus, label, arch, overrides, False))
     if not plan:
         raise SystemExit("quality.py: nothing to run (give --model / --lm-model, or drop --no-baseline)")
+    baseline_label = {c: args.frontier_baseline or BASELINES[c] for c in ("ende", "wikitext")}
 
     data = {}
     if args.report_only:
@@ -298,42 +568,64 @@ def main(argv=None):
     if args.report_only:
         with open(os.path.join(out_dir, "results.json")) as f:
             runs = json.load(f)["runs"]
-        plan, args.seeds = [], sorted({r["seed"] for r in runs})
-    total = len(plan) * len(args.seeds)
-    for seed in ([] if args.report_only else args.seeds):  # seed-major order: a partial result already covers every model
+        plan = []
+    # seed-major order: a partial result already covers every model; then width, rate
+    jobs = []
+    for seed in args.seeds:
         for corpus, label, arch, overrides, baseline in plan:
-            tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{corpus}_{label}_s{seed}")
-            save_dir = os.path.join(out_dir, "runs", tag)
-            os.makedirs(save_dir, exist_ok=True)
-            log(f"[{len(runs) + 1}/{total}] train {corpus} {label} seed {seed}")
-            start = time.time()
-            output = run_tool("fairseq-train", train_argv(corpus, data[corpus], arch, overrides, args, seed, save_dir),
-                              os.path.join(save_dir, "train.log"), args.threads)
-            seconds = time.time() - start
-            curve = parse_valid_points(output)
-            if not curve:
-                raise RuntimeError(f"no validation record in {save_dir}/train.log")
-            run = {"corpus": corpus, "label": label, "arch": arch, "overrides": overrides, "seed": seed,
-                   "baseline": baseline, "params": parse_params(output), "valid_curve": curve,
-                   "updates": curve[-1][0], "valid_nll": curve[-1][2], "valid_ppl": curve[-1][3],
-                   "train_seconds": seconds}
-            if corpus == "ende" and not args.no_bleu:
-                gen = run_tool("fairseq-generate", generate_argv(data[corpus], save_dir, args, args.bpe_codes),
-                               os.path.join(save_dir, "generate.log"), args.threads)
-                run["test_bleu"] = parse_bleu(gen)
-            ckpt = os.path.join(save_dir, "checkpoint_best.pt")
-            if os.path.exists(ckpt):
-                os.remove(ckpt)  # keep the results directory small
-            log(f"  {label} seed {seed}: valid ppl {run['valid_ppl']:.2f} after {run['updates']} updates"
-                + (f", BLEU {run['test_bleu']}" if run.get("test_bleu") is not None else "")
-                + f" ({seconds:.0f} s)")
-            runs.append(run)
-            with open(os.path.join(out_dir, "results.json"), "w") as f:
-                json.dump({"argv": sys.argv if argv is None else ["scripts/quality.py", *argv], "runs": runs,
-                           "rows": summarise(runs)}, f, indent=1)
+            for dim in args.dims:
+                for lr in args.lrs:
+                    tag = run_tag(corpus, label, dim, lr, seed, len(args.dims) == 1, len(args.lrs) == 1)
+                    jobs.append((corpus, label, arch, overrides, baseline, dim, lr, seed,
+                                 os.path.join(out_dir, "runs", tag)))
+
+    def save():
+        with open(os.path.join(out_dir, "results.json.tmp"), "w") as f:
+            json.dump({"argv": sys.argv if argv is None else ["scripts/quality.py", *argv], "runs": runs,
+                       "rows": summarise(runs)}, f, indent=1)
+        os.replace(os.path.join(out_dir, "results.json.tmp"), os.path.join(out_dir, "results.json"))
+
+    finished = {}
+
+    def execute(phase_jobs):
+        nonlocal runs
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {pool.submit(execute_run, job, data, args): job for job in phase_jobs}
+            for future in concurrent.futures.as_completed(futures):
+                corpus, label, _arch, _o, _b, dim, lr, seed, save_dir = futures[future]
+                try:
+                    run, reused = future.result()
+                except BaseException:
+                    for pending in futures:
+                        pending.cancel()  # finished runs are saved; a re-run resumes from them
+                    raise
+                finished[save_dir] = run
+                runs = [finished[j[-1]] for j in jobs if j[-1] in finished]
+                save()
+                log(f"[{len(finished)}/{len(jobs)}] {corpus} {label} d{dim} lr {fmt_lr(lr)} seed {seed}: "
+                    + ("reused, " if reused else "")
+                    + f"valid ppl {run['valid_ppl']:.2f} after {run['updates']} updates"
+                    + (f", BLEU {run['test_bleu']}" if run.get("test_bleu") is not None else "")
+                    + f" ({run['train_seconds']:.0f} s)")
+
+    execute(jobs)
+    if args.confirm_seeds and plan:
+        best = {(r["corpus"], r["label"], r["dim"]): r["lr"] for r in best_rows(summarise(runs))}
+        confirm = []
+        for seed in args.confirm_seeds:
+            for corpus, label, arch, overrides, baseline in plan:
+                for dim in args.dims:
+                    lr = best[(corpus, label, dim)]
+                    tag = run_tag(corpus, label, dim, lr, seed, len(args.dims) == 1, len(args.lrs) == 1)
+                    confirm.append((corpus, label, arch, overrides, baseline, dim, lr, seed,
+                                    os.path.join(out_dir, "runs", tag)))
+        jobs += confirm
+        log(f"confirming the best learning rates with seeds {','.join(map(str, args.confirm_seeds))}: "
+            f"{len(confirm)} more runs")
+        execute(confirm)
 
     rows = summarise(runs)
-    table = markdown(rows, args)
+    table = markdown(rows, args, baseline_label)
     with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write(table)
     plot(runs, rows, out_dir)

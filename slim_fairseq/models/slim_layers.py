@@ -20,30 +20,30 @@ def _identity(x):
 
 
 def _ffn_settings(cfg):
-    """(GLU on, TC ratio of the feed-forward linears, chain length)."""
+    """(GLU on, TC ratio of the feed-forward linears, chain length, bond floor)."""
     return (bool(getattr(cfg, "ffn_glu", False)), tc_ratio_for(cfg, "tc_ff"),
-            int(getattr(cfg, "tc_length", 2) or 2))
+            int(getattr(cfg, "tc_length", 2) or 2), int(getattr(cfg, "tc_min_bond", 0) or 0))
 
 
 class _SlimFFNMixin:
     """``build_fc1`` / ``build_fc2`` for GLU and Tensor-Chain feed-forward layers."""
 
     def build_fc1(self, input_dim, output_dim, q_noise, qn_block_size):
-        glu, tc_ff, tc_length = self._ffn_options
+        glu, tc_ff, tc_length, tc_min_bond = self._ffn_options
         if glu:
             return GLUProjection(input_dim, glu_hidden_dim(output_dim),
                                  activation=self._ffn_glu_activation, tc_ratio=tc_ff,
-                                 tc_length=tc_length)
+                                 tc_length=tc_length, tc_min_bond=tc_min_bond)
         if tc_ff:
-            return build_linear(input_dim, output_dim, tc_ff, tc_length)
+            return build_linear(input_dim, output_dim, tc_ff, tc_length, tc_min_bond=tc_min_bond)
         return super().build_fc1(input_dim, output_dim, q_noise, qn_block_size)
 
     def build_fc2(self, input_dim, output_dim, q_noise, qn_block_size):
-        glu, tc_ff, tc_length = self._ffn_options
+        glu, tc_ff, tc_length, tc_min_bond = self._ffn_options
         if glu:
             input_dim = glu_hidden_dim(input_dim)
         if glu or tc_ff:
-            return build_linear(input_dim, output_dim, tc_ff, tc_length)
+            return build_linear(input_dim, output_dim, tc_ff, tc_length, tc_min_bond=tc_min_bond)
         return super().build_fc2(input_dim, output_dim, q_noise, qn_block_size)
 
 

@@ -46,6 +46,13 @@ def add_slim_args(parser):
                        help=f"Tensor-Chain factorisation of the {what} with parameter ratio R "
                             "(0 = dense) (SPEC §1.4)")
     g.add_argument("--tc-length", type=int, metavar="N", help="Tensor-Chain length n (>= 2)")
+    g.add_argument("--tc-min-bond", type=int, metavar="B",
+                   help="lowest bond dimension of every Tensor Chain; 0 = as the ratio gives (the "
+                        "paper). At small widths a ratio like .005 gives bond 2, which all but "
+                        "removes the layer; a floor keeps it useful at more parameters than R")
+    g.add_argument("--hsoftpos-min-token-dim", type=int, metavar="M",
+                   help="H-SoftPOS token-table width of at least M (narrower soft-position slots); "
+                        "0 = the paper's d - (2l-1) floor(d/2l), only d/4 at l=2")
     g.add_argument("--output-bias", action="store_true", help="bias on the vocabulary projection")
 
     g = parser.add_argument_group("slim_fairseq: Subformer (SPEC §2)")
@@ -71,6 +78,7 @@ def set_slim_defaults(args):
         self_attn_gate="none", cross_attn_gate="none", no_patt=False,
         ffn_glu=False, glu_activation="silu", hsoftpos_levels=0,
         tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=0.0, tc_output=0.0, tc_length=2,
+        tc_min_bond=0, hsoftpos_min_token_dim=0,
         output_bias=False,
         safe_embed_dim=0, safe_output="linear", sandwich=False, sandwich_dim=0,
         sandwich_ffn_dim=0, sandwich_heads=0, bert_init=False,
@@ -102,9 +110,16 @@ def validate_slim_args(args):
             _fail("--" + place.replace("_", "-"), r, "a ratio in [0, 1] (0 = dense)")
     if args.tc_length < 2:
         _fail("--tc-length", args.tc_length, "an integer >= 2")
-    for flag in ("safe_embed_dim", "sandwich_dim", "sandwich_ffn_dim", "sandwich_heads"):
+    for flag in ("safe_embed_dim", "sandwich_dim", "sandwich_ffn_dim", "sandwich_heads", "tc_min_bond",
+                 "hsoftpos_min_token_dim"):
         if getattr(args, flag) < 0:
             _fail("--" + flag.replace("_", "-"), getattr(args, flag), "an integer >= 0")
+    if args.tc_min_bond and not any(getattr(args, place) for place in TC_PLACES):
+        raise ValueError(f"--tc-min-bond={args.tc_min_bond} has no Tensor Chain to act on; set one of "
+                         "--tc-ff/--tc-patt/--tc-layer/--tc-emb/--tc-output, or --tc-min-bond 0")
+    if args.hsoftpos_min_token_dim and not args.hsoftpos_levels:
+        raise ValueError(f"--hsoftpos-min-token-dim={args.hsoftpos_min_token_dim} needs H-SoftPOS; "
+                         "set --hsoftpos-levels L >= 1, or --hsoftpos-min-token-dim 0")
     if args.hsoftpos_levels and args.safe_embed_dim:
         raise ValueError("--hsoftpos-levels and --safe-embed-dim are alternative input embeddings; "
                          "choose one (set the other to 0)")

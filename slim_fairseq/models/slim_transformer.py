@@ -128,7 +128,7 @@ class SlimTransformerDecoder(TransformerDecoderBase):
             from slim_fairseq.modules.tensor_chain import TensorChainLinear
             self.output_projection = TensorChainLinear(
                 self.output_embed_dim, vocab, ratio=cfg.tc_output, length=cfg.tc_length,
-                bias=getattr(cfg, "output_bias", False))
+                bias=getattr(cfg, "output_bias", False), min_bond=getattr(cfg, "tc_min_bond", 0))
         else:
             bias = getattr(cfg, "output_bias", False)
             if self.share_input_output_embed:

@@ -52,7 +52,7 @@ class GatedMultiheadAttention(MultiheadAttention):
 
     def __init__(self, embed_dim, num_heads, kdim=None, vdim=None, dropout=0.0, bias=True,
                  self_attention=False, encoder_decoder_attention=False, gate="none",
-                 no_patt=False, tc_ratio=0.0, tc_length=2, **kwargs):
+                 no_patt=False, tc_ratio=0.0, tc_length=2, tc_min_bond=0, **kwargs):
         super().__init__(embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout, bias=bias,
                          self_attention=self_attention,
                          encoder_decoder_attention=encoder_decoder_attention, **kwargs)
@@ -84,7 +84,7 @@ class GatedMultiheadAttention(MultiheadAttention):
                 std = gain * (2.0 / (in_dims[name] + embed_dim)) ** 0.5
                 setattr(self, name + "_proj", TensorChainLinear(
                     in_dims[name], embed_dim, ratio=self.tc_ratio, length=tc_length,
-                    bias=dense.bias is not None, init_std=std))
+                    bias=dense.bias is not None, init_std=std, min_bond=tc_min_bond))
         if gate != "none":
             source, target = gate[0], gate[2]
             raw = source  # the source's slot takes its input unprojected
@@ -294,4 +294,5 @@ def build_attention(cfg, embed_dim, num_heads, *, role, dropout, kdim=None, vdim
     return GatedMultiheadAttention(
         embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout, gate=gate,
         no_patt=bool(getattr(cfg, "no_patt", False)), tc_ratio=tc_ratio_for(cfg, "tc_patt"),
-        tc_length=int(getattr(cfg, "tc_length", 2) or 2), **kwargs)
+        tc_length=int(getattr(cfg, "tc_length", 2) or 2),
+        tc_min_bond=int(getattr(cfg, "tc_min_bond", 0) or 0), **kwargs)

@@ -15,12 +15,12 @@ def glu_hidden_dim(ffn_dim):
     return (2 * ffn_dim) // 3
 
 
-def build_linear(in_features, out_features, tc_ratio=0.0, tc_length=2, bias=True):
+def build_linear(in_features, out_features, tc_ratio=0.0, tc_length=2, bias=True, tc_min_bond=0):
     """Dense ``nn.Linear`` or a Tensor-Chain layer with parameter ratio ``tc_ratio`` (SPEC §1.4)."""
     if tc_ratio:
         from slim_fairseq.modules.tensor_chain import TensorChainLinear
         return TensorChainLinear(in_features, out_features, ratio=tc_ratio, length=tc_length,
-                                 bias=bias)
+                                 bias=bias, min_bond=tc_min_bond)
     return nn.Linear(in_features, out_features, bias=bias)
 
 
@@ -29,7 +29,7 @@ class GLUProjection(nn.Module):
     Anthe reference code) or gelu (GEGLU, the paper's text)."""
 
     def __init__(self, in_features, hidden_features, activation="silu", tc_ratio=0.0,
-                 tc_length=2):
+                 tc_length=2, tc_min_bond=0):
         super().__init__()
         if activation not in GLU_ACTIVATIONS:
             raise ValueError(f"--glu-activation={activation!r} is not allowed; allowed: "
@@ -37,8 +37,8 @@ class GLUProjection(nn.Module):
         self.in_features = in_features
         self.out_features = hidden_features
         self.activation = activation
-        self.w1 = build_linear(in_features, hidden_features, tc_ratio, tc_length)
-        self.w3 = build_linear(in_features, hidden_features, tc_ratio, tc_length)
+        self.w1 = build_linear(in_features, hidden_features, tc_ratio, tc_length, tc_min_bond=tc_min_bond)
+        self.w3 = build_linear(in_features, hidden_features, tc_ratio, tc_length, tc_min_bond=tc_min_bond)
 
     def extra_repr(self):
         return f"activation={self.activation}"

@@ -24,8 +24,13 @@ from fairseq.modules import PositionalEmbedding
 KERNEL_SIZE = 3
 
 
-def hsoftpos_dims(model_dim, levels):
-    """(d_sp, n_sp, d_emb) for model width d and l levels (512, 2 -> 128, 128, 128)."""
+def hsoftpos_dims(model_dim, levels, min_token_dim=0):
+    """(d_sp, n_sp, d_emb) for model width d and l levels (512, 2 -> 128, 128, 128).
+
+    ``min_token_dim`` (``--hsoftpos-min-token-dim``, 0 = the paper's split) widens the token
+    table to at least that width by narrowing the soft-position slots:
+    d_sp = floor((d - min_token_dim) / (2l - 1)) when the paper's d_emb is narrower.
+    """
     if levels < 1:
         raise ValueError(
             f"--hsoftpos-levels={levels} is not allowed; allowed: an integer >= 1 (0 = off)")
@@ -33,6 +38,12 @@ def hsoftpos_dims(model_dim, levels):
     if d_sp < 1:
         raise ValueError(f"--hsoftpos-levels={levels} is too many for model width {model_dim}; "
                          f"allowed: 1..{model_dim // 2}")
+    if model_dim - (2 * levels - 1) * d_sp < min_token_dim:
+        d_sp = (model_dim - min_token_dim) // (2 * levels - 1)
+        if d_sp < 1:
+            raise ValueError(f"--hsoftpos-min-token-dim={min_token_dim} leaves no soft-position "
+                             f"width at d={model_dim}, l={levels}; allowed: "
+                             f"0..{model_dim - (2 * levels - 1)}")
     return d_sp, d_sp, model_dim - (2 * levels - 1) * d_sp
 
 
@@ -42,9 +53,9 @@ class HSoftPOSEmbedding(nn.Module):
     table (``nn.Embedding`` or ``TensorChainEmbedding``); returns ``(B, T, d)`` without dropout."""
 
     def __init__(self, table, model_dim, levels, padding_idx, max_positions, learned_pos=False,
-                 scale=True):
+                 scale=True, min_token_dim=0):
         super().__init__()
-        self.d_sp, self.n_sp, self.d_emb = hsoftpos_dims(model_dim, levels)
+        self.d_sp, self.n_sp, self.d_emb = hsoftpos_dims(model_dim, levels, min_token_dim)
         if table.embedding_dim != self.d_emb:
             raise ValueError(f"H-SoftPOS with d={model_dim}, l={levels} needs a token table of "
                              f"width {self.d_emb}, got {table.embedding_dim}")
@@ -69,14 +80,16 @@ class HSoftPOSEmbedding(nn.Module):
     @staticmethod
     def token_dim(cfg, model_dim):
         """Width d_emb of the token table H-SoftPOS needs for model width ``model_dim``."""
-        return hsoftpos_dims(model_dim, cfg.hsoftpos_levels)[2]
+        return hsoftpos_dims(model_dim, cfg.hsoftpos_levels,
+                             getattr(cfg, "hsoftpos_min_token_dim", 0) or 0)[2]
 
     @classmethod
     def from_cfg(cls, cfg, table, side):
         from slim_fairseq.modules.input_embedding import side_config
         model_dim, max_positions, learned = side_config(cfg, side)
         return cls(table, model_dim, cfg.hsoftpos_levels, table.padding_idx, max_positions,
-                   learned_pos=learned, scale=not cfg.no_scale_embedding)
+                   learned_pos=learned, scale=not cfg.no_scale_embedding,
+                   min_token_dim=getattr(cfg, "hsoftpos_min_token_dim", 0) or 0)
 
     @property
     def weight(self):

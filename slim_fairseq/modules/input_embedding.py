@@ -37,7 +37,8 @@ def build_token_table(cfg, dictionary, dim):
     if getattr(cfg, "tc_emb", 0.0):
         from slim_fairseq.modules.tensor_chain import TensorChainEmbedding
         return TensorChainEmbedding(len(dictionary), dim, dictionary.pad(),
-                                    ratio=cfg.tc_emb, length=cfg.tc_length)
+                                    ratio=cfg.tc_emb, length=cfg.tc_length,
+                                    min_bond=getattr(cfg, "tc_min_bond", 0))
     return FairseqEmbedding(len(dictionary), dim, dictionary.pad())
 
 

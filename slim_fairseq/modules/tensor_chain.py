@@ -57,11 +57,13 @@ def tc_param_count(in_factors, out_factors, bond):
     return bond * ends + bond * bond * middle
 
 
-def solve_bond(in_features, out_features, ratio, length=2, in_factors=None, out_factors=None):
+def solve_bond(in_features, out_features, ratio, length=2, in_factors=None, out_factors=None,
+               min_bond=0):
     """Bond dimension b for parameter ratio ``ratio`` = TC params / dense params (SPEC §1.4).
 
     Solves ``b (a_1 c_1 + a_n c_n) + b^2 sum_{i=2}^{n-1} a_i c_i = r N_a N_c``, takes the
-    floor, at least 1; for n = 2 at least 2, like the reference code.
+    floor, at least 1; for n = 2 at least 2, like the reference code; at least ``min_bond``
+    (``--tc-min-bond``, 0 = no floor: then the parameter count exceeds the ratio).
     512x512 at r=.07 -> 14; 512x1365 at r=.005 -> 2.
     """
     in_factors = in_factors or factorize(in_features, length)
@@ -76,7 +78,7 @@ def solve_bond(in_features, out_features, ratio, length=2, in_factors=None, out_
     bond = max(int(math.floor(bond + 1e-9)), 1)
     if length == 2:
         bond = max(bond, 2)
-    return bond
+    return max(bond, int(min_bond or 0))
 
 
 def _core_shapes(in_factors, out_factors, bond):
@@ -169,7 +171,7 @@ class TensorChainLinear(nn.Module):
     CONTRACT_ADVANTAGE_LARGE = 5.0
 
     def __init__(self, in_features, out_features, ratio=None, bond=None, length=2, bias=True,
-                 init_std=None, forward_mode="auto"):
+                 init_std=None, forward_mode="auto", min_bond=0):
         super().__init__()
         if length < 2:
             raise ValueError(f"--tc-length={length} is not allowed; allowed: an integer >= 2")
@@ -184,7 +186,7 @@ class TensorChainLinear(nn.Module):
         self.out_factors = factorize(out_features, length)
         if bond is None:
             bond = solve_bond(in_features, out_features, ratio, length,
-                              self.in_factors, self.out_factors)
+                              self.in_factors, self.out_factors, min_bond)
         self.bond = int(bond)
         self.forward_mode = forward_mode
         self.cores = nn.ParameterList(
@@ -329,7 +331,7 @@ class TensorChainEmbedding(nn.Module):
     padding row is zero. Init matches fairseq's ``Embedding`` (N(0, d^-1/2)) in variance."""
 
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None, ratio=None, length=2,
-                 bond=None):
+                 bond=None, min_bond=0):
         super().__init__()
         if length < 2:
             raise ValueError(f"--tc-length={length} is not allowed; allowed: an integer >= 2")
@@ -343,7 +345,7 @@ class TensorChainEmbedding(nn.Module):
             if ratio is None:
                 raise ValueError("TensorChainEmbedding needs ratio or bond")
             bond = solve_bond(num_embeddings, embedding_dim, ratio, length,
-                              self.in_factors, self.out_factors)
+                              self.in_factors, self.out_factors, min_bond)
         self.bond = int(bond)
         self.cores = nn.ParameterList(
             [nn.Parameter(torch.empty(shape))
