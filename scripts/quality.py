@@ -7,7 +7,7 @@ trained with ``fairseq-train`` under the same budget -- the same ``--max-update`
 ``--time-budget`` (fairseq's ``--stop-time-hours``) -- for every seed, then evaluated:
 
 * en-de translation (``--corpus ende``): valid perplexity (fairseq's masked per-token
-  perplexity of the label-smoothing-free NLL, base 2, padding excluded -- SPEC §1.5) and test
+  perplexity of the label-smoothing-free NLL, base 2, padding excluded -- docs/TECHNIQUES.md#metrics-not-comparable-with-fairseq) and test
   BLEU (``fairseq-generate`` beam 5, detokenized with Moses + subword-nmt, ``--scoring
   sacrebleu``);
 * WikiText-2 language modelling (``--corpus wikitext``): valid perplexity.
@@ -224,8 +224,8 @@ def plot(runs, rows, out_dir):
 
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", action="append", default=[], metavar="SPEC", help="translation model spec")
-    p.add_argument("--lm-model", action="append", default=[], metavar="SPEC", help="WikiText-2 LM spec")
+    p.add_argument("--model", action="append", default=[], metavar="MODEL", help="translation model spec")
+    p.add_argument("--lm-model", action="append", default=[], metavar="MODEL", help="WikiText-2 LM spec")
     p.add_argument("--corpus", choices=["ende", "wikitext", "both"], default="both")
     p.add_argument("--no-baseline", action="store_true", help="do not add fairseq's transformer(_lm)")
     p.add_argument("--name", default="quality")
