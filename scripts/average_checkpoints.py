@@ -3,7 +3,7 @@
 evaluation; fairseq's own scripts/average_checkpoints.py is not part of its wheel).
 
 Checkpoints are read with ``torch.load(weights_only=True)``; the only non-tensor objects allowed
-are those fairseq checkpoints contain (SPEC section 5: argparse.Namespace, a few numpy and
+are those fairseq checkpoints contain (docs/TECHNIQUES.md#safe-checkpoint-loading: argparse.Namespace, a few numpy and
 omegaconf types). The output keeps every field of the newest input (cfg / args, extra state)
 with the averaged ``model`` weights; optimizer state is dropped (the result is for inference).
 

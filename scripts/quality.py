@@ -9,7 +9,7 @@ Every run is one ``fairseq-train`` of a model spec at one width (``--dim``), one
 
 * en-de translation (``--corpus ende``): valid perplexity (fairseq's masked per-token
   perplexity of the label-smoothing-free NLL, base 2, padding excluded; see
-  docs/TECHNIQUES.md on why the Anthe paper's perplexities are not comparable) and test BLEU
+  docs/TECHNIQUES.md#metrics-not-comparable-with-fairseq) and test BLEU
   (``fairseq-generate`` beam 5, detokenized with Moses + subword-nmt, ``--scoring sacrebleu``);
 * WikiText-2 language modelling (``--corpus wikitext``): valid perplexity.
 
@@ -403,8 +403,8 @@ def _int_list(text):
 
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", action="append", default=[], metavar="SPEC", help="translation model spec")
-    p.add_argument("--lm-model", action="append", default=[], metavar="SPEC", help="WikiText-2 LM spec")
+    p.add_argument("--model", action="append", default=[], metavar="MODEL", help="translation model spec")
+    p.add_argument("--lm-model", action="append", default=[], metavar="MODEL", help="WikiText-2 LM spec")
     p.add_argument("--corpus", choices=["ende", "wikitext", "both"], default="both")
     p.add_argument("--no-baseline", action="store_true", help="do not add fairseq's transformer(_lm)")
     p.add_argument("--frontier-baseline", metavar="LABEL",

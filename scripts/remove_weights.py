@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Remove W_Q (or W_K, W_V) and P from a trained skipless checkpoint, exactly (SPEC §4.2).
+"""Remove W_Q (or W_K, W_V) and P from a trained skipless checkpoint, exactly (Graef, arXiv:2404.12362;
+docs/TECHNIQUES.md#weight-removal).
 
 Reads a fairseq checkpoint of a ``skipless_lm`` arch and writes a checkpoint of the same arch
 with ``--removed-weights`` set, which fairseq-eval-lm / fairseq-generate / fairseq-interactive

@@ -1,5 +1,5 @@
 """Time TensorChainLinear's two forward strategies (materialise W then matmul, or contract the
-input core by core), forward + backward, for the shapes Anthe uses (SPEC §1.4).
+input core by core), forward + backward, for the shapes Anthe uses (docs/TECHNIQUES.md#tensor-chain).
 
     OMP_NUM_THREADS=1 python scripts/tc_forward_timing.py
 

@@ -2,7 +2,7 @@
 
 torch >= 2.6 loads with ``weights_only=True``: only tensors, primitive containers and
 explicitly allow-listed globals are rebuilt, so a checkpoint whose pickle would run code is
-refused. fairseq checkpoints additionally hold (SPEC §5):
+refused. fairseq checkpoints additionally hold (docs/TECHNIQUES.md#safe-checkpoint-loading):
 
 * ``argparse.Namespace`` -- the config of legacy (``add_args``) models;
 * with ``--eval-bleu``: numpy arrays in the meters' state;

@@ -1,5 +1,6 @@
-"""Exact removal of W_Q (or W_K, W_V) and P from a trained skipless model (SPEC §4.2; Graef,
-"Transformer tricks: removing weights for skipless transformers").
+"""Exact removal of W_Q (or W_K, W_V) and P from a trained skipless model (Graef,
+"Transformer tricks: removing weights for skipless transformers", arXiv:2404.12362;
+docs/TECHNIQUES.md#weight-removal).
 
 Row-vector convention: a linear layer is ``y = x M + b`` with ``M = weight^T``. For block i with
 removed matrix D (= Q_i, K_i or V_i, d x d), bias b_D, and post-attention projection P_i:
@@ -92,7 +93,7 @@ def convert_state_dict(
     state_dict: Dict[str, torch.Tensor], model_args, removed: str = "q",
     max_condition: float = DEFAULT_MAX_CONDITION,
 ) -> Tuple[Dict[str, torch.Tensor], object, List[str]]:
-    """Reduce a skipless model's state dict (SPEC §4.2).
+    """Reduce a skipless model's state dict (docs/TECHNIQUES.md#weight-removal).
 
     Args:
         state_dict: the ``model`` state dict of a ``skipless_lm`` arch (unreduced).

@@ -1,4 +1,4 @@
-"""Anthe layers, presets and models (issue 3; SPEC §1.5)."""
+"""Anthe layers, presets and models (issue 3; docs/TECHNIQUES.md#anthe-presets-and-parameter-counts)."""
 import argparse
 
 import pytest
@@ -22,7 +22,7 @@ from slim_fairseq.modules.glu import GLUProjection  # noqa: E402
 from slim_fairseq.modules.hsoftpos import HSoftPOSEmbedding  # noqa: E402
 from slim_fairseq.modules.tensor_chain import TensorChainLinear  # noqa: E402
 
-# SPEC §1.5, reference parameter counts at V = 32000 (source and target)
+# arXiv:2305.10991 Table 1, reference parameter counts at V = 32000 (source and target)
 TABLE_1 = {
     "anthe_ablation_transformer_shared": 60_522_496,
     "anthe_ablation_b": 93_322_496,

@@ -1,4 +1,4 @@
-"""Anthe modules (issue 3, SPEC §1): Tensor Chain, GLU, gated attention, H-SoftPOS."""
+"""Anthe modules (issue 3, docs/TECHNIQUES.md#anthe): Tensor Chain, GLU, gated attention, H-SoftPOS."""
 import math
 
 import pytest
@@ -220,7 +220,7 @@ def _weights(proj, dim):
 
 
 def _reference_attention(mha, query, key, value, attn_mask=None, key_padding_mask=None):
-    """SPEC §1.1 written out directly: slot inputs, projections, gate, per-head softmax."""
+    """docs/TECHNIQUES.md#gated-pre-attention written out directly: slot inputs, projections, gate, per-head softmax."""
     d, h = mha.embed_dim, mha.num_heads
     wq, bq = _weights(mha.q_proj, d)
     wk, bk = _weights(mha.k_proj, d)

@@ -1,4 +1,5 @@
-"""scripts/count_params.py: exact counts for fairseq's own models (SPEC §1.5, §2.3, §4.2)."""
+"""scripts/count_params.py: exact counts for fairseq's own models (docs/TECHNIQUES.md: Anthe, Subformer
+and skipless counts)."""
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ def test_dummy_dictionary_has_exact_size():
 
 
 def test_transformer_base_share_all_joined_32768():
-    """SPEC §2.3: transformer base, joined 32,768-type dictionary, share-all-embeddings."""
+    """Subformer App. B (arXiv:2101.00234): transformer base, joined 32,768-type dictionary, share-all-embeddings."""
     info = count_params("transformer", ["--share-all-embeddings"], vocab=32768, joined=True)
     assert info["total"] == 60_915_712
     # the shared embedding is counted once in the total but three times per use
@@ -34,7 +35,7 @@ def test_transformer_base_share_all_joined_32768():
 
 
 def test_transformer_no_sharing_32000_meta_matches_real_build():
-    """SPEC §1.5: no sharing at V=32000 each side = 93,290,496 (fairseq's bias-free output)."""
+    """Anthe Table 1 (arXiv:2305.10991): no sharing at V=32000 each side = 93,290,496 (fairseq's bias-free output)."""
     meta = count_params("transformer", [], src_vocab=32000, tgt_vocab=32000, meta=True)
     assert meta["total"] == 93_290_496
     assert meta["shared"] == []
@@ -72,7 +73,7 @@ def test_transformer_lm_counts_and_exclude_norms_biases():
 
 
 def test_pythia_shape_weight_count_on_meta():
-    """SPEC §4.2 Pythia-6.9B weight count (norms and biases excluded) without allocating 27 GB."""
+    """Pythia-6.9B weight count (docs/TECHNIQUES.md#skipless-weight-counts) (norms and biases excluded) without allocating 27 GB."""
     d = 4096
     overrides = ["--decoder-layers", "32", "--decoder-embed-dim", d, "--decoder-ffn-embed-dim", 4 * d,
                  "--decoder-attention-heads", "32", "--decoder-input-dim", d, "--decoder-output-dim", d]
@@ -128,7 +129,7 @@ def test_cli_json_and_overrides():
     ("skipless_lm_mistral_7b", 32000, 7_241_465_856),
 ])
 def test_skipless_presets_weight_counts_on_meta(arch, vocab, expected):
-    """SPEC §4.2 weight counts (norm weights, biases and per-head scalars excluded) of the
+    """Weight counts (docs/TECHNIQUES.md#skipless-weight-counts; norm weights, biases and per-head scalars excluded) of the
     skipless 7B-class presets, counted on the meta device."""
     load_plugin()
     from fairseq.models import ARCH_MODEL_REGISTRY

@@ -1,9 +1,9 @@
-"""Skipless transformers and exact weight removal (SPEC §4, issue 6).
+"""Skipless transformers and exact weight removal (docs/TECHNIQUES.md#skipless-transformers, issue 6).
 
 Tolerances (max |log-prob difference| / max |log-prob|, reduced vs original):
 * float64 (conversion and both forwards in float64): <= 1e-9 (measured ~1e-13);
 * float32 (original in float32, converted in float64 then cast to float32): <= FP32_REL_TOL
-  (SPEC §4.2 expects 1e-6 .. 4e-4, drop-K worst).
+  (docs/TECHNIQUES.md#weight-removal expects 1e-6 .. 4e-4, drop-K worst).
 """
 import argparse
 import math
@@ -170,7 +170,7 @@ def test_trained_reduced_form_and_errors():
 
 @pytest.mark.slow
 def test_meta_counts_of_mistral_and_pythia_presets():
-    """SPEC §4.2 weight counts via count_params --meta (weight matrices only: norm weights,
+    """Weight counts (docs/TECHNIQUES.md#skipless-weight-counts) via count_params --meta (weight matrices only: norm weights,
     biases and the shaped-attention gains alpha, beta, gamma -- 3 per head -- are excluded)."""
     from count_params import count_params
 

@@ -1,4 +1,4 @@
-"""STLM weight tying (issue 5, SPEC §3): parameter counts of the presets, shared Parameters,
+"""STLM weight tying (issue 5, docs/TECHNIQUES.md#stlm-weight-tying): parameter counts of the presets, shared Parameters,
 per-layer LoRA, option errors, RMSNorm/RoPE/GQA behaviour, tying on slim_lm layers."""
 import argparse
 
@@ -20,7 +20,7 @@ from slim_fairseq.modules.rmsnorm import RMSNorm  # noqa: E402
 from slim_fairseq.modules.rope import RotaryEmbedding  # noqa: E402
 from slim_fairseq.modules.weight_tying import apply_weight_tying, tied_layer_range  # noqa: E402
 
-# SPEC §3 "report" column (millions of parameters, GPT-2 vocabulary)
+# "report" column of docs/TECHNIQUES.md#stlm-presets-and-parameter-counts (millions of parameters, GPT-2 vocabulary)
 REPORT_MILLIONS = {
     "stlm_tied": 49, "stlm_untied": 76, "stlm_ffn_all_wide": 50, "stlm_ffn_k1_wide": 49,
     "stlm_ffn_k2_wide": 49, "stlm_ffn_all_long": 49, "stlm_ffn_lora_all_deep": 50,

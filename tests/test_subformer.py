@@ -1,4 +1,4 @@
-"""Subformer (issue 4, SPEC §2): SAFE embeddings, sandwich sharing, presets.
+"""Subformer (issue 4, docs/TECHNIQUES.md#subformer): SAFE embeddings, sandwich sharing, presets.
 
 Models are built through fairseq's own parser with a synthetic dictionary, so these tests need
 no data. Parameter counts are always taken from built models.
@@ -14,8 +14,8 @@ from helpers import parse_train_args
 
 JOINED_TYPES = 32768
 
-# SPEC §2.3: (arch, paper count in millions as printed, exact count by formula)
-SPEC_COUNTS = [
+# arXiv:2101.00234 App. B: (arch, paper count in millions as printed, exact count by formula)
+PAPER_COUNTS = [
     ("sandwich_base", 38, 38_861_824),
     ("sandwich_big", 122, 121_763_840),
     ("subformer_small", 38, 38_646_272),
@@ -115,10 +115,10 @@ def full_logits(model, src, src_lengths, prev):
 
 
 # --------------------------------------------------------------------------------------------
-# parameter counts (SPEC §2.3)
+# parameter counts (docs/TECHNIQUES.md#subformer-presets-and-parameter-counts)
 
-@pytest.mark.parametrize("arch,paper_millions,exact", SPEC_COUNTS)
-def test_parameter_counts_match_spec(arch, paper_millions, exact):
+@pytest.mark.parametrize("arch,paper_millions,exact", PAPER_COUNTS)
+def test_parameter_counts_match_paper(arch, paper_millions, exact):
     model, _ = build_translation(arch, vocab=JOINED_TYPES, device="meta")
     n = count(model)
     assert abs(n - exact) <= 0.01 * exact, (arch, n, exact)
@@ -132,13 +132,13 @@ def test_parameter_counts_match_spec(arch, paper_millions, exact):
 def test_enro_presets_are_smaller_than_their_en_de_counterparts():
     small, _ = build_translation("subformer_enro_small", vocab=35000, device="meta")
     base, _ = build_translation("subformer_enro_base", vocab=35000, device="meta")
-    # SPEC §2.3: paper 20M and 48M
+    # App. B: paper 20M and 48M
     assert abs(count(small) - 20e6) <= 0.05 * 20e6
     assert count(small) < count(base) < 48e6
 
 
 def _lm_count_by_formula(vocab, d, f, ds, fs, layers, cutoffs=(20000, 60000), factor=4):
-    """Adaptive input bands + tied adaptive softmax + sandwich stack (SPEC §2.2/§2.3)."""
+    """Adaptive input bands + tied adaptive softmax + sandwich stack (docs/TECHNIQUES.md#subformer-presets-and-parameter-counts)."""
     edges = [0, *cutoffs, vocab]
     adaptive_input = sum((edges[i + 1] - edges[i]) * (d // factor ** i) + (d // factor ** i) * d
                          for i in range(len(edges) - 1))  # band table + projection to d
@@ -337,7 +337,7 @@ def test_sequence_generator_scores_equal_teacher_forced_log_probs():
 
 
 # --------------------------------------------------------------------------------------------
-# SAFE (SPEC §2.1)
+# SAFE (docs/TECHNIQUES.md#safe-embeddings)
 
 def test_safe_parameters_and_tying():
     model, dictionary = build_translation("subformer_small", SHRINK)

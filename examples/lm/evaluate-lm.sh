@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Perplexity of a language model with fairseq-eval-lm (fairseq's masked per-token perplexity;
-# see SPEC 1.5 on why the Anthe reference code's padded numbers are not comparable).
+# see docs/TECHNIQUES.md#metrics-not-comparable-with-fairseq on why the Anthe reference code's padded numbers are not comparable).
 #
 # CKPT is a checkpoint file or a checkpoint folder (its checkpoint_best.pt, or with --avg N the
 # average of its last N checkpoints). Defaults follow fairseq's adaptive-input WikiText-103

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# STLM weight tying on the bundled WikiText-2 (issue 5, SPEC §3), shrunk for CPU.
+# STLM weight tying on the bundled WikiText-2 (issue 5, docs/TECHNIQUES.md#tying-schemes), shrunk for CPU.
 #
 # Three runs at a matched parameter budget (~2.06M with the 8000-word vocabulary), same
 # updates, batches and seed:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train a skipless language model (SPEC section 4; archs skipless_lm, skipless_lm_parallel_noqp,
+# Train a skipless language model (docs/TECHNIQUES.md#skipless-transformers; archs skipless_lm, skipless_lm_parallel_noqp,
 # and the Mistral-7B / Pythia-6.9B shaped presets skipless_lm_mistral_7b / _pythia_6_9b):
 # no residuals, no normalisation, He & Hofmann's shaped attention.
 #

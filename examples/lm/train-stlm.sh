@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train an STLM weight-tying language model (SPEC section 3; archs stlm_tied, stlm_untied,
+# Train an STLM weight-tying language model (arXiv:2405.14159, docs/TECHNIQUES.md#stlm-weight-tying; archs stlm_tied, stlm_untied,
 # stlm_ffn_*, stlm_ffn_lora_*, stlm_attn_proj_long) with a context of 512 tokens.
 #
 # The report does not list its optimiser settings; this recipe uses a GPT-2-small style setup:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train a Subformer language model on WikiText-103 (SPEC 2.3; archs subformer_lm_wiki103_83m,
+# Train a Subformer language model on WikiText-103 (docs/TECHNIQUES.md#subformer-presets-and-parameter-counts; archs subformer_lm_wiki103_83m,
 # subformer_lm_wiki103_96m, subformer_lm_wiki103_122m: adaptive input and tied adaptive softmax
 # with sandwich sharing).
 #

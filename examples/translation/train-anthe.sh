@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train an Anthe translation model (SPEC section 1; archs anthe_base, anthe_base_nopatt and the
+# Train an Anthe translation model (arXiv:2305.10991, docs/TECHNIQUES.md#anthe; archs anthe_base, anthe_base_nopatt and the
 # ablation ladder anthe_ablation_*) on a prepared WMT dataset.
 #
 # Hyperparameters of the Anthe paper: Adam (0.9, 0.98), eps 1e-9, a constant learning rate of

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Train a Subformer / sandwich translation model (SPEC section 2; archs subformer_small,
+# Train a Subformer / sandwich translation model (arXiv:2101.00234, docs/TECHNIQUES.md#subformer; archs subformer_small,
 # subformer_base, subformer_mid, subformer_large, sandwich_base, sandwich_big, and
 # subformer_enro_small / subformer_enro_base for WMT16 en-ro).
 #
-# Training setup of the Subformer paper (SPEC 2.3): BERT-style initialisation N(0, 0.02),
+# Training setup of the Subformer paper (docs/TECHNIQUES.md#subformer-training-setup): BERT-style initialisation N(0, 0.02),
 # Adam (0.9, 0.999), eps 1e-6, weight decay 0.01, label smoothing 0.1, learning rate 5e-4 with
 # inverse-square-root decay after 10K warm-up updates, 128K tokens per update. The number of
 # updates is not given there: 100K by default (--max-update N to change).

@@ -1,4 +1,6 @@
-"""Anthe presets (SPEC §1.5, paper Table 1 ablation ladder; LM of paper App. C).
+"""Anthe presets (arXiv:2305.10991: Table 1 ablation ladder; LM of App. C).
+
+Counts: docs/TECHNIQUES.md#anthe-presets-and-parameter-counts.
 
 Every preset only sets defaults (options given on the command line win) and then calls the
 base arch function of ``slim_transformer`` / ``slim_lm``. The flag set of each row is listed
@@ -31,7 +33,7 @@ def _separate_embeddings(args):
 
 
 def _glu(args):
-    """"B'": GLU feed-forward, SiLU as in the reference code (SPEC §1.2)."""
+    """"B'": GLU feed-forward, SiLU as in the reference code (docs/TECHNIQUES.md#glu-feed-forward)."""
     _default(args, ffn_glu=True, glu_activation="silu")
 
 

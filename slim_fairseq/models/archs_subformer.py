@@ -1,4 +1,5 @@
-"""Subformer / sandwich presets (SPEC §2.3) on ``slim_transformer`` and ``slim_lm``.
+"""Subformer / sandwich presets (arXiv:2101.00234 App. B) on ``slim_transformer`` and ``slim_lm``;
+counts in docs/TECHNIQUES.md#subformer-presets-and-parameter-counts.
 
 Each preset only sets defaults (any option can still be overridden on the command line) and
 then calls the base arch. Encoder-decoder presets: post-LN, ``--share-all-embeddings`` (joined

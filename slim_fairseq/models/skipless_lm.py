@@ -1,14 +1,14 @@
-"""Skipless decoder-only language model ``skipless_lm`` (SPEC §4; issue 6).
+"""Skipless decoder-only language model ``skipless_lm`` (docs/TECHNIQUES.md#skipless-transformers; issue 6).
 
 Every block has no residual connection and no normalisation (one optional LayerNorm after the
 embedding); it trains thanks to shaped attention (He & Hofmann), which starts as the identity.
 
-Layouts (row-vector notation of SPEC §4.2, ``s`` = ``--mlp-branch-scale``):
+Layouts (row-vector notation of docs/TECHNIQUES.md#weight-removal, ``s`` = ``--mlp-branch-scale``):
 
 * serial:   ``y = s * FFN(Attn(x))``        (Attn includes its output projection P)
 * parallel: ``y = (Attn(x) + s * FFN(x)) / sqrt(1 + s^2)``
 
-Reduced form (``--removed-weights q|k|v``, SPEC §4.2): the attention has no W_Q (or W_K, W_V)
+Reduced form (``--removed-weights q|k|v``, Graef, arXiv:2404.12362): the attention has no W_Q (or W_K, W_V)
 -- that slot takes the block input, which the embedding / previous block already multiplied by
 the removed matrix -- and no output projection P (serial: P is merged into the FFN input
 linears; parallel: a model trained directly in the reduced form). ``--keep-attn-out-proj``
@@ -205,7 +205,7 @@ class SkiplessDecoder(FairseqIncrementalDecoder):
 
 @register_model("skipless_lm")
 class SkiplessLanguageModel(FairseqLanguageModel):
-    """Skipless LM (SPEC §4.1) with optional reduced form (SPEC §4.2)."""
+    """Skipless LM (He & Hofmann, arXiv:2311.01906) with optional reduced form (Graef, arXiv:2404.12362)."""
 
     @staticmethod
     def add_args(parser):
@@ -229,7 +229,7 @@ class SkiplessLanguageModel(FairseqLanguageModel):
                             help="constant factor on the FFN output (MLP branch down-weighting)")
         parser.add_argument("--removed-weights", metavar="W",
                             help="none (default) | q | k | v: reduced form without that matrix and P "
-                                 "(SPEC §4.2); k and v need MHA")
+                                 "(Graef, arXiv:2404.12362); k and v need MHA")
         parser.add_argument("--keep-attn-out-proj", action="store_true",
                             help="reduced form keeping P (exact conversion of a parallel model)")
         parser.add_argument("--share-decoder-input-output-embed", action="store_true",
@@ -291,7 +291,7 @@ def skipless_lm(args):
 
 @register_model_architecture("skipless_lm", "skipless_lm_parallel_noqp")
 def skipless_lm_parallel_noqp(args):
-    """Small parallel preset trained directly in the reduced form (no W_Q, no P; SPEC §4.2)."""
+    """Small parallel preset trained directly in the reduced form (no W_Q, no P; docs/TECHNIQUES.md#weight-removal)."""
     args.skipless_layout = getattr(args, "skipless_layout", "parallel")
     args.removed_weights = getattr(args, "removed_weights", "q")
     args.mlp_branch_scale = getattr(args, "mlp_branch_scale", 0.5)

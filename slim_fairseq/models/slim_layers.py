@@ -1,4 +1,4 @@
-"""Encoder/decoder layers with the Anthe techniques (SPEC §1): gated / no-patt / Tensor-Chain
+"""Encoder/decoder layers with the Anthe techniques (arXiv:2305.10991; docs/TECHNIQUES.md#anthe): gated / no-patt / Tensor-Chain
 attention, GLU feed-forward, Tensor-Chain feed-forward.
 
 They subclass fairseq's layer bases and only override the ``build_*`` hooks, so fairseq's

@@ -33,7 +33,7 @@ class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
     def add_args(cls, parser):
         gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
         add_slim_args(parser)
-        add_tying_args(parser)  # STLM weight tying (SPEC §3, issue 5)
+        add_tying_args(parser)  # STLM weight tying (docs/TECHNIQUES.md#tying-schemes, issue 5)
 
     @classmethod
     def build_model(cls, args, task):
@@ -70,7 +70,7 @@ class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
         decoder = SlimTransformerDecoder(TransformerConfig.from_namespace(args),
                                          task.target_dictionary, table, no_encoder_attn=True)
         model = finish_build(cls(decoder), args)
-        if tying_enabled(args):  # STLM FFN / attention-projection tying + LoRA (SPEC §3)
+        if tying_enabled(args):  # STLM FFN / attention-projection tying + LoRA (arXiv:2405.14159)
             if getattr(args, "sandwich", False):
                 raise ValueError("--tie-ffn/--tie-attn-proj/--ffn-lora-rank cannot be combined "
                                  "with --sandwich (it already shares the middle layers)")

@@ -2,7 +2,7 @@
 
 Options are declared without ``default=`` (fairseq parses model args with
 ``argument_default=SUPPRESS``); :func:`set_slim_defaults` fills what an arch preset did not set.
-Plugin-only flags never start with ``encoder-``/``decoder-`` (SPEC §5).
+Plugin-only flags never start with ``encoder-``/``decoder-`` (docs/TECHNIQUES.md#plugin-option-names).
 """
 
 from slim_fairseq.modules.gated_attention import CROSS_GATE_WHY, CROSS_GATES, GATES
@@ -23,9 +23,9 @@ def _cross_gate(value):
 
 def add_slim_args(parser):
     """Technique options shared by ``slim_transformer`` and ``slim_lm``."""
-    g = parser.add_argument_group("slim_fairseq: Anthe (SPEC §1)")
+    g = parser.add_argument_group("slim_fairseq: Anthe (arXiv:2305.10991; docs/TECHNIQUES.md#anthe)")
     g.add_argument("--self-attn-gate", choices=GATES, metavar="GATE",
-                   help="gated pre-attention in every self-attention (SPEC §1.1): "
+                   help="gated pre-attention in every self-attention (Anthe, arXiv:2305.10991): "
                         + "|".join(GATES) + "; default none")
     g.add_argument("--cross-attn-gate", metavar="GATE", type=_cross_gate,
                    help="gate of encoder-decoder attention: none|kgv|vgk (gates mixing the two "
@@ -33,18 +33,18 @@ def add_slim_args(parser):
     g.add_argument("--no-patt", action="store_true",
                    help="pre-attention projections W_Q, W_K, W_V become identity")
     g.add_argument("--ffn-glu", action="store_true",
-                   help="GLU feed-forward w2(act(w1 x) * w3 x), hidden floor(2f/3) (SPEC §1.2)")
+                   help="GLU feed-forward w2(act(w1 x) * w3 x), hidden floor(2f/3) (Anthe, arXiv:2305.10991)")
     g.add_argument("--glu-activation", choices=GLU_ACTIVATIONS,
                    help="GLU activation; default silu (SwiGLU, as the Anthe reference code; the paper "
                         "text says GEGLU)")
     g.add_argument("--hsoftpos-levels", type=int, metavar="L",
-                   help="H-SoftPOS hierarchical embedding with L levels; 0 = off (SPEC §1.3)")
+                   help="H-SoftPOS hierarchical embedding with L levels; 0 = off (Anthe, arXiv:2305.10991)")
     for place, what in (("ff", "feed-forward linears"), ("patt", "W_Q, W_K, W_V"),
                         ("layer", "ff and patt"), ("emb", "token embedding"),
                         ("output", "vocabulary projection")):
         g.add_argument(f"--tc-{place}", type=float, metavar="R",
                        help=f"Tensor-Chain factorisation of the {what} with parameter ratio R "
-                            "(0 = dense) (SPEC §1.4)")
+                            "(0 = dense) (Anthe, arXiv:2305.10991)")
     g.add_argument("--tc-length", type=int, metavar="N", help="Tensor-Chain length n (>= 2)")
     g.add_argument("--tc-min-bond", type=int, metavar="B",
                    help="lowest bond dimension of every Tensor Chain; 0 = as the ratio gives (the "
@@ -55,13 +55,13 @@ def add_slim_args(parser):
                         "0 = the paper's d - (2l-1) floor(d/2l), only d/4 at l=2")
     g.add_argument("--output-bias", action="store_true", help="bias on the vocabulary projection")
 
-    g = parser.add_argument_group("slim_fairseq: Subformer (SPEC §2)")
+    g = parser.add_argument_group("slim_fairseq: Subformer (arXiv:2101.00234; docs/TECHNIQUES.md#subformer)")
     g.add_argument("--safe-embed-dim", type=int, metavar="E",
-                   help="SAFE self-attentive factorised embeddings of width E; 0 = off (SPEC §2.1)")
+                   help="SAFE self-attentive factorised embeddings of width E; 0 = off (Subformer, arXiv:2101.00234)")
     g.add_argument("--safe-output", choices=SAFE_OUTPUTS,
                    help="SAFE output path d_m -> d_e: linear (reference) or mlp (with a nonlinearity)")
     g.add_argument("--sandwich", action="store_true",
-                   help="sandwich-style parameter sharing of the middle layers (SPEC §2.2)")
+                   help="sandwich-style parameter sharing of the middle layers (Subformer, arXiv:2101.00234)")
     g.add_argument("--sandwich-dim", type=int, metavar="D",
                    help="width of the shared middle layers (0 = model width)")
     g.add_argument("--sandwich-ffn-dim", type=int, metavar="F",

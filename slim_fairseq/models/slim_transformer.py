@@ -1,7 +1,7 @@
 """``slim_transformer``: fairseq's transformer with every slimming technique as an option.
 
-Anthe (gates, GLU, H-SoftPOS, Tensor Chain; SPEC §1) and Subformer (SAFE, sandwich sharing;
-SPEC §2) switch on by options and combine freely. Named architectures are presets that only
+Anthe (gates, GLU, H-SoftPOS, Tensor Chain; arXiv:2305.10991) and Subformer (SAFE, sandwich sharing;
+arXiv:2101.00234; docs/TECHNIQUES.md) switch on by options and combine freely. Named architectures are presets that only
 set defaults (see ``archs_*.py``). Extension points: docs/DESIGN.md.
 """
 import argparse
@@ -42,7 +42,7 @@ def _wrap_layer(cfg, layer):
 
 
 def _build_stack(cfg, side, make_layer):
-    """Plain stack of L layers, or the sandwich stack with shared middle layers (SPEC §2.2)."""
+    """Plain stack of L layers, or the sandwich stack with shared middle layers (docs/TECHNIQUES.md#sandwich-sharing)."""
     if not getattr(cfg, "sandwich", False):
         num_layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
         return [make_layer(cfg) for _ in range(num_layers)]

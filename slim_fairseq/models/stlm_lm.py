@@ -1,4 +1,5 @@
-"""``stlm_lm``: the STLM decoder-only LM family with cross-layer weight tying (SPEC §3).
+"""``stlm_lm``: the STLM decoder-only LM family with cross-layer weight tying (Super Tiny Language
+Models, arXiv:2405.14159; docs/TECHNIQUES.md#stlm-weight-tying).
 
 Block (pre-norm, no biases anywhere)::
 
@@ -7,11 +8,11 @@ Block (pre-norm, no biases anywhere)::
 
 then a final RMSNorm and the output projection, tied to the token table unless
 ``--untie-embeddings``. The vocabulary size is the dictionary's (GPT-2 BPE: 50257).
-Default head width: ``2 * ((H // heads) // 2)`` (SPEC §3; even, for RoPE).
+Default head width: ``2 * ((H // heads) // 2)`` (docs/TECHNIQUES.md#stlm-block; even, for RoPE).
 
 Tying schemes (``slim_fairseq.modules.weight_tying``): ``--tie-ffn K``, ``--ffn-lora-rank R``,
 ``--ffn-lora-alpha A``, ``--tie-attn-proj K``. Presets: ``stlm_tied`` (the report's baseline)
-and one per row of SPEC §3's table (:data:`STLM_PRESETS`).
+and one per row of the table in docs/TECHNIQUES.md#stlm-presets-and-parameter-counts (:data:`STLM_PRESETS`).
 """
 
 import argparse
@@ -41,7 +42,7 @@ DEFAULT_CONTEXT = 512
 
 
 def stlm_head_dim(embed_dim: int, num_heads: int) -> int:
-    """SPEC §3: ``2 * ((H // heads) // 2)`` (32 for H = 528 and 16 heads)."""
+    """STLM block: ``2 * ((H // heads) // 2)`` (32 for H = 528 and 16 heads)."""
     return 2 * ((embed_dim // num_heads) // 2)
 
 
@@ -170,7 +171,7 @@ class STLMDecoder(FairseqIncrementalDecoder):
 
 @register_model("stlm_lm")
 class STLMLanguageModel(FairseqLanguageModel):
-    """STLM decoder-only LM (SPEC §3); presets ``stlm_*``."""
+    """STLM decoder-only LM (arXiv:2405.14159); presets ``stlm_*``."""
 
     @staticmethod
     def add_args(parser):
@@ -266,7 +267,7 @@ def stlm_base(args):
     set_tying_defaults(args)
 
 
-# name: (D, H, F, ffn tie k, LoRA rank, attention-projection tie k, untied) -- SPEC §3 table
+# name: (D, H, F, ffn tie k, LoRA rank, attention-projection tie k, untied) -- docs/TECHNIQUES.md STLM table
 STLM_PRESETS = {
     "stlm_untied": (8, 528, 1361, None, 0, None, True),
     "stlm_ffn_all_wide": (8, 672, 1733, 0, 0, None, False),
@@ -296,7 +297,7 @@ def _make_preset(name, layers, width, ffn, ffn_k, rank, proj_k, untied):
 
     preset.__name__ = name
     preset.__doc__ = (
-        f"SPEC §3 row: D {layers}, H {width}, F {ffn}, FFN tie k={ffn_k}, LoRA r={rank}, "
+        f"STLM table row: D {layers}, H {width}, F {ffn}, FFN tie k={ffn_k}, LoRA r={rank}, "
         f"attention-projection tie k={proj_k}, {'untied' if untied else 'tied'} in/out."
     )
     return register_model_architecture("stlm_lm", name)(preset)

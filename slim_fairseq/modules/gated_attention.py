@@ -1,4 +1,5 @@
-"""Gated pre-attention ("XgY"), no-patt and Tensor-Chain projections (SPEC §1.1, §1.4).
+"""Gated pre-attention ("XgY"), no-patt and Tensor-Chain projections (Anthe, arXiv:2305.10991;
+docs/TECHNIQUES.md#gated-pre-attention, #cross-attention-gates, #no-patt, #tensor-chain).
 
 Gate ``AgB`` (A, B in {q, k, v}, C the third), with W_A, W_B, W_C the pre-attention
 projections (no extra parameters):
@@ -105,7 +106,7 @@ class GatedMultiheadAttention(MultiheadAttention):
 
     def project_inputs(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor]
                        ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-        """(Q_s, K_s, V_s) of SPEC §1.1. ``key``/``value`` None means cached (static) K, V."""
+        """(Q_s, K_s, V_s) of docs/TECHNIQUES.md#gated-pre-attention. ``key``/``value`` None means cached (static) K, V."""
         inputs = {"q": query, "k": key, "v": value}
         if self.gate == "none":
             names = ("q",) if key is None else ("q", "k", "v")

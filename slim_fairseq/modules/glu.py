@@ -1,4 +1,5 @@
-"""GLU feed-forward (SPEC §1.2): ``w2(act(w1 x) * w3 x)`` with hidden width ``floor(2f/3)``.
+"""GLU feed-forward (Anthe, arXiv:2305.10991): ``w2(act(w1 x) * w3 x)`` with hidden width
+``floor(2f/3)`` (docs/TECHNIQUES.md#glu-feed-forward).
 
 :class:`GLUProjection` is the "fc1" of the GLU FFN (``act(w1 x) * w3 x``); the layer keeps
 ``fc2`` (= w2) as its own Linear / Tensor-Chain layer and uses the identity activation, so
@@ -16,7 +17,8 @@ def glu_hidden_dim(ffn_dim):
 
 
 def build_linear(in_features, out_features, tc_ratio=0.0, tc_length=2, bias=True, tc_min_bond=0):
-    """Dense ``nn.Linear`` or a Tensor-Chain layer with parameter ratio ``tc_ratio`` (SPEC §1.4)."""
+    """Dense ``nn.Linear`` or a Tensor-Chain layer with parameter ratio ``tc_ratio``
+    (docs/TECHNIQUES.md#tensor-chain)."""
     if tc_ratio:
         from slim_fairseq.modules.tensor_chain import TensorChainLinear
         return TensorChainLinear(in_features, out_features, ratio=tc_ratio, length=tc_length,

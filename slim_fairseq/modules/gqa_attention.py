@@ -1,4 +1,5 @@
-"""Causal grouped-query self-attention with RoPE and fairseq incremental state (SPEC §3).
+"""Causal grouped-query self-attention with RoPE and fairseq incremental state (STLM block,
+docs/TECHNIQUES.md#stlm-block).
 
 ``num_kv_heads == num_heads`` is multi-head attention, ``num_kv_heads == 1`` multi-query
 attention, anything in between grouped-query attention: query head ``h`` reads key/value
@@ -11,7 +12,7 @@ state (key ``"attn_state"``: ``prev_key``/``prev_value`` of shape (B, kv_heads, 
 and, once a padding mask was seen, ``prev_key_padding_mask`` (B, T)). The RoPE offset of
 new tokens is the cached length, so one-token-at-a-time decoding equals a full forward.
 Each module object owns one cache slot: layers that share weights must be separate objects
-holding the same Parameters (SPEC §5).
+holding the same Parameters (docs/TECHNIQUES.md#shared-layers-and-incremental-state).
 
 Subclassing: override :meth:`compute_attention` to change how (q, k, v) are combined (e.g.
 shaped attention); projection (:meth:`project`), RoPE, caching and the output projection

@@ -1,4 +1,4 @@
-"""H-SoftPOS hierarchical embedding with l levels (SPEC §1.3).
+"""H-SoftPOS hierarchical embedding with l levels (Anthe, arXiv:2305.10991; docs/TECHNIQUES.md#h-softpos).
 
     d_sp = floor(d / 2l),  n_sp = d_sp,  d_emb = d - (2l - 1) d_sp
     X_1 = E(S) sqrt(d_emb) + sinusoidal positions(d_emb)
@@ -49,7 +49,7 @@ def hsoftpos_dims(model_dim, levels, min_token_dim=0):
 
 @with_incremental_state
 class HSoftPOSEmbedding(nn.Module):
-    """Input embedding (docs/DESIGN.md interface) of SPEC §1.3 around a ``[V, d_emb]`` token
+    """Input embedding (docs/DESIGN.md interface) of docs/TECHNIQUES.md#h-softpos around a ``[V, d_emb]`` token
     table (``nn.Embedding`` or ``TensorChainEmbedding``); returns ``(B, T, d)`` without dropout."""
 
     def __init__(self, table, model_dim, levels, padding_idx, max_positions, learned_pos=False,

@@ -33,7 +33,8 @@ def token_table_dim(cfg, model_dim):
 
 
 def build_token_table(cfg, dictionary, dim):
-    """The token table: fairseq's Embedding, or a Tensor-Chain embedding with ``--tc-emb`` (SPEC §1.4)."""
+    """The token table: fairseq's Embedding, or a Tensor-Chain embedding with ``--tc-emb`` (Anthe, arXiv:2305.10991;
+    docs/TECHNIQUES.md#tensor-chain)."""
     if getattr(cfg, "tc_emb", 0.0):
         from slim_fairseq.modules.tensor_chain import TensorChainEmbedding
         return TensorChainEmbedding(len(dictionary), dim, dictionary.pad(),

@@ -1,4 +1,5 @@
-"""Low-rank adapter on a shared linear layer (Hu et al. 2021; SPEC §3 "FFN tying + LoRA").
+"""Low-rank adapter on a shared linear layer (Hu et al., arXiv:2106.09685; "FFN tying + LoRA" in
+docs/TECHNIQUES.md#tying-schemes).
 
 ``y = x W^T + b + (alpha / r) * (x A^T) B^T`` where ``W``/``b`` are the shared layer's
 Parameters (the same Parameter objects as the layer being shared) and ``A`` (r x in),

@@ -1,4 +1,5 @@
-"""Root-mean-square layer normalisation (SPEC §3: eps 1e-6, weight only, no bias)."""
+"""Root-mean-square layer normalisation (STLM block, docs/TECHNIQUES.md#stlm-block: eps 1e-6, weight only,
+no bias)."""
 
 import torch
 from torch import nn

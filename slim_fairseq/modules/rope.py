@@ -1,4 +1,5 @@
-"""Rotary position embedding (RoPE, Su et al. 2021), SPEC §3: theta 10000 on q and k.
+"""Rotary position embedding (RoPE, Su et al., arXiv:2104.09864); STLM block
+(docs/TECHNIQUES.md#stlm-block): theta 10000 on q and k.
 
 Convention: "rotate half" -- channel ``i`` of the first half of a head is paired with
 channel ``i + head_dim/2``; pair ``i`` rotates by angle ``pos * theta**(-2i/head_dim)``.
@@ -26,7 +27,7 @@ class RotaryEmbedding(nn.Module):
 
     Args:
         head_dim: channels per head; must be even.
-        theta: base of the geometric frequency progression (10000 in SPEC §3).
+        theta: base of the geometric frequency progression (10000 in the STLM block).
     """
 
     def __init__(self, head_dim: int, theta: float = 10000.0):

@@ -1,4 +1,4 @@
-"""SAFE: self-attentive factorised embeddings of the Subformer (SPEC §2.1).
+"""SAFE: self-attentive factorised embeddings of the Subformer (arXiv:2101.00234; docs/TECHNIQUES.md#safe-embeddings).
 
 Input side (one module per side; the token table E(V, d_e) may be shared by both)::
 
@@ -28,7 +28,7 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 
 
 def safe_attention_heads(embed_dim: int) -> int:
-    """Heads of the SAFE attention: width // 64 (SPEC §2.2's rule), lowered until it divides
+    """Heads of the SAFE attention: width // 64 (the sandwich rule), lowered until it divides
     the width (e.g. d_e = 350 -> 5 heads of 70)."""
     heads = max(1, embed_dim // 64)
     while embed_dim % heads:
@@ -48,7 +48,7 @@ def _side_settings(cfg, side):
 
 
 class SAFEInputEmbedding(nn.Module):
-    """SAFE input embedding of one side (SPEC §2.1); see the module docstring.
+    """SAFE input embedding of one side (docs/TECHNIQUES.md#safe-embeddings); see the module docstring.
 
     ``forward(tokens, incremental_state=None) -> (B, T, d_m)``; with an incremental state
     ``tokens`` is the whole prefix and only the last position is computed (the attention
@@ -152,7 +152,7 @@ class SAFEInputEmbedding(nn.Module):
 
 
 class SAFEOutputProjection(nn.Module):
-    """Tied SAFE output path ``logits = E(W h + b)`` (SPEC §2.1).
+    """Tied SAFE output path ``logits = E(W h + b)`` (docs/TECHNIQUES.md#safe-embeddings).
 
     ``mlp=False`` is the reference's two linears; ``mlp=True`` puts ``activation`` between
     them (the paper's "two-layer MLP"). The vocabulary projection is the token table itself

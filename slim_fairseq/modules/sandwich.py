@@ -1,4 +1,5 @@
-"""Sandwich-style parameter sharing with a wider middle (Subformer, SPEC §2.2).
+"""Sandwich-style parameter sharing with a wider middle (Subformer, arXiv:2101.00234;
+docs/TECHNIQUES.md#sandwich-sharing).
 
 Layer stack of one side (L layers, model width d_m, middle width d_s, FFN f_s)::
 
@@ -64,7 +65,7 @@ def validate_sandwich(cfg, side):
                          "legacy_ddp|no_c10d|pytorch_ddp|c10d")
     if getattr(cfg, "checkpoint_activations", False) and backend in _DATA_PARALLEL_WITH_BROKEN_CHECKPOINTING:
         raise ValueError(f"--checkpoint-activations with --sandwich under --ddp-backend={backend} "
-                         "gives silently wrong gradients for the shared layers (SPEC §5); "
+                         "gives silently wrong gradients for the shared layers; "
                          "allowed: --ddp-backend legacy_ddp|no_c10d")
 
 
@@ -206,7 +207,7 @@ def _build_middle_layers(cfg, side, make_layer, count) -> List[nn.Module]:
 
 
 def build_layer_stack(cfg, side: str, make_layer: Callable[[object], nn.Module]) -> List[nn.Module]:
-    """Layers of one side: plain (``cfg.sandwich`` off) or the sandwich stack (SPEC §2.2)."""
+    """Layers of one side: plain (``cfg.sandwich`` off) or the sandwich stack (docs/TECHNIQUES.md#sandwich-sharing)."""
     if side not in ("encoder", "decoder"):
         raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
     if not getattr(cfg, "sandwich", False):
@@ -227,7 +228,7 @@ def build_layer_stack(cfg, side: str, make_layer: Callable[[object], nn.Module])
 
 
 def bert_init_(model: nn.Module):
-    """BERT-style initialisation (Subformer training setup, SPEC §2.3): every Linear and
+    """BERT-style initialisation (Subformer training setup, docs/TECHNIQUES.md#subformer-training-setup): every Linear and
     Embedding weight ~ N(0, 0.02), Linear biases zero, embedding padding rows zero.
     LayerNorms and non-standard parameterisations (e.g. Tensor-Chain cores) keep their init."""
     for module in model.modules():

@@ -1,4 +1,5 @@
-"""Shaped attention for skipless transformers (SPEC §4.1; He & Hofmann 2023, eq. 7).
+"""Shaped attention for skipless transformers (He & Hofmann, arXiv:2311.01906 §4.1;
+docs/TECHNIQUES.md#skipless-block-and-shaped-attention).
 
 Per head ``h``::
 
@@ -15,7 +16,7 @@ way q, k, v are combined changes. In incremental decoding the cache holds every 
 prefix, so the uniform term is the mean of the cached values and the identity term is the
 value of the current position -- exactly the rows of the full-forward matrices.
 
-Reduced form (SPEC §4.2): ``removed="q"|"k"|"v"`` drops that projection -- the slot takes the
+Reduced form (Graef, arXiv:2404.12362; docs/TECHNIQUES.md#weight-removal): ``removed="q"|"k"|"v"`` drops that projection -- the slot takes the
 block input itself, split into heads -- and ``out_proj=False`` drops the post-attention
 projection P (merged into the following linears by the converter).
 """

@@ -1,4 +1,4 @@
-"""Tensor-Chain (TC) linear layer and embedding (SPEC §1.4).
+"""Tensor-Chain (TC) linear layer and embedding (Anthe, arXiv:2305.10991; docs/TECHNIQUES.md#tensor-chain).
 
 A weight ``W`` of shape ``[N_a, N_c]`` (``y = x @ W + bias``) is the contraction of ``n`` cores:
 ``N_a = a_1 ... a_n``, ``N_c = c_1 ... c_n``; the first core is ``[a_1, b, c_1]``, the middle
@@ -28,7 +28,7 @@ def prime_factors(n):
 
 def factorize(n, length):
     """Split ``n`` into ``length`` factors as close to ``n ** (1/length)`` as its prime
-    factorisation allows (SPEC §1.4), largest first: 512 -> (32, 16), 1365 -> (39, 35).
+    factorisation allows (docs/TECHNIQUES.md#tensor-chain), largest first: 512 -> (32, 16), 1365 -> (39, 35).
 
     Among all ways to group the prime factors, the one with the smallest spread of
     log-factors wins. A dimension with fewer than ``length`` prime factors (e.g. a prime)
@@ -59,7 +59,8 @@ def tc_param_count(in_factors, out_factors, bond):
 
 def solve_bond(in_features, out_features, ratio, length=2, in_factors=None, out_factors=None,
                min_bond=0):
-    """Bond dimension b for parameter ratio ``ratio`` = TC params / dense params (SPEC §1.4).
+    """Bond dimension b for parameter ratio ``ratio`` = TC params / dense params
+    (docs/TECHNIQUES.md#tensor-chain).
 
     Solves ``b (a_1 c_1 + a_n c_n) + b^2 sum_{i=2}^{n-1} a_i c_i = r N_a N_c``, takes the
     floor, at least 1; for n = 2 at least 2, like the reference code; at least ``min_bond``
@@ -153,7 +154,7 @@ def contract_input(x2d, cores):
 
 class TensorChainLinear(nn.Module):
     """Drop-in replacement for ``nn.Linear(in_features, out_features)`` whose weight is a
-    Tensor Chain (SPEC §1.4). Give either ``ratio`` (TC params / dense params, bond solved by
+    Tensor Chain (docs/TECHNIQUES.md#tensor-chain). Give either ``ratio`` (TC params / dense params, bond solved by
     :func:`solve_bond`) or ``bond``. The cores are initialised so that the materialised weight
     has the variance of ``nn.Linear``'s default init (or std ``init_std``); bias starts at zero.
 
@@ -271,7 +272,7 @@ class TensorChainLinear(nn.Module):
     @classmethod
     @torch.no_grad()
     def from_dense(cls, linear_or_weight, bond, length=2):
-        """Compress a dense layer by TT-SVD (sequential truncated SVDs, SPEC §1.4).
+        """Compress a dense layer by TT-SVD (sequential truncated SVDs, docs/TECHNIQUES.md#tensor-chain).
 
         ``linear_or_weight``: an ``nn.Linear`` (weight and bias are taken) or a weight in
         ``nn.Linear`` layout ``[out_features, in_features]``. With a bond at least the largest
@@ -326,7 +327,7 @@ def tt_svd(w, in_factors, out_factors, bond):
 
 
 class TensorChainEmbedding(nn.Module):
-    """Token table ``[V, d]`` stored as a Tensor Chain (``--tc-emb``, SPEC §1.4). Rows are
+    """Token table ``[V, d]`` stored as a Tensor Chain (``--tc-emb``, docs/TECHNIQUES.md#tensor-chain). Rows are
     computed only for the looked-up tokens (the table is never built in ``forward``); the
     padding row is zero. Init matches fairseq's ``Embedding`` (N(0, d^-1/2)) in variance."""
 

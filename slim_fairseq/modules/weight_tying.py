@@ -1,4 +1,4 @@
-"""STLM weight tying across layers (SPEC §3): FFN tying over interior layers, per-layer LoRA
+"""STLM weight tying across layers (Super Tiny Language Models, arXiv:2405.14159; docs/TECHNIQUES.md#tying-schemes): FFN tying over interior layers, per-layer LoRA
 on the shared FFN linears, and attention output-projection sharing.
 
 Interior range for a tie option ``k`` (an int >= 0; ``none`` turns the scheme off) over ``D``
@@ -6,7 +6,7 @@ layers (0-based): layers ``1+k .. D-k-1`` all use the Parameters of layer ``1+k`
 never shared, ``k = 0`` means "all layers but the first".
 
 Sharing layers keep their own module objects (and so their own fairseq incremental state,
-SPEC §5); only Parameter objects are shared. With ``--ffn-lora-rank r`` every layer of the FFN
+docs/TECHNIQUES.md#shared-layers-and-incremental-state); only Parameter objects are shared. With ``--ffn-lora-rank r`` every layer of the FFN
 range (the owner included) replaces each shared FFN linear by a :class:`LoRALinear` holding
 the shared Parameters plus its own adapter.
 
@@ -30,7 +30,7 @@ TIE_FLAGS = {"tie_ffn": "--tie-ffn", "tie_attn_proj": "--tie-attn-proj"}
 
 def add_tying_args(parser: argparse.ArgumentParser):
     """Add the weight-tying flags (no ``default=``; see :func:`set_tying_defaults`)."""
-    group = parser.add_argument_group("STLM weight tying (SPEC §3)")
+    group = parser.add_argument_group("STLM weight tying (arXiv:2405.14159; docs/TECHNIQUES.md#tying-schemes)")
     group.add_argument(
         "--tie-ffn", type=str, metavar="K",
         help="share the FFN of layer 1+K with layers 1+K..D-K-1 (0-based; layer 0 never "
@@ -127,7 +127,7 @@ def validate_tying(cfg, num_layers: int):
 
 
 def _check_training_setup(cfg):
-    """Reject distributed set-ups that mishandle shared Parameters (SPEC §5)."""
+    """Reject distributed set-ups that mishandle shared Parameters (docs/TECHNIQUES.md#distributed-training-with-shared-weights)."""
     backend = _option(cfg, "ddp_backend", "")
     if backend == "fully_sharded":
         raise ValueError(
