@@ -281,6 +281,67 @@ def frontier_rows(best, baseline_label):
     return out
 
 
+def verdict(values, baseline_values):
+    """Plain words for a model's per-seed valid NLLs against the baseline's: a difference counts
+    only when the two seed ranges do not overlap."""
+    if len(values) < 2 or len(baseline_values) < 2:
+        return "one seed only: spread unknown"
+    if max(values) < min(baseline_values):
+        return "better than the baseline on every seed"
+    if min(values) > max(baseline_values):
+        return "worse than the baseline on every seed"
+    return "within the seed spread: no difference shown"
+
+
+def compare_to_baseline(runs, baseline_label):
+    """Each model at its best learning rate against the baseline at the same width (its best
+    rate too): parameter and speed ratios, valid-NLL difference, per-seed ranges, verdict."""
+    best = best_rows(summarise(runs))
+    out = []
+    for row in best:
+        corpus = row["corpus"]
+        bases = [b for b in best if b["corpus"] == corpus and b["label"] == baseline_label[corpus]]
+        base = next((b for b in bases if b["dim"] == row["dim"]), bases[0] if len(bases) == 1 else None)
+        if base is None or base is row:
+            continue
+
+        def seeds_of(r):
+            return [x["valid_nll"] for x in runs if (x["corpus"], x["label"], x.get("dim"), x.get("lr"))
+                    == (r["corpus"], r["label"], r["dim"], r["lr"])]
+        values, base_values = seeds_of(row), seeds_of(base)
+        wps, base_wps = row["train_wps"][0], base["train_wps"][0]
+        out.append({"corpus": corpus, "label": row["label"], "baseline": base["label"], "dim": row["dim"],
+                    "params": row["params"], "params_ratio": (row["params"] / base["params"]
+                                                              if row["params"] and base["params"] else None),
+                    "valid_ppl": row["valid_ppl"], "delta_nll": row["valid_nll"][0] - base["valid_nll"][0],
+                    "range": (min(values), max(values)), "baseline_range": (min(base_values), max(base_values)),
+                    "wps_ratio": wps / base_wps if wps and base_wps else None,
+                    "verdict": verdict(values, base_values)})
+    return out
+
+
+def comparison_markdown(runs, baseline_label):
+    lines = []
+    titles = dict((("ende", "en-de (bundled)"), ("wikitext", "WikiText-2 (bundled)")))
+    rows = compare_to_baseline(runs, baseline_label)
+    for corpus in sorted({r["corpus"] for r in rows}):
+        lines += [f"**{titles[corpus]}: each model against `{baseline_label[corpus]}` (best learning "
+                  "rates)**", "",
+                  "A difference is claimed only when the seed ranges of valid NLL do not overlap.", "",
+                  "| model | params | × baseline | valid PPL | Δ valid NLL (bits) | seeds: model | seeds: "
+                  "baseline | train tok/s × baseline | verdict |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in (r for r in rows if r["corpus"] == corpus):
+            lines.append("| " + " | ".join([
+                r["label"], "—" if r["params"] is None else f"{r['params']:,}",
+                "—" if r["params_ratio"] is None else f"{r['params_ratio']:.2f}", fmt(*r["valid_ppl"]),
+                f"{r['delta_nll']:+.3f}", "{:.3f}–{:.3f}".format(*r["range"]),
+                "{:.3f}–{:.3f}".format(*r["baseline_range"]),
+                "—" if r["wps_ratio"] is None else f"{r['wps_ratio']:.2f}", r["verdict"]]) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def markdown(rows, args, baseline_label):
     dims = ",".join(map(str, args.dims))
     lines = [f"Equal budget: {args.max_update} updates of ≤{args.max_tokens} tokens"
@@ -569,11 +630,12 @@ def main(argv=None):
         with open(os.path.join(out_dir, "results.json")) as f:
             runs = json.load(f)["runs"]
         plan = []
-    # seed-major order: a partial result already covers every model; then width, rate
+    # seed-major, then width (small first), then model, then rate: a partial result already has
+    # every model's best rate at the smaller widths
     jobs = []
     for seed in args.seeds:
-        for corpus, label, arch, overrides, baseline in plan:
-            for dim in args.dims:
+        for dim in args.dims:
+            for corpus, label, arch, overrides, baseline in plan:
                 for lr in args.lrs:
                     tag = run_tag(corpus, label, dim, lr, seed, len(args.dims) == 1, len(args.lrs) == 1)
                     jobs.append((corpus, label, arch, overrides, baseline, dim, lr, seed,
@@ -625,7 +687,7 @@ def main(argv=None):
         execute(confirm)
 
     rows = summarise(runs)
-    table = markdown(rows, args, baseline_label)
+    table = markdown(rows, args, baseline_label) + "\n" + comparison_markdown(runs, baseline_label)
     with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write(table)
     plot(runs, rows, out_dir)

@@ -177,3 +177,63 @@ def test_quality_script_tiny(tmp_path):
     assert "anthe_base" in table and "stlm_tied" in table and "test BLEU" in table
     for png in ("valid_loss_ende.png", "valid_loss_wikitext.png", "params_vs_quality.png"):
         assert _is_png(out / png)
+
+
+def test_quality_frontier_and_verdict_helpers():
+    assert quality.interpolate([(1.0, 5.0), (2.0, 3.0)], 1.5) == (4.0, False)
+    assert quality.interpolate([(1.0, 5.0), (2.0, 3.0)], 3.0) == (1.0, True)  # extrapolated
+    assert quality.expand_width(["--sandwich-dim", "{2d}", "--safe-embed-dim", "{d/2}", "{d}"], 96) == [
+        "--sandwich-dim", "192", "--safe-embed-dim", "48", "96"]
+    with pytest.raises(ValueError, match="not an integer"):
+        quality.expand_width(["{d/3}"], 64)
+    assert quality.settings_key(["data", "--save-dir", "/a", "--user-dir", "/b", "--lr", "1"]) == ["--lr", "1"]
+    assert quality.verdict([1.0, 1.1], [1.2, 1.3]) == "better than the baseline on every seed"
+    assert quality.verdict([1.4, 1.5], [1.2, 1.3]) == "worse than the baseline on every seed"
+    assert quality.verdict([1.0, 1.25], [1.2, 1.3]).startswith("within the seed spread")
+    assert quality.verdict([1.0], [1.2, 1.3]).startswith("one seed")
+
+    def run(label, dim, lr, seed, nll, params, baseline=False):
+        return {"corpus": "wikitext", "label": label, "arch": label, "dim": dim, "lr": lr, "seed": seed,
+                "baseline": baseline, "params": params, "valid_nll": nll, "valid_ppl": 2 ** nll,
+                "train_wps": 100.0, "updates": 10, "train_seconds": 1.0}
+    runs = [run("base", d, lr, s, nll + off + 0.01 * s, p, True)
+            for d, p, nll in ((32, 1000, 8.0), (64, 4000, 7.0)) for lr, off in ((1e-3, 0.5), (3e-3, 0.0))
+            for s in (1, 2)]
+    runs += [run("slim", 64, 3e-3, s, 7.5 + 0.01 * s, 2000) for s in (1, 2)]
+    best = quality.best_rows(quality.summarise(runs))
+    assert {(r["label"], r["dim"], r["lr"]) for r in best} == {("base", 32, 3e-3), ("base", 64, 3e-3),
+                                                               ("slim", 64, 3e-3)}
+    front = {f["label"]: f for f in quality.frontier_rows(best, {"wikitext": "base"}) if f["label"] == "slim"}
+    # the baseline frontier at 2000 params (half-way in log10 between 1000 and 4000) is 7.515
+    assert front["slim"]["delta_nll"] == pytest.approx(0.0, abs=1e-9)
+    assert front["slim"]["params_ratio"] == pytest.approx(1.0)
+    (cmp,) = quality.compare_to_baseline(runs, {"wikitext": "base"})
+    assert cmp["label"] == "slim" and cmp["params_ratio"] == 0.5
+    assert cmp["delta_nll"] == pytest.approx(0.5) and cmp["verdict"].startswith("worse")
+
+
+@pytest.mark.slow
+def test_quality_sweep_resumes(tmp_path):
+    out = tmp_path / "sweep"
+    argv = ["--out", str(out), "--corpus", "wikitext", "--dim", "32,48", "--layers", "1", "--heads", "4",
+            "--lr", "1e-3,3e-3", "--seeds", "1", "--confirm-seeds", "2", "--max-update", "1",
+            "--validate-interval", "1", "--max-tokens", "256", "--tokens-per-sample", "16",
+            "--max-valid-steps", "1", "--lm-data", wikitext_data_bin(), "--threads", "1", "--jobs", "2",
+            "--no-baseline", "--frontier-baseline", "tied",
+            "--lm-model", "tied=transformer_lm --share-decoder-input-output-embed --decoder-ffn-embed-dim {2d}"]
+    rows = quality.main(argv)
+    # 2 widths x 2 rates (seed 1) + the best rate of each width (seed 2)
+    assert len(rows) == 4
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["runs"]) == 6
+    assert {r["seed"] for r in results["runs"]} == {1, 2}
+    tied = [r for r in results["runs"] if r["label"] == "tied" and r["dim"] == 48]
+    assert "96" in tied[0]["settings"]  # the {2d} template was filled in
+    table = (out / "table.md").read_text()
+    assert "against the `tied` frontier" in table
+    logs = {p: p.stat().st_mtime for p in out.glob("runs/*/train.log")}
+    assert len(logs) == 6
+    quality.main(argv)  # everything finished: reused, nothing retrained
+    assert {p: p.stat().st_mtime for p in out.glob("runs/*/train.log")} == logs
+    with pytest.raises(SystemExit):
+        quality.main(argv[:2] + ["--dim", "0"])
