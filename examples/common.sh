@@ -44,6 +44,37 @@ slim_user_dir() {
     fi
 }
 
+# print_header FILE: the comment block at the top of a script (after the #! line, up to the
+# first line that is not a comment), without the leading "# "; every script's --help.
+print_header() {
+    awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$1"
+}
+
+# usage: the running script's header (the script was started as `bash SCRIPT` or ./SCRIPT)
+usage() { print_header "$0"; }
+
+# abs_dir FLAG DIR -> absolute path of DIR, or a one-line error naming FLAG
+abs_dir() {
+    [[ -d "$2" && -r "$2" && -x "$2" ]] || die "$1: '$2' is not a readable folder"
+    (cd "$2" && pwd)
+}
+
+# abs_file FLAG FILE -> absolute path of FILE, or a one-line error naming FLAG
+abs_file() {
+    [[ -f "$2" && -r "$2" ]] || die "$1: '$2' is not a readable file"
+    printf '%s/%s\n' "$(cd "$(dirname "$2")" && pwd)" "$(basename "$2")"
+}
+
+# make_work_dir DIR -> absolute path of DIR, created unless this is a dry run
+make_work_dir() {
+    if [[ "${DRY_RUN:-0}" == 1 ]]; then
+        realpath -m "$1"
+    else
+        mkdir -p "$1" || die "cannot create the folder '$1'"
+        (cd "$1" && pwd)
+    fi
+}
+
 # ---------------------------------------------------------------------------------------------
 # downloads
 
@@ -90,18 +121,40 @@ verify_file() {
 }
 
 # fetch URL FILE [CHECKSUM]: make $ORIG_DIR/FILE exist (download, resume, verify).
+# FILE is the local name; it differs from the last part of URL where several datasets publish
+# files of the same name (WMT's dev.tgz and test.tgz: wmt16-dev.tgz, wmt17-dev.tgz, ...), so
+# that one --raw-dir folder can hold the downloads of every recipe. With --raw-dir, a file
+# under the download name is accepted too when its checksum is the expected one.
+# With DRY_RUN=1 it only reports what it would do.
+declare -A FETCHED=()
 fetch() {
-    local url="$1" name="$2" spec="${3:-}" dest host rc
+    local url="$1" name="$2" spec="${3:-}" dest host rc base
+    base="$(basename "$url")"
+    if [[ "${DRY_RUN:-0}" == 1 ]]; then
+        dest="$(raw_path "$name" "$url")"
+        printf 'download %s\n    -> %s (%s, %s)\n' "$url" "$dest" "${spec:-no published checksum}" \
+            "$([[ -e "$dest" ]] && echo present || echo missing)"
+        return 0
+    fi
     if [[ -n "$RAW_DIR" ]]; then
         dest="$RAW_DIR/$name"
-        [[ -e "$dest" ]] || die "--raw-dir: $dest is missing (download it from $url)"
+        if [[ ! -e "$dest" && "$base" != "$name" && -e "$RAW_DIR/$base" ]]; then
+            dest="$RAW_DIR/$base"
+            if [[ -n "$spec" && "$NO_VERIFY" != 1 ]] &&
+                [[ "$(file_checksum "${spec%%:*}" "$dest")" != "${spec#*:}" ]]; then
+                die "--raw-dir: $dest is not the file of $url (${spec%%:*} differs; another dataset's $base?): save that download as $RAW_DIR/$name"
+            fi
+        fi
+        [[ -e "$dest" ]] || die "--raw-dir: $RAW_DIR/$name is missing (download $url and save it under that name)"
         verify_file "$dest" "$spec"
+        FETCHED[$name]="$dest"
         return 0
     fi
     dest="$ORIG_DIR/$name"
     mkdir -p "$ORIG_DIR"
     if [[ -f "$dest" ]]; then
         verify_file "$dest" "$spec"
+        FETCHED[$name]="$dest"
         return 0
     fi
     need_cmd curl
@@ -114,20 +167,36 @@ fetch() {
     case "$rc" in
         0) ;;
         5 | 6 | 7 | 28 | 35)
-            die "cannot reach $host (curl exit $rc: offline, DNS or firewall?). Download $url by other means into a folder and rerun with --raw-dir FOLDER" ;;
+            die "cannot reach $host (curl exit $rc: offline, DNS or firewall?). Download $url by other means into a folder (as $name) and rerun with --raw-dir FOLDER" ;;
         22) die "$url answered with an HTTP error; the source may have moved (pass --raw-dir with a copy)" ;;
         *) die "download of $url failed (curl exit $rc); rerun to resume ($dest.part is kept)" ;;
     esac
     mv "$dest.part" "$dest"
     verify_file "$dest" "$spec"
+    FETCHED[$name]="$dest"
 }
 
-# raw_path FILE -> where fetch put FILE
+# raw_path FILE [URL] -> where fetch put (or would put) FILE
 raw_path() {
-    if [[ -n "$RAW_DIR" ]]; then
-        printf '%s\n' "$RAW_DIR/$1"
+    local name="$1" url="${2:-}"
+    if [[ -n "${FETCHED[$name]:-}" ]]; then
+        printf '%s\n' "${FETCHED[$name]}"
+    elif [[ -n "$RAW_DIR" ]]; then
+        if [[ ! -e "$RAW_DIR/$name" && -n "$url" && -e "$RAW_DIR/$(basename "$url")" ]]; then
+            printf '%s\n' "$RAW_DIR/$(basename "$url")"
+        else
+            printf '%s\n' "$RAW_DIR/$name"
+        fi
     else
-        printf '%s\n' "$ORIG_DIR/$1"
+        printf '%s\n' "$ORIG_DIR/$name"
+    fi
+}
+
+# dry_run_stop: after the downloads were listed, a dry run ends here
+dry_run_stop() {
+    if [[ "${DRY_RUN:-0}" == 1 ]]; then
+        log "dry run: nothing was downloaded, extracted or written"
+        exit 0
     fi
 }
 
@@ -293,8 +362,20 @@ print(f"length filter {lo}..{hi}, ratio {ratio}: kept {kept} of {total} pairs", 
 PY
 }
 
+# cap_corpus_pairs PREFIX S T MAX_PAIRS: keep the first MAX_PAIRS pairs of a parallel corpus
+# (the Anthe paper trained ru-en and zh-en on their first 7M pairs)
+cap_corpus_pairs() {
+    local prefix="$1" s="$2" t="$3" max="$4" side total
+    total="$(wc -l <"$prefix.$s")"
+    for side in "$s" "$t"; do
+        head -n "$max" "$prefix.$side" >"$prefix.cap.$side"
+        mv "$prefix.cap.$side" "$prefix.$side"
+    done
+    log "pair cap $max: kept $(wc -l <"$prefix.$s") of $total pairs"
+}
+
 # cap_corpus PREFIX S T MAX_BYTES: keep the first lines of a parallel corpus whose two sides
-# together fit in MAX_BYTES (the Anthe paper capped ru-en and zh-en at 9 GB).
+# together fit in MAX_BYTES
 cap_corpus() {
     "$PYTHON" - "$@" <<'PY'
 import os, sys
@@ -316,10 +397,32 @@ PY
 # ---------------------------------------------------------------------------------------------
 # training / evaluation helpers
 
-# compound_split < tokenized > split: "a-b" -> "a ##AT##-##AT## b" (the compound splitting of
-# tokenized BLEU for German in the Transformer / Subformer / Anthe papers; Moses' "@-@" becomes
-# "@ ##AT##-##AT## @"), applied to hypotheses and references alike.
+# compound_split < tokenized > split: "a-b" -> "a ##AT##-##AT## b" (Moses' "@-@" becomes
+# "@ ##AT##-##AT## @"), the rule of fairseq's scripts/compound_split_bleu.sh. It is the
+# WMT14 English->German convention of tokenized BLEU, for German targets only.
 compound_split() { sed -E 's/([^[:space:]])-([^[:space:]])/\1 ##AT##-##AT## \2/g'; }
+
+# bleu_tokenize LANG < text > tokens: the tokenization of tokenized BLEU, as fairseq's
+# compound_split_bleu.sh sees its inputs: the Moses tokenizer (-a, XML escaping as the
+# training text had) without punctuation normalisation (fairseq's prepare-wmt14en2de.sh
+# only tokenizes the test sets), then compound splitting when LANG is German.
+bleu_tokenize() {
+    sacremoses -q -l "$1" -j "$NUM_WORKERS" tokenize -a | bleu_split "$1"
+}
+
+# bleu_split LANG < tokens > tokens: compound splitting for German, unchanged otherwise
+bleu_split() {
+    if [[ "$1" == de ]]; then compound_split; else cat; fi
+}
+
+# bleu_tokenization_name LANG: how tokenized BLEU tokenizes LANG (printed in the reports)
+bleu_tokenization_name() {
+    if [[ "$1" == de ]]; then
+        printf 'Moses tokenizer -a + compound splitting (German target)\n'
+    else
+        printf 'Moses tokenizer -a, no compound splitting (target %s)\n' "$1"
+    fi
+}
 
 # ceil_div A B
 ceil_div() { printf '%s\n' $((($1 + $2 - 1) / $2)); }
@@ -336,6 +439,38 @@ run_or_print() {
     printf '\n'
     if [[ "${DRY_RUN:-0}" != 1 ]]; then
         "$@"
+    fi
+}
+
+# resolve_checkpoint CKPT AVG OUT_DIR: set MODEL to the checkpoint to evaluate. CKPT is a file,
+# or a folder: its checkpoint_best.pt, or with AVG > 1 the average of its last AVG update
+# checkpoints (checkpoint_E_U.pt; epoch checkpoints checkpointE.pt when there are not enough),
+# written to OUT_DIR. Everything is checked before OUT_DIR is created.
+resolve_checkpoint() {
+    local ckpt="$1" avg="$2" out_dir="$3" mode n_update n_epoch
+    [[ "$avg" =~ ^[1-9][0-9]*$ ]] || die "--avg: a whole number >= 1, got '$avg'"
+    if [[ -f "$ckpt" ]]; then
+        [[ "$avg" == 1 ]] || die "--avg $avg needs a checkpoint folder, got the file $ckpt"
+        MODEL="$ckpt"
+    elif [[ -d "$ckpt" && "$avg" == 1 ]]; then
+        MODEL="$ckpt/checkpoint_best.pt"
+        [[ -f "$MODEL" ]] || die "checkpoint $MODEL not found (pass a checkpoint file, or --avg N to average the last N)"
+    elif [[ -d "$ckpt" ]]; then
+        n_update="$(find "$ckpt" -maxdepth 1 -name 'checkpoint_*_*.pt' | wc -l)"
+        n_epoch="$(find "$ckpt" -maxdepth 1 -regex '.*/checkpoint[0-9]+\.pt' | wc -l)"
+        if [[ "$n_update" -ge "$avg" ]]; then
+            mode=--num-update-checkpoints
+        elif [[ "$n_epoch" -ge "$avg" ]]; then
+            mode=--num-epoch-checkpoints
+        else
+            die "--avg $avg: $ckpt holds $n_update update checkpoints (checkpoint_E_U.pt) and $n_epoch epoch checkpoints (checkpointE.pt), fewer than $avg"
+        fi
+        mkdir -p "$out_dir"
+        MODEL="$out_dir/average_last$avg.pt"
+        "$PYTHON" "$REPO_ROOT/scripts/average_checkpoints.py" --inputs "$ckpt" "$mode" "$avg" \
+            --output "$MODEL" || die "averaging the last $avg checkpoints of $ckpt failed"
+    else
+        die "checkpoint $ckpt not found"
     fi
 }
 
@@ -356,15 +491,20 @@ read_recipe_info() {
     sed -n "s/^$2=//p" "$file" | head -n 1
 }
 
-# binarize PREP S T DEST: fairseq-preprocess with one joined dictionary
+# binarize PREP S T DEST [fairseq-preprocess options]: one joined dictionary (unless the
+# options say --no-joined, which drops it: one dictionary per side)
 binarize() {
-    local prep="$1" s="$2" t="$3" dest="$4"
+    local prep="$1" s="$2" t="$3" dest="$4" joined=(--joined-dictionary) extra=() arg
+    shift 4
+    for arg in "$@"; do
+        if [[ "$arg" == --no-joined ]]; then joined=(); else extra+=("$arg"); fi
+    done
     need_cmd fairseq-preprocess
     rm -rf "$dest"
     mkdir -p "$dest"
     fairseq-preprocess --source-lang "$s" --target-lang "$t" \
         --trainpref "$prep/train" --validpref "$prep/valid" --testpref "$prep/test" \
-        --destdir "$dest" --joined-dictionary --workers "$NUM_WORKERS"
+        --destdir "$dest" "${joined[@]}" --workers "$NUM_WORKERS" "${extra[@]}"
 }
 
 # moses_bpe_pipeline WORK S T MERGES MAX_LEN RATIO DEST
@@ -400,10 +540,11 @@ moses_bpe_pipeline() {
     done
     binarize "$prep" "$s" "$t" "$dest"
     cp "$work/code" "$dest/bpecodes"
-    cp "$work/raw.test.$s" "$dest/test.raw.$s"
-    cp "$work/raw.test.$t" "$dest/test.raw.$t"
-    cp "$work/raw.valid.$s" "$dest/valid.raw.$s"
-    cp "$work/raw.valid.$t" "$dest/valid.raw.$t"
+    for split in valid test; do
+        for lang in "$s" "$t"; do
+            cp "$work/raw.$split.$lang" "$dest/$split.raw.$lang"
+        done
+    done
     write_recipe_info "$dest" "SRC=$s" "TGT=$t" "SCHEME=moses-bpe"
     log "done: $dest ($(wc -l <"$dest/dict.$s.txt") dictionary entries)"
 }
@@ -435,15 +576,17 @@ for line in sys.stdin:
 ' "$1"
 }
 
-# spm_pipeline WORK S T DEST MODEL MAX_LEN RATIO
-#   WORK/raw.{train,valid,test}.{S,T} -> sentencepiece pieces with MODEL (already trained),
-#   length filtering of the training pairs, fairseq-preprocess --joined-dictionary into DEST.
+# spm_pipeline WORK S T DEST MODEL_S MODEL_T MAX_LEN RATIO
+#   WORK/raw.{train,valid,test}.{S,T} -> sentencepiece pieces (MODEL_S for S, MODEL_T for T,
+#   already trained), length filtering of the training pairs, fairseq-preprocess into DEST:
+#   one joined dictionary when both sides use the same model, one dictionary per side else.
 spm_pipeline() {
-    local work="$1" s="$2" t="$3" dest="$4" model="$5" max_len="$6" ratio="$7" split lang
-    local prep="$work/prep"
+    local work="$1" s="$2" t="$3" dest="$4" model_s="$5" model_t="$6" max_len="$7" ratio="$8"
+    local split lang model prep="$work/prep" joined=()
     mkdir -p "$prep"
     for split in train valid test; do
         for lang in "$s" "$t"; do
+            model="$([[ "$lang" == "$s" ]] && echo "$model_s" || echo "$model_t")"
             log "sentencepiece-encoding $split.$lang"
             spm_encode "$model" <"$work/raw.$split.$lang" >"$work/spm.$split.$lang"
         done
@@ -454,46 +597,68 @@ spm_pipeline() {
             cp "$work/spm.$split.$lang" "$prep/$split.$lang"
         done
     done
-    binarize "$prep" "$s" "$t" "$dest"
-    cp "$model" "$dest/spm.model"
-    cp "$work/raw.test.$s" "$dest/test.raw.$s"
-    cp "$work/raw.test.$t" "$dest/test.raw.$t"
-    cp "$work/raw.valid.$s" "$dest/valid.raw.$s"
-    cp "$work/raw.valid.$t" "$dest/valid.raw.$t"
+    if [[ "$model_s" != "$model_t" ]]; then
+        joined=(--no-joined)
+    fi
+    binarize "$prep" "$s" "$t" "$dest" "${joined[@]}"
+    if [[ "$model_s" == "$model_t" ]]; then
+        cp "$model_s" "$dest/spm.model"
+    else
+        cp "$model_s" "$dest/spm.$s.model"
+        cp "$model_t" "$dest/spm.$t.model"
+    fi
+    for split in valid test; do
+        for lang in "$s" "$t"; do
+            cp "$work/raw.$split.$lang" "$dest/$split.raw.$lang"
+        done
+    done
     write_recipe_info "$dest" "SRC=$s" "TGT=$t" "SCHEME=sentencepiece"
-    log "done: $dest ($(wc -l <"$dest/dict.$s.txt") dictionary entries)"
+    log "done: $dest ($(wc -l <"$dest/dict.$s.txt") / $(wc -l <"$dest/dict.$t.txt") dictionary entries)"
 }
 
 # ---------------------------------------------------------------------------------------------
 # training launcher shared by the train-*.sh scripts
 #
 # A train script sets ARCH, TASK_ARGS (array), HPARAMS (array), MAX_TOKENS, TOKENS_PER_UPDATE
-# (0 = no target: --update-freq 1) and SMOKE_ARGS (array), then calls
-# `train_main "$@"`, which parses the options below, passes unknown options to fairseq-train
-# (after the recipe's own, so they win) and launches one of:
-#   1 GPU / CPU      fairseq-train ...
+# (0 = no target: --update-freq 1), SMOKE_ARGS (array) and, for --paper, PAPER_ARGS (array),
+# PAPER_SENTENCES (sentences per update, 0 = the default token batch) or PAPER_NONE (why the
+# script has no paper setting), then calls `train_main "$@"`, which parses the options below,
+# passes unknown options to fairseq-train (after the recipe's own, so they win) and launches:
+#   1 GPU / CPU      fairseq-train ... --distributed-world-size 1
 #   N GPUs, 1 node   fairseq-train ... --distributed-world-size N   (fairseq spawns N workers)
 #   several nodes    torchrun --nnodes M --node-rank R --nproc-per-node N ... (default), or
 #                    fairseq-train ... --distributed-init-method tcp://HOST:PORT
 #                        --distributed-world-size M*N --distributed-rank R*N   (--init-method)
+# The world size is always passed: fairseq's own default is every visible GPU, which would
+# multiply the batch that --update-freq was computed for.
 
 TRAIN_USAGE='options of every train script:
   DATA_BIN                  binarized data (first argument)
   --arch ARCH               architecture preset (default: the script'"'"'s)
   --save-dir DIR            checkpoints (default: checkpoints/ARCH)
+  --paper                   the paper'"'"'s training setting where it differs from the default
+                            (see the header above)
   --gpus N                  GPUs per node (default: all visible; 0 = CPU)
   --nodes M --node-rank R   multi-node training (run the same command on every node)
   --master-addr HOST --master-port PORT   rendezvous of torchrun (default 127.0.0.1:29500)
   --init-method URL         use fairseq'"'"'s own spawning with this init method instead of torchrun
   --fp16 | --bf16           mixed precision (fp16 on CUDA GPUs, bf16 on Ampere or newer)
-  --max-tokens N            tokens per GPU batch (the update frequency keeps the paper'"'"'s batch)
+  --max-tokens N            tokens per GPU batch (the update frequency keeps the recipe'"'"'s batch)
+  --update-freq N           fixed update frequency instead of the derived one
   --cpu-smoke               2 updates of a tiny copy of the architecture on CPU (tests)
   --dry-run                 print the command only
-  other options             passed on to fairseq-train (they override the recipe'"'"'s)'
+  other options             passed on to fairseq-train (they override the recipe'"'"'s)
+Before training, the effective batch per update (max tokens x update frequency x workers)
+is printed.'
+
+# defaults of the --paper variables (a train script sets its own after sourcing this file)
+PAPER_ARGS=()
+PAPER_SENTENCES=""
+PAPER_NONE=""
 
 train_main() {
     local data="" gpus="" nodes=1 node_rank=0 master_addr=127.0.0.1 master_port=29500
-    local init_method="" precision="" cpu_smoke=0 save_dir="" extra=() arg
+    local init_method="" precision="" cpu_smoke=0 save_dir="" paper=0 update_freq="" extra=() arg
     while [[ $# -gt 0 ]]; do
         arg="$1"
         case "$arg" in
@@ -506,10 +671,13 @@ train_main() {
             --master-port) require_value "$@"; master_port="$2"; shift 2 ;;
             --init-method) require_value "$@"; init_method="$2"; shift 2 ;;
             --max-tokens) require_value "$@"; MAX_TOKENS="$2"; shift 2 ;;
+            --update-freq) require_value "$@"; update_freq="$2"; shift 2 ;;
+            --distributed-world-size) die "--distributed-world-size: set by the recipe from --gpus and --nodes" ;;
+            --paper) paper=1; shift ;;
             --fp16 | --bf16) precision="$arg"; shift ;;
             --cpu-smoke) cpu_smoke=1; shift ;;
             --dry-run) DRY_RUN=1; shift ;;
-            -h | --help) printf '%s\n' "$TRAIN_USAGE"; exit 0 ;;
+            -h | --help) usage; printf '\n%s\n' "$TRAIN_USAGE"; exit 0 ;;
             -*) extra+=("$arg"); shift ;;
             *)
                 if [[ -z "$data" ]]; then data="$arg"; else extra+=("$arg"); fi
@@ -518,9 +686,20 @@ train_main() {
     done
     [[ -n "$data" ]] || die "DATA_BIN is required (the output of a prepare script; see --help)"
     [[ -d "$data" || "${DRY_RUN:-0}" == 1 ]] || die "DATA_BIN: $data is not a folder"
-    for arg in "$nodes" "$node_rank"; do
-        [[ "$arg" =~ ^[0-9]+$ ]] || die "--nodes/--node-rank: whole numbers, got '$arg'"
+    for arg in "$nodes" "$node_rank" "$MAX_TOKENS" ${update_freq:+"$update_freq"}; do
+        [[ "$arg" =~ ^[0-9]+$ ]] || die "--nodes/--node-rank/--max-tokens/--update-freq: whole numbers, got '$arg'"
     done
+    local sentences=0
+    if [[ "$paper" == 1 ]]; then
+        [[ -z "${PAPER_NONE:-}" ]] || die "--paper: $PAPER_NONE"
+        sentences="${PAPER_SENTENCES:-0}"
+        HPARAMS+=("${PAPER_ARGS[@]}")
+        if [[ "${#PAPER_ARGS[@]}" == 0 && "$sentences" == 0 ]]; then
+            log "--paper: this recipe's defaults already are the paper's setting"
+        else
+            log "--paper: ${PAPER_ARGS[*]}${PAPER_SENTENCES:+ and $PAPER_SENTENCES sentences per update}"
+        fi
+    fi
     save_dir="${save_dir:-checkpoints/$ARCH}"
     local user_dir
     user_dir="$(slim_user_dir)"
@@ -534,6 +713,7 @@ train_main() {
         cmd+=(--cpu --max-update 2 --max-tokens 256 --update-freq 1 --num-workers 0
             --save-interval-updates 1 --keep-interval-updates 3 --log-format simple --log-interval 1
             "${SMOKE_ARGS[@]}" "${extra[@]}")
+        [[ "$sentences" -gt 0 ]] && cmd+=(--batch-size "$sentences")
         printf '+ (tiny overrides of %s appended)' "$ARCH"
         printf ' %q' "${cmd[@]}"
         printf '\n'
@@ -556,20 +736,37 @@ PY
 
     if [[ -z "$gpus" ]]; then
         gpus="$(gpu_count)"
+        [[ "$paper" == 1 && "$gpus" -gt 1 ]] && gpus=1 && log "--paper: one GPU, as the paper (--gpus N to use more)"
     fi
     [[ "$gpus" =~ ^[0-9]+$ ]] || die "--gpus: a whole number, got '$gpus'"
     local world=$((nodes * (gpus > 0 ? gpus : 1)))
-    local update_freq=1
-    if [[ "${TOKENS_PER_UPDATE:-0}" -gt 0 ]]; then
-        update_freq="$(ceil_div "$TOKENS_PER_UPDATE" $((MAX_TOKENS * world)))"
+    local batch_args=() per_update
+    if [[ "$sentences" -gt 0 ]]; then
+        # the paper's batch counts sentences: split it over the workers
+        [[ $((sentences % world)) == 0 ]] ||
+            die "--paper: $sentences sentences per update do not split evenly over $world workers (--gpus/--nodes)"
+        update_freq="${update_freq:-1}"
+        local per_worker=$((sentences / world))
+        batch_args=(--batch-size "$per_worker" --update-freq "$update_freq")
+        per_update="$per_worker sentences x update-freq $update_freq x $world workers = $((per_worker * update_freq * world)) sentences per update"
+    else
+        if [[ -z "$update_freq" ]]; then
+            update_freq=1
+            if [[ "${TOKENS_PER_UPDATE:-0}" -gt 0 ]]; then
+                update_freq="$(ceil_div "$TOKENS_PER_UPDATE" $((MAX_TOKENS * world)))"
+            fi
+        fi
+        batch_args=(--max-tokens "$MAX_TOKENS" --update-freq "$update_freq")
+        per_update="$MAX_TOKENS tokens x update-freq $update_freq x $world workers = $((MAX_TOKENS * update_freq * world)) tokens per update (at most)"
+        [[ "${TOKENS_PER_UPDATE:-0}" -gt 0 ]] && per_update+="; recipe target $TOKENS_PER_UPDATE"
     fi
-    cmd+=(--max-tokens "$MAX_TOKENS" --update-freq "$update_freq")
+    cmd+=("${batch_args[@]}")
     if [[ "$gpus" == 0 ]]; then
         [[ "$nodes" == 1 ]] || die "--nodes > 1 needs GPUs (--gpus N)"
         cmd+=(--cpu)
     fi
     [[ -n "$precision" ]] && cmd+=("$precision")
-    log "batch: $MAX_TOKENS tokens x $world workers x update-freq $update_freq"
+    log "effective batch: $per_update"
 
     if [[ "$nodes" -gt 1 && -z "$init_method" ]]; then
         need_cmd torchrun
@@ -581,8 +778,8 @@ PY
     elif [[ -n "$init_method" ]]; then
         cmd+=(--distributed-init-method "$init_method" --distributed-world-size "$world"
             --distributed-rank $((node_rank * gpus)))
-    elif [[ "$gpus" -gt 1 ]]; then
-        cmd+=(--distributed-world-size "$gpus")
+    else
+        cmd+=(--distributed-world-size "$world")
     fi
     run_or_print "${cmd[@]}" "${extra[@]}"
 }

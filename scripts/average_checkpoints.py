@@ -123,11 +123,23 @@ def main(argv: list[str] | None = None) -> int:
         if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
             parser.error("--num-*-checkpoints needs exactly one folder in --inputs")
         pattern = EPOCH_PATTERN if args.num_epoch_checkpoints else UPDATE_PATTERN
-        paths = last_checkpoints(args.inputs[0], count, pattern, args.checkpoint_upper_bound)
+        try:
+            paths = last_checkpoints(args.inputs[0], count, pattern, args.checkpoint_upper_bound)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
     else:
         paths = args.inputs
+        missing = [path for path in paths if not os.path.isfile(path)]
+        if missing:
+            print(f"error: --inputs: {missing[0]} is not a checkpoint file", file=sys.stderr)
+            return 1
     print("averaging:", *paths, sep="\n  ", file=sys.stderr)
-    state = average(paths)
+    try:
+        state = average(paths)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     torch.save(state, args.output)
     print(f"wrote {args.output}", file=sys.stderr)

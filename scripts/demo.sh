@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# End-to-end demo on the bundled real en-de corpus (data/ende, Ding dictionary examples):
-#   1. tokenize + joint BPE + fairseq-preprocess --joined-dictionary (scripts/binarize_bundled.py)
-#   2. fairseq-train --user-dir slim_fairseq: anthe_base shrunk by CLI overrides, and fairseq's
-#      transformer of the same shape as the baseline (CPU, a few minutes each)
-#   3. fairseq-generate --beam 5 on the 1,000-pair test set, detokenized sacreBLEU against the
-#      raw references; both scores and parameter counts are printed side by side.
-# Resumable: a finished stage leaves a marker and is skipped on the next run; an interrupted
-# training resumes from its last checkpoint.
+# `make demo`: what the plugin is for, in about ten minutes on 2 CPU cores.
+#
+#   1. binarize the bundled corpora: WikiText-2 (word level, vocabulary capped at 5,000) and
+#      en-de (Moses + joint BPE), with scripts/binarize_bundled.py;
+#   2. language modelling on WikiText-2: fairseq's transformer_lm and slim models side by side,
+#      each trained for the same number of updates of the same batches, with two seeds each
+#      (scripts/quality.py, two runs at a time, one thread each). Printed: parameters, valid
+#      perplexity, training tokens/s and, per model, whether its difference from the baseline is
+#      larger than the spread between seeds. Plots: params_vs_quality.png, valid_loss_wikitext.png;
+#   3. the translation pipeline: train a small anthe_base on en-de, score the test set with
+#      fairseq-generate (sacreBLEU), then translate a few test sentences with fairseq-interactive
+#      (Moses + BPE applied and removed by fairseq itself).
+# Resumable: finished runs are reused by the next call (delete DEMO_DIR to start over).
 #
 # Settings (environment variables):
-#   DEMO_DIR           build directory                     (default: build/demo)
-#   DEMO_TRAIN_MINUTES wall-clock training budget per model (default: 3)
-#   DEMO_MAX_UPDATE    update cap per model                 (default: 3000)
-#   DEMO_MODELS        models to train, space-separated     (default: "anthe transformer";
-#                      "transformer" alone if the anthe_base arch is not available)
-#   DEMO_BPE_MERGES    joint BPE merges                     (default: 4000)
-#   DEMO_DIM, DEMO_FFN, DEMO_LAYERS, DEMO_HEADS  model shape   (default: 128, 512, 3, 4)
-#   PYTHON             interpreter with fairseq installed   (default: .venv/bin/python)
+#   DEMO_DIR        build directory                                (default: build/demo)
+#   DEMO_LM_UPDATES updates per language model                     (default: 250)
+#   DEMO_MT_UPDATES updates of the translation model               (default: 250)
+#   DEMO_SEEDS      seeds of every language model                  (default: 1,2)
+#   DEMO_JOBS       training runs at a time                        (default: 2)
+#   PYTHON          interpreter with fairseq installed             (default: .venv/bin/python)
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,101 +28,82 @@ PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 [ -x "$PYTHON" ] || PYTHON="$(command -v python3)"
 BIN="$(dirname "$PYTHON")"
 DEMO_DIR="${DEMO_DIR:-$REPO/build/demo}"
-TRAIN_MINUTES="${DEMO_TRAIN_MINUTES:-3}"
-MAX_UPDATE="${DEMO_MAX_UPDATE:-3000}"
-BPE_MERGES="${DEMO_BPE_MERGES:-4000}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
+LM_UPDATES="${DEMO_LM_UPDATES:-250}"
+MT_UPDATES="${DEMO_MT_UPDATES:-250}"
+SEEDS="${DEMO_SEEDS:-1,2}"
+JOBS="${DEMO_JOBS:-2}"
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 USER_DIR="$REPO/slim_fairseq"
 START=$(date +%s)
 
 log() { printf '[demo %4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
-
-if [ -z "${DEMO_MODELS:-}" ]; then
-  if [ -f "$USER_DIR/models/archs_anthe.py" ] && grep -q '"anthe_base"' "$USER_DIR/models/archs_anthe.py"; then
-    DEMO_MODELS="anthe transformer"
-  else
-    DEMO_MODELS="transformer"
-  fi
-fi
-
-# Same shape for both models (H-SoftPOS needs the width divisible by 2 * levels = 4). Small on
-# purpose: on 2 CPU cores a 128-wide model sees ~3 epochs in 3 minutes, a 256-wide one < 1.
-DIM="${DEMO_DIM:-128}"; FFN="${DEMO_FFN:-512}"; LAYERS="${DEMO_LAYERS:-3}"; HEADS="${DEMO_HEADS:-4}"
-SHAPE=(--encoder-embed-dim "$DIM" --encoder-ffn-embed-dim "$FFN" --encoder-layers "$LAYERS" --encoder-attention-heads "$HEADS"
-       --decoder-embed-dim "$DIM" --decoder-ffn-embed-dim "$FFN" --decoder-layers "$LAYERS" --decoder-attention-heads "$HEADS")
-model_args() {
-  case "$1" in
-    anthe) echo "--arch anthe_base ${SHAPE[*]}" ;;
-    transformer) echo "--arch transformer ${SHAPE[*]} --share-all-embeddings" ;;
-    *) echo "unknown model '$1' in DEMO_MODELS (allowed: anthe transformer)" >&2; exit 2 ;;
-  esac
-}
-
+for value in "$LM_UPDATES" "$MT_UPDATES" "$JOBS"; do
+  [[ "$value" =~ ^[1-9][0-9]*$ ]] || { echo "demo: DEMO_LM_UPDATES, DEMO_MT_UPDATES and DEMO_JOBS must be positive integers (got '$value')" >&2; exit 2; }
+done
+[[ "$SEEDS" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "demo: DEMO_SEEDS must be a comma-separated list of integers (got '$SEEDS')" >&2; exit 2; }
 mkdir -p "$DEMO_DIR"
-log "python: $PYTHON; threads: $OMP_NUM_THREADS; models: $DEMO_MODELS; shape d=$DIM ffn=$FFN layers=$LAYERS+$LAYERS heads=$HEADS; budget ${TRAIN_MINUTES} min / ${MAX_UPDATE} updates each"
 
 # ---- 1. data -------------------------------------------------------------------------------
-log "stage 1: binarize bundled en-de (Moses tokenization, ${BPE_MERGES} joint BPE merges)"
-DATA_BIN="$("$PYTHON" - "$DEMO_DIR/data" "$BPE_MERGES" <<'EOF'
+log "stage 1: binarize the bundled WikiText-2 (5,000 words) and en-de (Moses + 8,000 joint BPE merges)"
+read -r LM_BIN MT_BIN BPE_CODES < <("$PYTHON" - "$DEMO_DIR/data" <<'EOF'
 import os, sys
 sys.path.insert(0, os.path.join(os.getcwd(), "scripts"))
-from binarize_bundled import binarize_ende
-print(binarize_ende(sys.argv[1], bpe_merges=int(sys.argv[2])))
+from binarize_bundled import binarize_ende, binarize_wikitext, ende_paths
+out = sys.argv[1]
+lm = binarize_wikitext(out, nwords=5000)
+mt = binarize_ende(out, eval_subset=300)
+print(lm, mt, ende_paths(out, eval_subset=300)["codes"])
 EOF
-)"
-BPE_CODES="$(dirname "$DATA_BIN")/bpe/codes"
-log "data-bin: $DATA_BIN"
+)
+[ -d "$LM_BIN" ] && [ -d "$MT_BIN" ] && [ -f "$BPE_CODES" ] || { echo "demo: binarizing the bundled data failed" >&2; exit 1; }
 
-# ---- 2./3. train, translate, score -------------------------------------------------------------
-STOP_HOURS="$("$PYTHON" -c "print(${TRAIN_MINUTES} / 60)")"
-declare -A BLEU PARAMS UPDATES
-for model in $DEMO_MODELS; do
-  read -r -a ARGS <<< "$(model_args "$model")"
-  SAVE="$DEMO_DIR/${model}_d${DIM}_f${FFN}_l${LAYERS}_h${HEADS}_bpe${BPE_MERGES}"
-  mkdir -p "$SAVE"
-  if [ -f "$SAVE/train.done" ]; then
-    log "stage 2 [$model]: already trained, skipping"
-  else
-    log "stage 2 [$model]: fairseq-train ${ARGS[*]} (at most ${TRAIN_MINUTES} min)"
-    "$BIN/fairseq-train" "$DATA_BIN" --user-dir "$USER_DIR" --cpu --seed 1 \
-      --task translation --source-lang en --target-lang de "${ARGS[@]}" \
-      --dropout 0.1 --attention-dropout 0.1 --weight-decay 0.0001 \
-      --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-      --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.001 --lr-scheduler inverse_sqrt \
-      --warmup-updates 150 --warmup-init-lr 1e-07 --max-tokens 2048 \
-      --max-update "$MAX_UPDATE" --stop-time-hours "$STOP_HOURS" \
-      --save-dir "$SAVE" --no-epoch-checkpoints --num-workers 0 \
-      --log-format simple --log-interval 50 2>&1 \
-      | tee "$SAVE/train.log" | grep --line-buffered -E "\| epoch [0-9]+ \| loss|valid on|model params|done training|Stopping training|Error|error" \
-      | sed -u "s/^/    /" || true
-    [ -f "$SAVE/checkpoint_best.pt" ] || { echo "training $model produced no checkpoint (see $SAVE/train.log)" >&2; exit 1; }
-    touch "$SAVE/train.done"
-  fi
-  PARAMS[$model]="$(grep -o "model params: [0-9,]*" "$SAVE/train.log" | head -n 1 | grep -o "[0-9,]*$" || echo "?")"
-  UPDATES[$model]="$(grep -o "num_updates [0-9]*" "$SAVE/train.log" | tail -n 1 | grep -o "[0-9]*$" || echo "?")"
+# ---- 2. language models ----------------------------------------------------------------------
+# Same width, depth, batches, updates and learning rate for all; dropout off (well under one
+# epoch, nothing to regularise). The baseline is fairseq's transformer_lm with tied input and
+# output embeddings, the stronger of its two settings at this size.
+LM_MODELS=(
+  --lm-model "transformer_lm=transformer_lm --share-decoder-input-output-embed"
+  --lm-model "transformer_lm_narrow=transformer_lm --share-decoder-input-output-embed --decoder-embed-dim 96 --decoder-input-dim 96 --decoder-output-dim 96 --decoder-ffn-embed-dim 384"
+  --lm-model "stlm_ffn_tied=stlm_tied --tie-ffn 0"
+  --lm-model "sandwich_gated_glu=slim_lm --decoder-normalize-before --share-decoder-input-output-embed --sandwich --self-attn-gate qgv --ffn-glu"
+)
+log "stage 2: WikiText-2 language models, $LM_UPDATES updates each, seeds $SEEDS, $JOBS at a time"
+"$PYTHON" scripts/quality.py --out "$DEMO_DIR/lm" --corpus wikitext --lm-data "$LM_BIN" \
+  --dim 128 --layers 4 --heads 4 --lr 3e-3 --seeds "$SEEDS" --max-update "$LM_UPDATES" \
+  --validate-interval 50 --max-valid-steps 30 --max-tokens 2048 --tokens-per-sample 128 --dropout 0 \
+  --no-baseline --frontier-baseline transformer_lm --jobs "$JOBS" --threads 1 "${LM_MODELS[@]}" \
+  > "$DEMO_DIR/lm.log" 2>&1 || { tail -n 30 "$DEMO_DIR/lm.log" >&2; exit 1; }
+grep '^\[quality\] \[' "$DEMO_DIR/lm.log" | sed 's/^/    /'
 
-  if [ -f "$SAVE/bleu.txt" ]; then
-    log "stage 3 [$model]: already translated, skipping"
-  else
-    log "stage 3 [$model]: fairseq-generate --beam 5 on the test set"
-    "$BIN/fairseq-generate" "$DATA_BIN" --user-dir "$USER_DIR" --cpu --path "$SAVE/checkpoint_best.pt" \
-      --task translation --source-lang en --target-lang de --gen-subset test --num-workers 0 \
-      --beam 5 --lenpen 1.0 --max-len-a 1.2 --max-len-b 10 --batch-size 128 --required-batch-size-multiple 1 --tokenizer moses --bpe subword_nmt --bpe-codes "$BPE_CODES" \
-      > "$SAVE/generate.log" 2> "$SAVE/generate.err" \
-      || { tail -n 20 "$SAVE/generate.err" >&2; exit 1; }
-    grep '^D-' "$SAVE/generate.log" | sed 's/^D-//' | sort -n -k1,1 | cut -f3 > "$SAVE/hyp.detok.de"
-    "$BIN/sacrebleu" "$REPO/data/ende/test.de" -i "$SAVE/hyp.detok.de" -b -w 2 > "$SAVE/bleu.txt"
-  fi
-  BLEU[$model]="$(cat "$SAVE/bleu.txt")"
-  log "[$model] sacreBLEU (detokenized, test, 1000 sentences) = ${BLEU[$model]}"
-done
+# ---- 3. translation ---------------------------------------------------------------------------
+log "stage 3: en-de translation pipeline: anthe_base (d 128, 3+3 layers), $MT_UPDATES updates"
+"$PYTHON" scripts/quality.py --out "$DEMO_DIR/mt" --corpus ende --ende-data "$MT_BIN" --bpe-codes "$BPE_CODES" \
+  --dim 128 --layers 3 --heads 4 --lr 3e-3 --seeds 1 --max-update "$MT_UPDATES" --validate-interval 50 \
+  --max-tokens 2048 --no-baseline --keep-checkpoints --threads "$JOBS" --model "anthe_base=anthe_base" \
+  > "$DEMO_DIR/mt.log" 2>&1 || { tail -n 30 "$DEMO_DIR/mt.log" >&2; exit 1; }
+grep '^\[quality\] \[' "$DEMO_DIR/mt.log" | sed 's/^/    /'
+CKPT="$DEMO_DIR/mt/runs/ende_anthe_base_s1/checkpoint_best.pt"
+head -n 3 "$REPO/data/ende/test.en" > "$DEMO_DIR/sample.en"
+head -n 3 "$REPO/data/ende/test.de" > "$DEMO_DIR/sample.de"
+"$BIN/fairseq-interactive" "$MT_BIN" --user-dir "$USER_DIR" --path "$CKPT" --cpu \
+  --source-lang en --target-lang de --tokenizer moses --bpe subword_nmt --bpe-codes "$BPE_CODES" \
+  --beam 5 --input "$DEMO_DIR/sample.en" 2> "$DEMO_DIR/interactive.err" \
+  | grep '^D-' | cut -f3 > "$DEMO_DIR/sample.hyp.de" || { tail -n 20 "$DEMO_DIR/interactive.err" >&2; exit 1; }
 
 # ---- summary ---------------------------------------------------------------------------------
 echo
-echo "== bundled en-de (Ding dictionary examples) test set: 1,000 sentences, beam 5, sacreBLEU on detokenized output =="
-printf '%-12s %-14s %-10s %s\n' model params updates BLEU
-for model in $DEMO_MODELS; do
-  printf '%-12s %-14s %-10s %s\n' "$model" "${PARAMS[$model]}" "${UPDATES[$model]}" "${BLEU[$model]}"
-done
+echo "== WikiText-2 language models (valid: first 30 batches of 2,048 tokens; $LM_UPDATES updates each) =="
+sed -n '/every run/,$p' "$DEMO_DIR/lm/table.md" | grep -v 'best learning rate per model' | sed '/Δ NLL = valid NLL/,/^$/d'
+echo
+echo "What this shows: which of these models learns fastest per update, and per parameter, at this"
+echo "small size and short budget on 2 CPU cores, with the seed spread. What it does not show: quality"
+echo "after convergence, at paper sizes, or on GPUs; tokens/s were measured with $JOBS runs sharing the"
+echo "machine. docs/RESULTS.md has the longer study. Plots: $DEMO_DIR/lm/params_vs_quality.png,"
+echo "$DEMO_DIR/lm/valid_loss_wikitext.png"
+echo
+echo "== en-de translation pipeline (anthe_base, d 128, $MT_UPDATES updates: far from trained) =="
+sed -n '/every run/,/^$/p' "$DEMO_DIR/mt/table.md"
+echo "A few test sentences (fairseq-interactive, beam 5):"
+paste -d'\n' "$DEMO_DIR/sample.en" "$DEMO_DIR/sample.hyp.de" "$DEMO_DIR/sample.de" \
+  | awk '{ tag = (NR % 3 == 1) ? "source   " : (NR % 3 == 2) ? "anthe    " : "reference"; print "  " tag " " $0; if (NR % 3 == 0) print "" }'
 log "finished in $(( $(date +%s) - START )) s; outputs under $DEMO_DIR"

@@ -559,7 +559,9 @@ def execute_run(job, data, args):
     if not args.no_resume and os.path.exists(done_path):
         with open(done_path) as f:
             run = json.load(f)
-        if run.get("settings") == settings_key(argv) and (corpus != "ende" or args.no_bleu or "test_bleu" in run):
+        have_checkpoint = not args.keep_checkpoints or os.path.exists(os.path.join(save_dir, "checkpoint_best.pt"))
+        if (run.get("settings") == settings_key(argv) and have_checkpoint
+                and (corpus != "ende" or args.no_bleu or "test_bleu" in run)):
             return run, True
     os.makedirs(save_dir, exist_ok=True)
     start = time.time()

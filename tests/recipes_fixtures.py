@@ -42,7 +42,13 @@ def _text(lines: list[str]) -> bytes:
 
 
 def write_tgz(path: Path, members: dict[str, bytes]) -> Path:
+    """Write a tgz archive; an existing one keeps its other members (several datasets read
+    different members of one download, e.g. the language pairs of Europarl v8)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        with tarfile.open(path, "r:gz") as tar:
+            old = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        members = old | members
     with tarfile.open(path, "w:gz") as tar:
         for name, data in members.items():
             info = tarfile.TarInfo(name)
@@ -92,7 +98,7 @@ def sgml_sets(folder: str, name: str, s: str, t: str, split: str, count: int,
 
 
 def build_wmt14_en_de(raw: Path, per_corpus: int = 1200, eval_count: int = 200) -> Path:
-    """training-parallel-{europarl-v7,commoncrawl,nc-v9}.tgz, dev.tgz, test-full.tgz"""
+    """training-parallel-{europarl-v7,commoncrawl,nc-v9}.tgz, wmt14-dev.tgz, test-full.tgz"""
     write_tgz(raw / "training-parallel-europarl-v7.tgz", parallel("training/europarl-v7.de-en", "de", "en", 0, per_corpus))
     write_tgz(raw / "training-parallel-commoncrawl.tgz", parallel("commoncrawl.de-en", "de", "en", per_corpus, per_corpus))
     write_tgz(raw / "training-parallel-nc-v9.tgz",
@@ -103,19 +109,20 @@ def build_wmt14_en_de(raw: Path, per_corpus: int = 1200, eval_count: int = 200) 
         "dev/newstest2013-ref.en.sgm": fake_sgml(stand_in("en", "valid", 0, eval_count), "newstest2013", "en", "ref"),
         "dev/newstest2013-ref.de.sgm": fake_sgml(stand_in("de", "valid", 0, eval_count), "newstest2013", "de", "ref"),
     }
-    write_tgz(raw / "dev.tgz", dev)
+    write_tgz(raw / "wmt14-dev.tgz", dev)
     write_tgz(raw / "test-full.tgz", sgml_sets("test-full", "newstest2014", "de", "en", "test", eval_count, "deen"))
     return raw
 
 
 def build_wmt16_en_ro(raw: Path, per_corpus: int = 1200, eval_count: int = 200) -> Path:
-    """training-parallel-ep-v8.tgz, en-ro.txt.zip (OPUS SETIMES2, Moses format), dev.tgz, test.tgz"""
+    """training-parallel-ep-v8.tgz, en-ro.txt.zip (OPUS SETIMES2, Moses format), wmt16-dev.tgz,
+    wmt16-test.tgz"""
     write_tgz(raw / "training-parallel-ep-v8.tgz",
               parallel("training-parallel-ep-v8/europarl-v8.ro-en", "ro", "en", 0, per_corpus))
     write_zip(raw / "en-ro.txt.zip", parallel("SETIMES.en-ro", "en", "ro", per_corpus, per_corpus)
               | {"README": b"SETIMES2 stand-in\n", "LICENSE": b"CC-BY-SA\n"})
-    write_tgz(raw / "dev.tgz", sgml_sets("dev", "newsdev2016", "en", "ro", "valid", eval_count))
-    write_tgz(raw / "test.tgz", sgml_sets("test", "newstest2016", "en", "ro", "test", eval_count))
+    write_tgz(raw / "wmt16-dev.tgz", sgml_sets("dev", "newsdev2016", "en", "ro", "valid", eval_count))
+    write_tgz(raw / "wmt16-test.tgz", sgml_sets("test", "newstest2016", "en", "ro", "test", eval_count))
     return raw
 
 
@@ -156,8 +163,36 @@ def build_wmt17(raw: Path, lang: str, per_corpus: int = 800, eval_count: int = 1
     if lang in ("ru", "zh"):
         write_tgz(raw / f"UNv1.0.en-{s}.tar.gz", corpus(f"en-{s}/UNv1.0.en-{s}"))
     dev_name = "newsdev2017" if lang in ("lv", "zh") else "newstest2016"
-    write_tgz(raw / "dev.tgz", sgml_sets("dev", dev_name, s, "en", "valid", eval_count))
-    write_tgz(raw / "test.tgz", sgml_sets("test", "newstest2017", s, "en", "test", eval_count))
+    write_tgz(raw / "wmt17-dev.tgz", sgml_sets("dev", dev_name, s, "en", "valid", eval_count))
+    write_tgz(raw / "wmt17-test.tgz", sgml_sets("test", "newstest2017", s, "en", "test", eval_count))
+    return raw
+
+
+def _fake_bpe(line: str) -> str:
+    """Tokens of LINE with words longer than 6 characters split once, subword-nmt style."""
+    return " ".join(f"{w[:4]}@@ {w[4:]}" if len(w) > 6 else w for w in line.split())
+
+
+def build_wmt14_google(raw: Path, count: int = 1200, eval_count: int = 200) -> Path:
+    """wmt16_en_de.tar.gz in the layout of Google's preprocessed WMT14 en-de (fairseq's
+    scaling_nmt example): train.tok.clean.bpe.32000.{en,de}, newstest201{3,4}.{en,de} (raw),
+    newstest201{3,4}.tok.{en,de} (tokenized), newstest201{3,4}.tok.bpe.32000.{en,de}, bpe.32000.
+    The "tokenization" here splits punctuation off with spaces only; the BPE splits long words."""
+    import re
+
+    def tok(line: str) -> str:
+        return " ".join(re.sub(r"([.,;:!?()\"])", r" \1 ", line).split())
+
+    members = {"bpe.32000": b"#version: 0.2\nt h\n"}
+    for lang in ("en", "de"):
+        train = [tok(line) for line in stand_in(lang, "train", 0, count)]
+        members[f"train.tok.clean.bpe.32000.{lang}"] = _text([_fake_bpe(line) for line in train])
+        for name, split in (("newstest2013", "valid"), ("newstest2014", "test")):
+            text = stand_in(lang, split, 0, eval_count)
+            members[f"{name}.{lang}"] = _text(text)
+            members[f"{name}.tok.{lang}"] = _text([tok(line) for line in text])
+            members[f"{name}.tok.bpe.32000.{lang}"] = _text([_fake_bpe(tok(line)) for line in text])
+    write_tgz(raw / "wmt16_en_de.tar.gz", members)
     return raw
 
 

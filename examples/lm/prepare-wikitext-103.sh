@@ -14,13 +14,16 @@
 # 50K vocabulary of the STLM and Anthe language models. --raw-dir then holds
 # wikitext-103-raw-v1.zip, encoder.json, vocab.bpe and dict.txt.
 #
+# Paper vs recipe: the Subformer LMs are trained and evaluated on this word-level data as in
+# fairseq's adaptive-input example (the paper's setting); the STLM and Anthe LMs assume GPT-2's
+# vocabulary, which --gpt2-bpe builds the way fairseq's RoBERTa example encodes WikiText-103.
+#
 # usage: prepare-wikitext-103.sh [--raw-dir DIR | --archive FILE | --url URL] [--gpt2-bpe]
-#            [--work-dir DIR] [--dest-dir DIR] [--no-verify]
+#            [--work-dir DIR] [--dest-dir DIR] [--no-verify] [--dry-run]
+#   --dry-run  list the downloads (and whether --raw-dir has them), change nothing
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-
-usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 URL="https://wikitext.smerity.com/wikitext-103-v1.zip"
 ARCHIVE_NAME="wikitext-103-v1.zip"
@@ -31,13 +34,14 @@ ARCHIVE=""
 GPT2_BPE=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --raw-dir) require_value "$@"; RAW_DIR="$(cd "$2" && pwd)"; shift 2 ;;
-        --archive) require_value "$@"; ARCHIVE="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
+        --raw-dir) require_value "$@"; RAW_DIR="$(abs_dir --raw-dir "$2")"; shift 2 ;;
+        --archive) require_value "$@"; ARCHIVE="$(abs_file --archive "$2")"; shift 2 ;;
         --url) require_value "$@"; URL="$2"; shift 2 ;;
         --work-dir) require_value "$@"; WORK_DIR="$2"; shift 2 ;;
         --dest-dir) require_value "$@"; DEST_DIR="$2"; shift 2 ;;
         --gpt2-bpe) GPT2_BPE=1; shift ;;
         --no-verify) NO_VERIFY=1; shift ;;
+        --dry-run) DRY_RUN=1; shift ;;
         -h | --help) usage; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
@@ -48,21 +52,34 @@ if [[ "$GPT2_BPE" == 1 ]]; then
     ARCHIVE_NAME="wikitext-103-raw-v1.zip"
     CHECKSUM="sha1:86f2375181b9247049d9c9205fad2b71b274b568"
 fi
-mkdir -p "$WORK_DIR"
-WORK_DIR="$(cd "$WORK_DIR" && pwd)"
+WORK_DIR="$(make_work_dir "$WORK_DIR")"
 DEST_DIR="${DEST_DIR:-$WORK_DIR/data-bin}"
 ORIG_DIR="$WORK_DIR/orig"
 EXTRACTED="$WORK_DIR/extracted"
 
+GPT2="https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe"
 SUFFIX="$([[ "$GPT2_BPE" == 1 ]] && echo raw || echo tokens)"
+TEXT=""
 if [[ -n "$RAW_DIR" && -f "$RAW_DIR/${ARCHIVE_NAME%-v1.zip}/wiki.train.$SUFFIX" ]]; then
     TEXT="$RAW_DIR/${ARCHIVE_NAME%-v1.zip}"
+    log "using the extracted text in $TEXT"
+elif [[ -n "$ARCHIVE" ]]; then
+    if [[ "${DRY_RUN:-0}" == 1 ]]; then
+        printf 'archive %s (given with --archive)\n' "$ARCHIVE"
+    fi
 else
+    fetch "$URL" "$ARCHIVE_NAME" "$CHECKSUM"
+fi
+if [[ "$GPT2_BPE" == 1 ]]; then
+    for name in encoder.json vocab.bpe dict.txt; do
+        fetch "$GPT2/$name" "$name"
+    done
+fi
+dry_run_stop
+if [[ -z "$TEXT" ]]; then
     if [[ -n "$ARCHIVE" ]]; then
-        [[ -f "$ARCHIVE" ]] || die "--archive: $ARCHIVE does not exist"
         verify_file "$ARCHIVE" "$CHECKSUM"
     else
-        fetch "$URL" "$ARCHIVE_NAME" "$CHECKSUM"
         ARCHIVE="$(raw_path "$ARCHIVE_NAME")"
     fi
     extract "$ARCHIVE" "$EXTRACTED"
@@ -73,10 +90,6 @@ need_cmd fairseq-preprocess
 rm -rf "$DEST_DIR"
 mkdir -p "$DEST_DIR"
 if [[ "$GPT2_BPE" == 1 ]]; then
-    GPT2="https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe"
-    for name in encoder.json vocab.bpe dict.txt; do
-        fetch "$GPT2/$name" "$name"
-    done
     mkdir -p "$WORK_DIR/gpt2"
     for split in train valid test; do
         log "GPT-2 BPE encoding wiki.$split.raw"

@@ -13,6 +13,12 @@
 # Environment: UPDATES (400), BATCH (16 sequences), TOKENS (64 per sequence), LR (2e-3),
 #   SEED (1), JOBS (parallel runs, 2), NWORDS (vocabulary cap, 8000), RUNS ("skipless skipless_noqp preln").
 set -euo pipefail
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+  # shellcheck source=SCRIPTDIR/../common.sh
+  . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+  usage
+  exit 0
+fi
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OUT=${1:-$REPO/build/skipless_vs_preln}

@@ -9,6 +9,10 @@
 # 3072-token blocks, 3072 tokens x update-freq 3 on each of 8 GPUs (73,728 tokens per update:
 # the update frequency is adapted to the number of GPUs), adaptive_loss, legacy_ddp.
 #
+# Paper vs recipe: the Subformer paper trains its LMs with this fairseq recipe, so the defaults
+# are the paper's setting (--paper changes nothing). Evaluate with evaluate-lm.sh's defaults
+# (3072-token blocks, 2560 tokens of context, as fairseq's adaptive-input evaluation).
+#
 # usage: train-subformer-lm.sh DATA_BIN [--arch subformer_lm_wiki103_83m] [--gpus N]
 #            [--nodes M ...] [--fp16|--bf16] [--cpu-smoke] [fairseq-train options]
 set -euo pipefail
@@ -27,5 +31,4 @@ HPARAMS=(
     --skip-invalid-size-inputs-valid-test
 )
 SMOKE_ARGS=(--tokens-per-sample 64 --warmup-updates 1 --lr-period-updates 10)
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 train_main "$@"

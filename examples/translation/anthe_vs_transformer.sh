@@ -35,7 +35,11 @@ while [[ $# -gt 0 ]]; do
         --seed) SEED="$2"; shift 2 ;;
         --sequential) PARALLEL=0; shift ;;
         --eval-only) EVAL_ONLY=1; shift ;;
-        -h | --help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help)
+            # shellcheck source=SCRIPTDIR/../common.sh
+            . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+            usage
+            exit 0 ;;
         -*) echo "error: unknown option $1" >&2; exit 1 ;;
         *) OUT="$1"; shift ;;
     esac

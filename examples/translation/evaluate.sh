@@ -8,17 +8,25 @@
 # 2. length penalty: beam search (--beam 5) on valid with every value of --lenpens; the best
 #    tokenized BLEU wins
 # 3. test with that length penalty, reporting
-#    - tokenized BLEU with compound splitting (Moses-tokenized hypotheses and references,
-#      "a-b" -> "a ##AT##-##AT## b"), the number both papers report;
-#    - detokenized sacreBLEU against the untokenized references (signature printed).
+#    - tokenized BLEU: hypotheses and references in Moses tokens (references only tokenized,
+#      not punctuation-normalised, as fairseq's scripts/compound_split_bleu.sh scores them),
+#      with compound splitting ("a-b" -> "a ##AT##-##AT## b") only when the target is German
+#      (the WMT14 en-de convention); the report names the tokenization used;
+#    - detokenized sacreBLEU against the untokenized references (signature printed);
+#    - fairseq's valid and test perplexity (fairseq-validate: 2^nll per target token, padding
+#      excluded), the Anthe paper's metric. The paper's own perplexities averaged over padding
+#      positions too, so they are not comparable with these.
+#
+# Paper protocols: the Subformer paper scores the best checkpoint (no averaging) with beam 5
+# and a length penalty tuned on valid over 0.0-2.0 (--paper: --lenpens 0.0 0.2 ... 2.0, no
+# --avg). The Anthe paper reports perplexity only. The defaults (5 length penalties 0.6-1.4)
+# are the cheaper fairseq-style sweep.
 #
 # usage: evaluate.sh DATA_BIN CKPT [--avg N] [--lenpens "0.6 0.8 1.0 1.2 1.4"] [--beam 5]
-#            [--batch-size N] [--out-dir DIR] [--cpu] [fairseq-generate options]
+#            [--batch-size N] [--out-dir DIR] [--paper] [--cpu] [fairseq-generate options]
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-
-usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 DATA=""
 CKPT=""
@@ -27,6 +35,7 @@ LENPENS="0.6 0.8 1.0 1.2 1.4"
 BEAM=5
 BATCH_SIZE=128
 OUT_DIR=""
+PAPER=0
 EXTRA=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -35,6 +44,7 @@ while [[ $# -gt 0 ]]; do
         --beam) require_value "$@"; BEAM="$2"; shift 2 ;;
         --batch-size) require_value "$@"; BATCH_SIZE="$2"; shift 2 ;;
         --out-dir) require_value "$@"; OUT_DIR="$2"; shift 2 ;;
+        --paper) PAPER=1; shift ;;
         -h | --help) usage; exit 0 ;;
         -*) EXTRA+=("$1"); shift ;;
         *)
@@ -46,6 +56,10 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$DATA" && -n "$CKPT" ]] || { usage; die "DATA_BIN and CKPT are required"; }
 [[ -f "$DATA/recipe.info" ]] || die "$DATA/recipe.info missing: DATA_BIN must come from a prepare script"
+if [[ "$PAPER" == 1 ]]; then
+    [[ "$AVG" == 1 ]] || die "--paper scores the best checkpoint, as the Subformer paper: drop --avg $AVG"
+    LENPENS="0.0 0.2 0.4 0.6 0.8 1.0 1.2 1.4 1.6 1.8 2.0"
+fi
 SRC="$(read_recipe_info "$DATA" SRC)"
 TGT="$(read_recipe_info "$DATA" TGT)"
 SCHEME="$(read_recipe_info "$DATA" SCHEME)"
@@ -56,27 +70,14 @@ case "$SCHEME" in
 esac
 SACRE_TOK=()
 [[ "$TGT" == zh ]] && SACRE_TOK=(-tok zh)
-need_cmd fairseq-generate sacrebleu sacremoses
+need_cmd fairseq-generate fairseq-validate sacrebleu sacremoses
 OUT_DIR="${OUT_DIR:-$(if [[ -d "$CKPT" ]]; then echo "$CKPT"; else dirname "$CKPT"; fi)/eval}"
-mkdir -p "$OUT_DIR"
 
-# --- 1. checkpoint
-if [[ -d "$CKPT" ]]; then
-    if [[ "$AVG" -gt 1 ]]; then
-        mode=--num-update-checkpoints
-        n_update="$(find "$CKPT" -maxdepth 1 -name 'checkpoint_*_*.pt' | wc -l)"
-        [[ "$n_update" -ge "$AVG" ]] || mode=--num-epoch-checkpoints
-        "$PYTHON" "$REPO_ROOT/scripts/average_checkpoints.py" --inputs "$CKPT" "$mode" "$AVG" \
-            --output "$OUT_DIR/average_last$AVG.pt"
-        MODEL="$OUT_DIR/average_last$AVG.pt"
-    else
-        MODEL="$CKPT/checkpoint_best.pt"
-    fi
-else
-    MODEL="$CKPT"
-fi
-[[ -f "$MODEL" ]] || die "checkpoint $MODEL not found"
-log "evaluating $MODEL ($SRC -> $TGT, $SCHEME)"
+# --- 1. checkpoint (checked before anything is written)
+resolve_checkpoint "$CKPT" "$AVG" "$OUT_DIR"
+mkdir -p "$OUT_DIR"
+TOKENIZATION="$(bleu_tokenization_name "$TGT")"
+log "evaluating $MODEL ($SRC -> $TGT, $SCHEME; tokenized BLEU: $TOKENIZATION)"
 
 # generate SUBSET LENPEN OUT: beam search; OUT.hyp holds one hypothesis per line of the
 # subset, in corpus order (a sentence fairseq-generate skipped counts as an empty translation).
@@ -109,17 +110,33 @@ with open(out, "w", encoding="utf-8") as f:
 PY
 }
 
-# tokenized_bleu SUBSET OUT: BLEU of OUT.hyp on Moses tokens with compound splitting; the
-# references are the subset's untokenized text, Moses-tokenized as the prepare script did
+# tokenized_bleu SUBSET OUT: tokenized BLEU of OUT.hyp (see bleu_tokenize in common.sh); the
+# references are the subset's Moses tokens shipped with the data (SUBSET.tok.TGT) or else its
+# untokenized text, tokenized here
 tokenized_bleu() {
     local subset="$1" out="$2"
     if [[ "$SCHEME" == sentencepiece ]]; then
-        moses_tokenize "$TGT" <"$out.hyp" | compound_split >"$out.hyp.cs"
+        bleu_tokenize "$TGT" <"$out.hyp" >"$out.hyp.tok"
     else
-        compound_split <"$out.hyp" >"$out.hyp.cs"
+        bleu_split "$TGT" <"$out.hyp" >"$out.hyp.tok"
     fi
-    moses_tokenize "$TGT" <"$DATA/$subset.raw.$TGT" | compound_split >"$out.ref.cs"
-    sacrebleu "$out.ref.cs" -i "$out.hyp.cs" -m bleu -tok none -b -w 2
+    if [[ -f "$DATA/$subset.tok.$TGT" ]]; then
+        bleu_split "$TGT" <"$DATA/$subset.tok.$TGT" >"$out.ref.tok"
+    else
+        bleu_tokenize "$TGT" <"$DATA/$subset.raw.$TGT" >"$out.ref.tok"
+    fi
+    sacrebleu "$out.ref.tok" -i "$out.hyp.tok" -m bleu -tok none -b -w 2
+}
+
+# perplexities OUT: fairseq-validate on valid and test; prints "SUBSET PPL" lines
+perplexities() {
+    local out="$1" cpu=() arg
+    for arg in "${EXTRA[@]}"; do [[ "$arg" == --cpu ]] && cpu=(--cpu); done
+    fairseq-validate "$DATA" --user-dir "$(slim_user_dir)" --path "$MODEL" --task translation \
+        --source-lang "$SRC" --target-lang "$TGT" --valid-subset valid,test \
+        --batch-size "$BATCH_SIZE" --required-batch-size-multiple 1 --log-format simple \
+        "${cpu[@]}" >"$out.log" 2>&1 || die "fairseq-validate failed (see $out.log)"
+    sed -nE "s/.*valid on '([a-z]+)' subset.*\| ppl ([0-9.]+).*/\1 \2/p" "$out.log"
 }
 
 # --- 2. length penalty on valid
@@ -146,9 +163,15 @@ else
     moses_detokenize "$TGT" <"$TEST.hyp" >"$TEST.detok"
 fi
 SACRE="$(sacrebleu "$DATA/test.raw.$TGT" -i "$TEST.detok" -m bleu -w 2 -f text "${SACRE_TOK[@]}")"
+PPL="$(perplexities "$OUT_DIR/validate")"
+VALID_PPL="$(sed -n 's/^valid //p' <<<"$PPL")"
+TEST_PPL="$(sed -n 's/^test //p' <<<"$PPL")"
+[[ -n "$VALID_PPL" && -n "$TEST_PPL" ]] || die "fairseq-validate reported no perplexity (see $OUT_DIR/validate.log)"
 {
     echo "model: $MODEL"
     echo "test ($SRC -> $TGT), beam $BEAM, lenpen $best_lenpen"
-    echo "BLEU (tokenized, compound-split) = $TOK_BLEU"
+    echo "tokenization of tokenized BLEU: $TOKENIZATION"
+    echo "BLEU (tokenized) = $TOK_BLEU"
     echo "sacreBLEU (detokenized): $SACRE"
+    echo "perplexity (fairseq, per target token, padding excluded): valid $VALID_PPL, test $TEST_PPL"
 } | tee "$OUT_DIR/results.txt"

@@ -3,64 +3,119 @@
 #
 # train: Europarl v7 + Common Crawl + News Commentary v9 (4.5M pairs)
 # valid: newstest2013          test: newstest2014 (full release, 3003 sentences)
-# Moses tokenization (sacremoses), joint BPE with subword-nmt (32K merges as in the Subformer
-# paper; --bpe-merges), training pairs filtered to 1..250 tokens and length ratio <= 1.5, and
+# Default segmentation: Moses tokenization (sacremoses), one joint BPE with subword-nmt (32K
+# merges; --bpe-merges), training pairs filtered to 1..250 tokens and length ratio <= 1.5,
 # fairseq-preprocess --joined-dictionary.
 #
+# Paper settings (--paper PAPER):
+#   anthe      the Anthe paper segments each side with its own 32K SentencePiece model (its
+#              parameter counts assume V = 32000 per side): sentencepiece BPE trained on the
+#              untokenized training text of each language (--vocab-size), separate
+#              dictionaries (anthe_base keeps separate embeddings anyway).
+#   subformer  the Subformer paper uses the WMT14 data as Google preprocessed it (fairseq's
+#              scaling_nmt example: wmt16_en_de.tar.gz, Moses tokens, 32K joint BPE), binarized
+#              as that example does (--joined-dictionary, 32768 types per side). The archive
+#              sits on Google Drive, which wants a browser confirmation: download it by hand
+#              and pass --raw-dir. Its tokenized newstest2013/2014 become the references of
+#              tokenized BLEU (evaluate.sh).
+# The default is the common fairseq-style setup (one joint BPE on our own Moses
+# tokenization): it serves both model families from one dataset.
+#
 # usage: prepare-wmt14en2de.sh [--raw-dir DIR] [--work-dir DIR] [--dest-dir DIR]
-#            [--bpe-merges N] [--max-len N] [--ratio R] [--src en --tgt de] [--no-verify]
-#   --raw-dir DIR  the five archives below, already downloaded (same file names); no network
+#            [--paper anthe|subformer] [--bpe-merges N] [--vocab-size N] [--max-len N]
+#            [--ratio R] [--src en --tgt de] [--no-verify] [--dry-run]
+#   --raw-dir DIR  the downloads, already downloaded, under the names --dry-run lists (WMT14's
+#                  dev.tgz as wmt14-dev.tgz: several WMT years share one folder); no network
+#   --dry-run      list the downloads (and whether --raw-dir has them), change nothing
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
-usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
-
 WORK_DIR="wmt14_en_de"
 DEST_DIR=""
+PAPER=""
 BPE_MERGES="${BPE_MERGES:-32000}"
+VOCAB_SIZE=32000
 MAX_LEN=250
 RATIO=1.5
 SRC=en
 TGT=de
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --raw-dir) require_value "$@"; RAW_DIR="$(cd "$2" && pwd)"; shift 2 ;;
+        --raw-dir) require_value "$@"; RAW_DIR="$(abs_dir --raw-dir "$2")"; shift 2 ;;
         --work-dir) require_value "$@"; WORK_DIR="$2"; shift 2 ;;
         --dest-dir) require_value "$@"; DEST_DIR="$2"; shift 2 ;;
+        --paper) require_value "$@"; PAPER="$2"; shift 2 ;;
         --bpe-merges) require_value "$@"; BPE_MERGES="$2"; shift 2 ;;
+        --vocab-size) require_value "$@"; VOCAB_SIZE="$2"; shift 2 ;;
         --max-len) require_value "$@"; MAX_LEN="$2"; shift 2 ;;
         --ratio) require_value "$@"; RATIO="$2"; shift 2 ;;
         --src) require_value "$@"; SRC="$2"; shift 2 ;;
         --tgt) require_value "$@"; TGT="$2"; shift 2 ;;
         --no-verify) NO_VERIFY=1; shift ;;
+        --dry-run) DRY_RUN=1; shift ;;
         -h | --help) usage; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
 [[ "$SRC-$TGT" == en-de || "$SRC-$TGT" == de-en ]] || die "--src/--tgt: allowed en de or de en"
-mkdir -p "$WORK_DIR"
-WORK_DIR="$(cd "$WORK_DIR" && pwd)"
+case "$PAPER" in
+    "" | anthe | subformer) ;;
+    *) die "--paper: allowed anthe, subformer; got '$PAPER'" ;;
+esac
+# Google's preprocessed WMT14 (the archive of fairseq's examples/scaling_nmt)
+GOOGLE_URL="https://drive.google.com/uc?export=download&id=0B_bZck-ksdkpM25jRUN2X2UxMm8"
+if [[ "$PAPER" == subformer && -z "$RAW_DIR" && "${DRY_RUN:-0}" != 1 ]]; then
+    die "--paper subformer: download wmt16_en_de.tar.gz from $GOOGLE_URL (Google Drive asks for a confirmation) into a folder and pass --raw-dir FOLDER"
+fi
+WORK_DIR="$(make_work_dir "$WORK_DIR")"
 DEST_DIR="${DEST_DIR:-$WORK_DIR/data-bin}"
 ORIG_DIR="$WORK_DIR/orig"
 TMP="$WORK_DIR/tmp"
 EXTRACTED="$WORK_DIR/extracted"
-mkdir -p "$TMP"
 
-# URL, file name, checksum (md5s as published with sacreBLEU and Sockeye's WMT data lists)
+if [[ "$PAPER" == subformer ]]; then
+    fetch "$GOOGLE_URL" wmt16_en_de.tar.gz ""
+    dry_run_stop
+    mkdir -p "$TMP/prep"
+    extract "$(raw_path wmt16_en_de.tar.gz)" "$EXTRACTED/google"
+    for lang in "$SRC" "$TGT"; do
+        cp "$(find_one "$EXTRACTED/google" "train.tok.clean.bpe.32000.$lang")" "$TMP/prep/train.$lang"
+        cp "$(find_one "$EXTRACTED/google" "newstest2013.tok.bpe.32000.$lang")" "$TMP/prep/valid.$lang"
+        cp "$(find_one "$EXTRACTED/google" "newstest2014.tok.bpe.32000.$lang")" "$TMP/prep/test.$lang"
+    done
+    binarize "$TMP/prep" "$SRC" "$TGT" "$DEST_DIR" --nwordssrc 32768 --nwordstgt 32768
+    cp "$(find_one "$EXTRACTED/google" bpe.32000)" "$DEST_DIR/bpecodes"
+    for lang in "$SRC" "$TGT"; do
+        cp "$(find_one "$EXTRACTED/google" "newstest2013.$lang")" "$DEST_DIR/valid.raw.$lang"
+        cp "$(find_one "$EXTRACTED/google" "newstest2014.$lang")" "$DEST_DIR/test.raw.$lang"
+        cp "$(find_one "$EXTRACTED/google" "newstest2013.tok.$lang")" "$DEST_DIR/valid.tok.$lang"
+        cp "$(find_one "$EXTRACTED/google" "newstest2014.tok.$lang")" "$DEST_DIR/test.tok.$lang"
+    done
+    write_recipe_info "$DEST_DIR" "SRC=$SRC" "TGT=$TGT" "SCHEME=moses-bpe" "SOURCE=google-wmt16_en_de"
+    log "done: $DEST_DIR ($(wc -l <"$DEST_DIR/dict.$SRC.txt") dictionary entries)"
+    exit 0
+fi
+
+# URL, local file name, checksum (md5s as published with sacreBLEU and Sockeye's WMT data lists)
 SOURCES=(
     "https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz training-parallel-europarl-v7.tgz md5:c52404583294a1b609e56d45b2ed06f5"
     "https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz training-parallel-commoncrawl.tgz md5:7e0acbe86b0d7816300e14650f5b2bd4"
     "https://www.statmt.org/wmt14/training-parallel-nc-v9.tgz training-parallel-nc-v9.tgz md5:92e42b68f9d3c2ae9722e6d1c2623e21"
-    "https://www.statmt.org/wmt14/dev.tgz dev.tgz md5:88ba3fc60b2278d59277122e1c7dd6e7"
+    "https://www.statmt.org/wmt14/dev.tgz wmt14-dev.tgz md5:88ba3fc60b2278d59277122e1c7dd6e7"
     "https://www.statmt.org/wmt14/test-full.tgz test-full.tgz md5:a8cd784e006feb32ac6f3d9ec7eb389a"
 )
 for entry in "${SOURCES[@]}"; do
     read -r url name checksum <<<"$entry"
     fetch "$url" "$name" "$checksum"
+done
+dry_run_stop
+for entry in "${SOURCES[@]}"; do
+    read -r url name checksum <<<"$entry"
     extract "$(raw_path "$name")" "$EXTRACTED"
 done
 
+mkdir -p "$TMP"
 rm -f "$TMP"/raw.*
 for corpus in europarl-v7.de-en commoncrawl.de-en news-commentary-v9.de-en; do
     append_parallel "$(find_one "$EXTRACTED" "$corpus.$SRC")" "$(find_one "$EXTRACTED" "$corpus.$TGT")" \
@@ -71,4 +126,12 @@ sgm_to_text "$(find_one "$EXTRACTED" "newstest2013-ref.$TGT.sgm")" >"$TMP/raw.va
 sgm_to_text "$(find_one "$EXTRACTED" "newstest2014-deen-src.$SRC.sgm")" >"$TMP/raw.test.$SRC"
 sgm_to_text "$(find_one "$EXTRACTED" "newstest2014-deen-ref.$TGT.sgm")" >"$TMP/raw.test.$TGT"
 
-moses_bpe_pipeline "$TMP" "$SRC" "$TGT" "$BPE_MERGES" "$MAX_LEN" "$RATIO" "$DEST_DIR"
+if [[ "$PAPER" == anthe ]]; then
+    for lang in "$SRC" "$TGT"; do
+        log "training a sentencepiece BPE model for $lang, vocabulary $VOCAB_SIZE"
+        spm_train "$TMP/spm.$lang" "$VOCAB_SIZE" 1.0 10000000 "$TMP/raw.train.$lang"
+    done
+    spm_pipeline "$TMP" "$SRC" "$TGT" "$DEST_DIR" "$TMP/spm.$SRC.model" "$TMP/spm.$TGT.model" "$MAX_LEN" "$RATIO"
+else
+    moses_bpe_pipeline "$TMP" "$SRC" "$TGT" "$BPE_MERGES" "$MAX_LEN" "$RATIO" "$DEST_DIR"
+fi

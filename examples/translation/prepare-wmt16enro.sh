@@ -8,14 +8,21 @@
 # (35K merges by default; --bpe-merges), training pairs are filtered to 1..250 tokens and
 # ratio <= 1.5, and fairseq-preprocess --joined-dictionary binarizes them.
 #
+# Paper vs recipe: the Subformer paper takes this data as Lee et al. (2018) prepared it (35K
+# joint BPE); the recipe rebuilds it from the public sources the same way. Its Moses
+# tokenization (sacremoses) and length filter are the usual fairseq choices; the papers do not
+# spell them out.
+#
 # usage: prepare-wmt16enro.sh [--raw-dir DIR] [--work-dir DIR] [--dest-dir DIR]
 #            [--bpe-merges N] [--max-len N] [--ratio R] [--src en --tgt ro] [--no-verify]
-#   --raw-dir DIR  the four downloads below, already downloaded (same file names); no network
+#            [--dry-run]
+#   --raw-dir DIR  the four downloads, already downloaded, under the names --dry-run lists
+#                  (WMT16's dev.tgz / test.tgz as wmt16-dev.tgz / wmt16-test.tgz: several WMT
+#                  years share one folder); no network
+#   --dry-run      list the downloads (and whether --raw-dir has them), change nothing
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-
-usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 WORK_DIR="wmt16_en_ro"
 DEST_DIR=""
@@ -26,7 +33,7 @@ SRC=en
 TGT=ro
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --raw-dir) require_value "$@"; RAW_DIR="$(cd "$2" && pwd)"; shift 2 ;;
+        --raw-dir) require_value "$@"; RAW_DIR="$(abs_dir --raw-dir "$2")"; shift 2 ;;
         --work-dir) require_value "$@"; WORK_DIR="$2"; shift 2 ;;
         --dest-dir) require_value "$@"; DEST_DIR="$2"; shift 2 ;;
         --bpe-merges) require_value "$@"; BPE_MERGES="$2"; shift 2 ;;
@@ -35,33 +42,38 @@ while [[ $# -gt 0 ]]; do
         --src) require_value "$@"; SRC="$2"; shift 2 ;;
         --tgt) require_value "$@"; TGT="$2"; shift 2 ;;
         --no-verify) NO_VERIFY=1; shift ;;
+        --dry-run) DRY_RUN=1; shift ;;
         -h | --help) usage; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
 [[ "$SRC-$TGT" == en-ro || "$SRC-$TGT" == ro-en ]] || die "--src/--tgt: allowed en ro or ro en"
-mkdir -p "$WORK_DIR"
-WORK_DIR="$(cd "$WORK_DIR" && pwd)"
+WORK_DIR="$(make_work_dir "$WORK_DIR")"
 DEST_DIR="${DEST_DIR:-$WORK_DIR/data-bin}"
 ORIG_DIR="$WORK_DIR/orig"
 TMP="$WORK_DIR/tmp"
 EXTRACTED="$WORK_DIR/extracted"
-mkdir -p "$TMP"
 
-# URL, file name, checksum (dev/test md5 as published with sacreBLEU; the training archives
-# have no published checksum: their sha256 is recorded on first download)
+# URL, local file name, checksum (dev/test md5 as published with sacreBLEU; Europarl v8 is the
+# archive WMT17 republished with its md5; OPUS publishes no checksum for SETIMES2: its sha256
+# is recorded on first download)
 SOURCES=(
-    "https://data.statmt.org/wmt16/translation-task/training-parallel-ep-v8.tgz training-parallel-ep-v8.tgz"
+    "https://data.statmt.org/wmt16/translation-task/training-parallel-ep-v8.tgz training-parallel-ep-v8.tgz md5:07b77f254d189a5bfb7b43b7fc489716"
     "https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip en-ro.txt.zip"
-    "https://data.statmt.org/wmt16/translation-task/dev.tgz dev.tgz md5:4a3dc2760bb077f4308cce96b06e6af6"
-    "https://data.statmt.org/wmt16/translation-task/test.tgz test.tgz md5:3d809cd0c2c86adb2c67034d15c4e446"
+    "https://data.statmt.org/wmt16/translation-task/dev.tgz wmt16-dev.tgz md5:4a3dc2760bb077f4308cce96b06e6af6"
+    "https://data.statmt.org/wmt16/translation-task/test.tgz wmt16-test.tgz md5:3d809cd0c2c86adb2c67034d15c4e446"
 )
 for entry in "${SOURCES[@]}"; do
     read -r url name checksum <<<"$entry"
     fetch "$url" "$name" "${checksum:-}"
+done
+dry_run_stop
+for entry in "${SOURCES[@]}"; do
+    read -r url name checksum <<<"$entry"
     extract "$(raw_path "$name")" "$EXTRACTED"
 done
 
+mkdir -p "$TMP"
 rm -f "$TMP"/raw.*
 append_parallel "$(find_one "$EXTRACTED" "europarl-v8.ro-en.$SRC")" "$(find_one "$EXTRACTED" "europarl-v8.ro-en.$TGT")" \
     "$TMP/raw.train" "$SRC" "$TGT"

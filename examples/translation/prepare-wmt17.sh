@@ -5,31 +5,47 @@
 # train: the public WMT17 parallel data of the pair (table below; corpora that need a
 #        registration -- CzEng, Yandex, CWMT -- can be added with --extra-corpus PREFIX)
 # valid: newstest2016 (newsdev2017 for lv and zh)     test: newstest2017
-# Sentencepiece BPE (32K by default) on untokenized text, trained on both sides or, with
-# --tokenizer-lang en, on English text only (one tokenizer shared by all pairs, as in the
-# Anthe paper; --spm-model reuses a trained model), optional corpus-size cap (--max-size 9G
-# as the paper did for ru-en and zh-en), and fairseq-preprocess --joined-dictionary.
+# Sentencepiece BPE (32K by default) on untokenized text, trained on both sides of the pair
+# (--tokenizer-lang joint, default), on its English side (en), or on WikiText-103's raw
+# training text (wikitext-103); --spm-model reuses a trained model. Optional caps: the first
+# --max-pairs N pairs, or the first pairs within --max-size SIZE bytes. Then
+# fairseq-preprocess --joined-dictionary.
 #
-# usage: prepare-wmt17.sh PAIR [--raw-dir DIR] [--work-dir DIR] [--dest-dir DIR]
-#            [--vocab-size N] [--tokenizer-lang joint|en] [--spm-model FILE]
-#            [--spm-sample N] [--max-size SIZE] [--max-len N] [--ratio R]
-#            [--extra-corpus PREFIX]... [--skip CORPUS]... [--no-verify]
-#   --raw-dir DIR  the downloads of the pair, already downloaded (same file names); no network
+# Paper vs recipe (--paper sets the paper's choices; explicit options still win):
+#   tokenizer  paper: one 32K BPE model learned on WikiText-103 (raw) and used for every pair.
+#              --paper: --tokenizer-lang wikitext-103 --vocab-size 32000 (train it once, then
+#              pass its spm.model to the other pairs with --spm-model).
+#              default: a per-pair joint model, which covers the other language's script
+#              (an English-only tokenizer splits Cyrillic and Chinese text into characters
+#              or unknown pieces).
+#   ru, zh     paper: the first 7M training pairs.  --paper: --max-pairs 7000000 for ru and
+#              zh.  default: all pairs.
+#   corpora    paper: the WMT17 data of each pair; the recipe uses its public part.
+#
+# usage: prepare-wmt17.sh PAIR [--raw-dir DIR] [--work-dir DIR] [--dest-dir DIR] [--paper]
+#            [--vocab-size N] [--tokenizer-lang joint|en|wikitext-103] [--spm-model FILE]
+#            [--spm-sample N] [--max-pairs N] [--max-size SIZE] [--max-len N] [--ratio R]
+#            [--extra-corpus PREFIX]... [--skip CORPUS]... [--no-verify] [--dry-run]
+#   --raw-dir DIR  the downloads of the pair, already downloaded, under the names --dry-run
+#                  lists (WMT17's dev.tgz / test.tgz as wmt17-dev.tgz / wmt17-test.tgz: several
+#                  WMT years share one folder); no network
+#   --dry-run      list the downloads (and whether --raw-dir has them), change nothing
 #   CORPUS names for --skip: europarl commoncrawl news-commentary rapid wiki-titles leta dcep
 #                            books setimes un
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
-usage() { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
-
-[[ $# -ge 1 && "$1" != -* ]] || { usage; die "PAIR is required (e.g. de-en)"; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { usage; exit 0; }
+[[ $# -ge 1 && "$1" != -* ]] || die "PAIR is required (e.g. de-en; see --help)"
 PAIR="$1"
 shift
 WORK_DIR=""
 DEST_DIR=""
-VOCAB_SIZE="${VOCAB_SIZE:-32000}"
-TOKENIZER_LANG=joint
+VOCAB_SIZE=""
+TOKENIZER_LANG=""
+PAPER=0
+MAX_PAIRS=""
 SPM_MODEL=""
 SPM_SAMPLE=10000000
 MAX_SIZE=""
@@ -39,19 +55,22 @@ EXTRA_CORPORA=()
 SKIP=" "
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --raw-dir) require_value "$@"; RAW_DIR="$(cd "$2" && pwd)"; shift 2 ;;
+        --raw-dir) require_value "$@"; RAW_DIR="$(abs_dir --raw-dir "$2")"; shift 2 ;;
         --work-dir) require_value "$@"; WORK_DIR="$2"; shift 2 ;;
         --dest-dir) require_value "$@"; DEST_DIR="$2"; shift 2 ;;
         --vocab-size) require_value "$@"; VOCAB_SIZE="$2"; shift 2 ;;
         --tokenizer-lang) require_value "$@"; TOKENIZER_LANG="$2"; shift 2 ;;
-        --spm-model) require_value "$@"; SPM_MODEL="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
+        --spm-model) require_value "$@"; SPM_MODEL="$(abs_file --spm-model "$2")"; shift 2 ;;
         --spm-sample) require_value "$@"; SPM_SAMPLE="$2"; shift 2 ;;
         --max-size) require_value "$@"; MAX_SIZE="$(parse_size "$2")"; shift 2 ;;
+        --max-pairs) require_value "$@"; MAX_PAIRS="$2"; shift 2 ;;
+        --paper) PAPER=1; shift ;;
         --max-len) require_value "$@"; MAX_LEN="$2"; shift 2 ;;
         --ratio) require_value "$@"; RATIO="$2"; shift 2 ;;
         --extra-corpus) require_value "$@"; EXTRA_CORPORA+=("$2"); shift 2 ;;
         --skip) require_value "$@"; SKIP+="$2 "; shift 2 ;;
         --no-verify) NO_VERIFY=1; shift ;;
+        --dry-run) DRY_RUN=1; shift ;;
         -h | --help) usage; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
@@ -62,23 +81,27 @@ case "$PAIR" in
     en-cs | en-de | en-fi | en-lv | en-ru | en-tr | en-zh) SRC=en; TGT="${PAIR#en-}"; XX="$TGT" ;;
     *) die "PAIR: allowed cs-en de-en fi-en lv-en ru-en tr-en zh-en and the reverse directions, got '$PAIR'" ;;
 esac
+if [[ "$PAPER" == 1 ]]; then
+    TOKENIZER_LANG="${TOKENIZER_LANG:-wikitext-103}"
+    [[ "$XX" == ru || "$XX" == zh ]] && MAX_PAIRS="${MAX_PAIRS:-7000000}"
+fi
+TOKENIZER_LANG="${TOKENIZER_LANG:-joint}"
+VOCAB_SIZE="${VOCAB_SIZE:-32000}"
 case "$TOKENIZER_LANG" in
-    joint | en) ;;
-    *) die "--tokenizer-lang: allowed joint, en; got '$TOKENIZER_LANG'" ;;
+    joint | en | wikitext-103) ;;
+    *) die "--tokenizer-lang: allowed joint, en, wikitext-103; got '$TOKENIZER_LANG'" ;;
 esac
-[[ -z "$SPM_MODEL" || -f "$SPM_MODEL" ]] || die "--spm-model: $SPM_MODEL does not exist"
+[[ -z "$MAX_PAIRS" || "$MAX_PAIRS" =~ ^[1-9][0-9]*$ ]] || die "--max-pairs: a whole number, got '$MAX_PAIRS'"
 # Chinese pieces are much shorter than English words: a loose ratio filter
 RATIO="${RATIO:-$([[ "$XX" == zh ]] && echo 9 || echo 1.5)}"
 COVERAGE="$([[ "$XX" == zh ]] && echo 0.9995 || echo 1.0)"
 
 WORK_DIR="${WORK_DIR:-wmt17_${SRC}_${TGT}}"
-mkdir -p "$WORK_DIR"
-WORK_DIR="$(cd "$WORK_DIR" && pwd)"
+WORK_DIR="$(make_work_dir "$WORK_DIR")"
 DEST_DIR="${DEST_DIR:-$WORK_DIR/data-bin}"
 ORIG_DIR="$WORK_DIR/orig"
 TMP="$WORK_DIR/tmp"
 EXTRACTED="$WORK_DIR/extracted"
-mkdir -p "$TMP"
 
 WMT17="https://data.statmt.org/wmt17/translation-task"
 EP7="https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz training-parallel-europarl-v7.tgz md5:c52404583294a1b609e56d45b2ed06f5"
@@ -113,6 +136,29 @@ fi
 case "$XX" in tr) CORPORA+=("setimes|$SETIMES|par:SETIMES*.en-$XX") ;; esac
 case "$XX" in ru | zh) CORPORA+=("un|$UN|par:UNv1.0.en-$XX") ;; esac
 
+DEV="$WMT17/dev.tgz wmt17-dev.tgz md5:9b1aa63c1cf49dccdd20b962fe313989"
+TEST="$WMT17/test.tgz wmt17-test.tgz md5:86a1724c276004aa25455ae2a04cef26"
+WIKITEXT_RAW="https://wikitext.smerity.com/wikitext-103-raw-v1.zip wikitext-103-raw-v1.zip sha1:86f2375181b9247049d9c9205fad2b71b274b568"
+
+log "$PAIR: tokenizer ${SPM_MODEL:-$TOKENIZER_LANG, vocabulary $VOCAB_SIZE}; pair cap: ${MAX_PAIRS:-none}; size cap: ${MAX_SIZE:-none} bytes"
+
+# 1. downloads (all of them first: a dry run lists them and stops)
+DOWNLOADS=()
+for entry in "${CORPORA[@]}"; do
+    IFS='|' read -r corpus download member <<<"$entry"
+    [[ "$SKIP" == *" $corpus "* ]] || DOWNLOADS+=("$download")
+done
+DOWNLOADS+=("$DEV" "$TEST")
+[[ "$TOKENIZER_LANG" == wikitext-103 && -z "$SPM_MODEL" ]] && DOWNLOADS+=("$WIKITEXT_RAW")
+for download in "${DOWNLOADS[@]}"; do
+    read -r url name checksum <<<"$download"
+    [[ "$checksum" == - ]] && checksum=""
+    fetch "$url" "$name" "$checksum"
+done
+dry_run_stop
+
+# 2. training text
+mkdir -p "$TMP"
 rm -f "$TMP"/raw.*
 for entry in "${CORPORA[@]}"; do
     IFS='|' read -r corpus download member <<<"$entry"
@@ -121,8 +167,6 @@ for entry in "${CORPORA[@]}"; do
         continue
     fi
     read -r url name checksum <<<"$download"
-    [[ "$checksum" == - ]] && checksum=""
-    fetch "$url" "$name" "$checksum"
     extract "$(raw_path "$name")" "$EXTRACTED/$corpus"
     case "$member" in
         par:*)
@@ -141,28 +185,36 @@ for prefix in "${EXTRA_CORPORA[@]}"; do
     append_parallel "$prefix.$SRC" "$prefix.$TGT" "$TMP/raw.train" "$SRC" "$TGT"
 done
 [[ -s "$TMP/raw.train.$SRC" ]] || die "no training data collected for $PAIR"
+if [[ -n "$MAX_PAIRS" ]]; then
+    cap_corpus_pairs "$TMP/raw.train" "$SRC" "$TGT" "$MAX_PAIRS"
+fi
 if [[ -n "$MAX_SIZE" ]]; then
     cap_corpus "$TMP/raw.train" "$SRC" "$TGT" "$MAX_SIZE"
 fi
 
-fetch "$WMT17/dev.tgz" dev.tgz md5:9b1aa63c1cf49dccdd20b962fe313989
-extract "$(raw_path dev.tgz)" "$EXTRACTED/dev"
-fetch "$WMT17/test.tgz" test.tgz md5:86a1724c276004aa25455ae2a04cef26
-extract "$(raw_path test.tgz)" "$EXTRACTED/test"
+# 3. valid and test
+read -r _ name _ <<<"$DEV"
+extract "$(raw_path "$name")" "$EXTRACTED/dev"
+read -r _ name _ <<<"$TEST"
+extract "$(raw_path "$name")" "$EXTRACTED/test"
 DEV_SET="$([[ "$XX" == lv || "$XX" == zh ]] && echo newsdev2017 || echo newstest2016)"
 sgm_to_text "$(find_one "$EXTRACTED/dev" "$DEV_SET-$SRC$TGT-src.$SRC.sgm")" >"$TMP/raw.valid.$SRC"
 sgm_to_text "$(find_one "$EXTRACTED/dev" "$DEV_SET-$SRC$TGT-ref.$TGT.sgm")" >"$TMP/raw.valid.$TGT"
 sgm_to_text "$(find_one "$EXTRACTED/test" "newstest2017-$SRC$TGT-src.$SRC.sgm")" >"$TMP/raw.test.$SRC"
 sgm_to_text "$(find_one "$EXTRACTED/test" "newstest2017-$SRC$TGT-ref.$TGT.sgm")" >"$TMP/raw.test.$TGT"
 
+# 4. tokenizer and binarization
 if [[ -z "$SPM_MODEL" ]]; then
-    if [[ "$TOKENIZER_LANG" == en ]]; then
-        spm_inputs=("$TMP/raw.train.en")
-    else
-        spm_inputs=("$TMP/raw.train.$SRC" "$TMP/raw.train.$TGT")
-    fi
+    case "$TOKENIZER_LANG" in
+        en) spm_inputs=("$TMP/raw.train.en") ;;
+        joint) spm_inputs=("$TMP/raw.train.$SRC" "$TMP/raw.train.$TGT") ;;
+        wikitext-103)
+            read -r _ name _ <<<"$WIKITEXT_RAW"
+            extract "$(raw_path "$name")" "$EXTRACTED/wikitext-103-raw"
+            spm_inputs=("$(find_one "$EXTRACTED/wikitext-103-raw" wiki.train.raw)") ;;
+    esac
     log "training a sentencepiece BPE model, vocabulary $VOCAB_SIZE, on: ${spm_inputs[*]}"
     spm_train "$TMP/spm" "$VOCAB_SIZE" "$COVERAGE" "$SPM_SAMPLE" "${spm_inputs[@]}"
     SPM_MODEL="$TMP/spm.model"
 fi
-spm_pipeline "$TMP" "$SRC" "$TGT" "$DEST_DIR" "$SPM_MODEL" "$MAX_LEN" "$RATIO"
+spm_pipeline "$TMP" "$SRC" "$TGT" "$DEST_DIR" "$SPM_MODEL" "$SPM_MODEL" "$MAX_LEN" "$RATIO"

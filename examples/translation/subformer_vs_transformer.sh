@@ -36,7 +36,11 @@ while [[ $# -gt 0 ]]; do
         --log-interval) LOG_INTERVAL="$2"; shift 2 ;;
         --same-width) MIDDLE=(--sandwich-dim 256 --sandwich-ffn-dim 1024 --sandwich-heads 4); shift ;;
         --sequential) PARALLEL=0; shift ;;
-        -h | --help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help)
+            # shellcheck source=SCRIPTDIR/../common.sh
+            . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+            usage
+            exit 0 ;;
         -*) echo "error: unknown option $1" >&2; exit 1 ;;
         *) OUT="$1"; shift ;;
     esac
