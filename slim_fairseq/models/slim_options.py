@@ -108,6 +108,16 @@ def validate_slim_args(args):
     if args.hsoftpos_levels and args.safe_embed_dim:
         raise ValueError("--hsoftpos-levels and --safe-embed-dim are alternative input embeddings; "
                          "choose one (set the other to 0)")
+    for side in ("encoder", "decoder"):
+        width = getattr(args, f"{side}_embed_dim", None)
+        if args.safe_embed_dim and width and args.safe_embed_dim >= width:
+            _fail("--safe-embed-dim", args.safe_embed_dim,
+                  f"0 (off) or an integer below the model width {width}",
+                  "SAFE factorises the embedding through a narrower width; at or above the "
+                  "width it slims nothing")
+    if args.no_patt and args.tc_patt:
+        raise ValueError(f"--tc-patt={args.tc_patt!r} cannot be combined with --no-patt (W_Q, W_K, "
+                         "W_V are the identity, there is nothing to factorise); set --tc-patt 0")
     if args.tc_emb and args.safe_embed_dim:
         raise ValueError("--tc-emb cannot be combined with --safe-embed-dim (SAFE already factorises "
                          "the embedding); set --tc-emb 0")
