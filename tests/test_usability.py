@@ -300,3 +300,98 @@ def test_eval_lm_on_translation_and_generate_on_lm_are_one_line_errors(checkpoin
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "fairseq-generate: error: --arch stlm_tied: a language model cannot be used with "
         "--task translation")
+
+
+# ---------------------------------------------------------------------------- README: bundled data
+
+
+def _readme_commands(section="## Bundled data"):
+    """The commands of the README's ``bash`` blocks in ``section`` (continuations joined)."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    body = text.split("\n" + section + "\n", 1)[1].split("\n## ", 1)[0]
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", body, re.S):
+        current = ""
+        for line in block.splitlines():
+            if not current and (not line.strip() or line.lstrip().startswith("#")):
+                continue
+            if line.endswith("\\"):
+                current += line[:-1]
+                continue
+            commands.append(" ".join((current + line).split()))
+            current = ""
+    return commands
+
+
+def _tool(command):
+    last = command.split("|")[-1].split()
+    return last[1] if last[0] == "python" else last[0]
+
+
+def test_readme_binarize_defaults_are_the_paths_the_readme_names(monkeypatch):
+    """``binarize_bundled.py build/data`` with no other option builds the directories the
+    README's later commands use: 8000 BPE merges, a 5000-word WikiText-2 vocabulary."""
+    import binarize_bundled
+
+    calls = []
+    monkeypatch.setattr(binarize_bundled, "binarize_ende", lambda *a: calls.append(("ende", a)) or "x")
+    monkeypatch.setattr(binarize_bundled, "binarize_wikitext", lambda *a: calls.append(("wiki", a)) or "x")
+    binarize_bundled.main(["build/data"])
+    (_, ende), (_, wiki) = calls
+    assert binarize_bundled.ende_paths(*ende[:4])["data_bin"].endswith("build/data/ende_bpe8000/data-bin")
+    assert binarize_bundled.ende_paths(*ende[:4])["codes"].endswith("build/data/ende_bpe8000/bpe/codes")
+    assert binarize_bundled.wikitext_paths(*wiki[:3])["data_bin"].endswith(
+        "build/data/wikitext2_vocab5000/data-bin")
+    for command in _readme_commands():
+        for path in re.findall(r"build/data/\S+", command):
+            assert path.split("/")[2] in ("ende_bpe8000", "wikitext2_vocab5000"), command
+
+
+@pytest.mark.slow
+def test_readme_bundled_data_commands_run(tmp_path):
+    """Runs the README's "Bundled data" commands in order, as written, on the test subsets
+    (binarize options appended, paths replaced) with a tiny model and 2 updates."""
+    ende_root = os.path.dirname(ende_data_bin())
+    from helpers import TEST_DATA, wikitext_data_bin
+    wiki_root = os.path.dirname(wikitext_data_bin())
+    commands = _readme_commands()
+    assert [_tool(c) for c in commands] == [
+        "scripts/binarize_bundled.py", "scripts/binarize_bundled.py", "fairseq-train",
+        "fairseq-generate", "fairseq-interactive", "fairseq-train", "fairseq-eval-lm"]
+    lm_tiny = "--decoder-embed-dim 32 --decoder-ffn-embed-dim 48 --decoder-layers 2 --kv-heads 2"
+    extra = {
+        "scripts/binarize_bundled.py": "",
+        "fairseq-train": "--cpu --max-update 2 --num-workers 0",
+        "fairseq-generate": "--cpu --max-len-a 0 --max-len-b 5",
+        "fairseq-interactive": "--cpu --max-len-a 0 --max-len-b 5",
+        "fairseq-eval-lm": "--cpu",
+    }
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               PATH=BIN + os.pathsep + os.environ["PATH"])
+    for command in commands:
+        tool = _tool(command)
+        more = extra[tool]
+        if tool == "scripts/binarize_bundled.py":
+            more = ("--subset 1500 --eval-subset 100 --bpe-merges 1000" if "ende" in command
+                    else "--subset 1500 --nwords 2000")
+        elif tool == "fairseq-train":
+            more += " " + (lm_tiny if "language_modeling" in command
+                           else " ".join(TRANSLATION_TINY))
+        run = (command.replace("build/data/ende_bpe8000", ende_root)
+               .replace("build/data/wikitext2_vocab5000", wiki_root)
+               .replace("build/data", TEST_DATA)
+               .replace("checkpoints/", str(tmp_path / "checkpoints") + "/")) + " " + more
+        proc = subprocess.run(["bash", "-o", "pipefail", "-c", run], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, f"{run}\n{out[-3000:]}"
+        if tool == "scripts/binarize_bundled.py":
+            assert proc.stdout.split()[-1] in (ende_data_bin(), wikitext_data_bin())
+        if tool == "fairseq-generate":
+            assert "BLEU" in out and re.search(r"^D-\d+\t", proc.stdout, re.M)
+            assert "@@" not in "".join(re.findall(r"^D-.*$", proc.stdout, re.M))
+        if tool == "fairseq-interactive":
+            assert re.search(r"^D-0\t", proc.stdout, re.M)
+        if tool == "fairseq-eval-lm":
+            assert "Perplexity" in out
