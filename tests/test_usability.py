@@ -146,6 +146,10 @@ def _fail_cli(tool, argv, cwd=None):
 @pytest.mark.slow
 @pytest.mark.parametrize("options, flag", [
     (["--arch", "anthe_base", "--tc-ff", "2"], "--tc-ff=2.0"),
+    (["--arch", "anthe_base", "--self-attn-gate", "xyz"],
+     "--self-attn-gate='xyz' is not allowed; allowed: none|qgv|kgv|vgq|vgk|qgk|kgq"),
+    (["--arch", "skipless_lm", "--skipless-layout", "diagonal"],
+     "--skipless-layout: got 'diagonal', allowed serial|parallel"),
     (["--arch", "subformer_base", "--safe-embed-dim", "512"], "--safe-embed-dim=512"),
     (["--arch", "stlm_tied", "--task", "translation", "--kv-heads", "3"], "--kv-heads: 3"),
     (["--arch", "stlm_tied", "--tie-ffn", "9", "--task", "translation"], "--tie-ffn: K=9"),
@@ -156,7 +160,7 @@ def test_option_errors_are_one_line_before_anything_is_loaded(options, flag, tmp
     proc = _fail_cli("fairseq-train", [ende_data_bin(), "--user-dir", USER_DIR, "--cpu",
                                        "--save-dir", str(tmp_path), "--max-tokens", "500",
                                        *options])
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr and "usage:" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"fairseq-train: error: {flag}"), proc.stderr[-2000:]
     assert "dictionary:" not in proc.stderr and "| INFO | fairseq_cli.train" not in proc.stderr

@@ -221,10 +221,10 @@ class SkiplessLanguageModel(FairseqLanguageModel):
         parser.add_argument("--kv-heads", type=int, metavar="N",
                             help="key/value heads: 0 = MHA (as many as the query heads), 1 = MQA, "
                             "a divisor of the query heads = GQA (default 0)")
-        parser.add_argument("--skipless-layout", choices=LAYOUTS, help="default serial")
-        parser.add_argument("--ffn-type", choices=FFN_TYPES, help="default mlp")
-        parser.add_argument("--ffn-activation", choices=FFN_ACTIVATIONS,
-                            help="default relu for mlp, silu for glu (SwiGLU)")
+        parser.add_argument("--skipless-layout", metavar="LAYOUT", help="serial (default) | parallel")
+        parser.add_argument("--ffn-type", metavar="TYPE", help="mlp (default) | glu")
+        parser.add_argument("--ffn-activation", metavar="ACT",
+                            help="relu | gelu | silu; default relu for mlp, silu for glu (SwiGLU)")
         parser.add_argument("--linear-bias", action="store_true", help="biases on all projections")
         parser.add_argument("--rope-theta", type=float, metavar="THETA",
                             help="RoPE base on queries and keys; 0 = no positional encoding")
@@ -232,8 +232,8 @@ class SkiplessLanguageModel(FairseqLanguageModel):
                             help="one LayerNorm after the embedding (the only norm of the model)")
         parser.add_argument("--mlp-branch-scale", type=float, metavar="S",
                             help="constant factor on the FFN output (MLP branch down-weighting)")
-        parser.add_argument("--removed-weights", choices=REMOVED_WEIGHTS,
-                            help="default none; q | k | v: reduced form without that matrix and P "
+        parser.add_argument("--removed-weights", metavar="W",
+                            help="none (default) | q | k | v: reduced form without that matrix and P "
                                  "(SPEC §4.2); k and v need MHA")
         parser.add_argument("--keep-attn-out-proj", action="store_true",
                             help="reduced form keeping P (exact conversion of a parallel model)")

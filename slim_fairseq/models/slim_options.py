@@ -2,6 +2,8 @@
 
 Options are declared without ``default=`` (fairseq parses model args with
 ``argument_default=SUPPRESS``); :func:`set_slim_defaults` fills what an arch preset did not set.
+Values are checked by :func:`validate_slim_args`, not by argparse ``choices``: it runs right
+after parsing and fails with one line (argparse would print its whole usage first).
 Plugin-only flags never start with ``encoder-``/``decoder-`` (SPEC §5).
 """
 
@@ -12,30 +14,21 @@ SAFE_OUTPUTS = ("linear", "mlp")
 TC_PLACES = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
 
 
-def _cross_gate(value):
-    """argparse type of --cross-attn-gate: a one-line error that says why a gate is refused."""
-    import argparse
-    if value not in CROSS_GATES:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not allowed; allowed: {'|'.join(CROSS_GATES)} ({CROSS_GATE_WHY})")
-    return value
-
-
 def add_slim_args(parser):
     """Technique options shared by ``slim_transformer`` and ``slim_lm``."""
     g = parser.add_argument_group("slim_fairseq: Anthe (SPEC §1)")
-    g.add_argument("--self-attn-gate", choices=GATES, metavar="GATE",
+    g.add_argument("--self-attn-gate", metavar="GATE",
                    help="gated pre-attention in every self-attention (SPEC §1.1): "
                         + "|".join(GATES) + "; default none")
-    g.add_argument("--cross-attn-gate", metavar="GATE", type=_cross_gate,
+    g.add_argument("--cross-attn-gate", metavar="GATE",
                    help="gate of encoder-decoder attention: none|kgv|vgk (gates mixing the two "
                         "sequences are rejected: they need S == T and leak future tokens)")
     g.add_argument("--no-patt", action="store_true",
                    help="pre-attention projections W_Q, W_K, W_V become identity")
     g.add_argument("--ffn-glu", action="store_true",
                    help="GLU feed-forward w2(act(w1 x) * w3 x), hidden floor(2f/3) (SPEC §1.2)")
-    g.add_argument("--glu-activation", choices=GLU_ACTIVATIONS,
-                   help="GLU activation; default silu (SwiGLU, as the Anthe reference code; the paper "
+    g.add_argument("--glu-activation", metavar="ACT",
+                   help="GLU activation: silu|gelu; default silu (SwiGLU, as the Anthe reference code; the paper "
                         "text says GEGLU)")
     g.add_argument("--hsoftpos-levels", type=int, metavar="L",
                    help="H-SoftPOS hierarchical embedding with L levels; 0 = off (SPEC §1.3)")
@@ -51,8 +44,9 @@ def add_slim_args(parser):
     g = parser.add_argument_group("slim_fairseq: Subformer (SPEC §2)")
     g.add_argument("--safe-embed-dim", type=int, metavar="E",
                    help="SAFE self-attentive factorised embeddings of width E; 0 = off (SPEC §2.1)")
-    g.add_argument("--safe-output", choices=SAFE_OUTPUTS,
-                   help="SAFE output path d_m -> d_e: linear (reference) or mlp (with a nonlinearity)")
+    g.add_argument("--safe-output", metavar="PATH",
+                   help="SAFE output path d_m -> d_e: linear (reference, default) or mlp (with a "
+                        "nonlinearity)")
     g.add_argument("--sandwich", action="store_true",
                    help="sandwich-style parameter sharing of the middle layers (SPEC §2.2)")
     g.add_argument("--sandwich-dim", type=int, metavar="D",
