@@ -7,14 +7,17 @@ en-de (``data/ende``): Moses tokenization (sacremoses, the same settings as fair
 text of both languages, then ``fairseq-preprocess --joined-dictionary``.
 
 WikiText-2 (``data/wikitext-2``): word level, the raw text is already space-tokenized;
-``fairseq-preprocess --only-source`` (optionally ``--nwordssrc`` to cap the vocabulary).
+``fairseq-preprocess --only-source --nwordssrc 5000`` by default: the 5000 most frequent words,
+the rest map to ``<unk>``. The uncapped vocabulary (76.6k types) makes the output layer of a
+tiny LM dominate and trains about 20x slower; ``--nwords 0`` keeps it anyway.
 
 Python API (used by tests, the demo and recipes)::
 
     from binarize_bundled import binarize_ende, binarize_wikitext
-    data_bin = binarize_ende()            # full corpus, 8000 merges, under build/data/
+    data_bin = binarize_ende()            # full corpus, 8000 merges: build/data/ende_bpe8000/data-bin
     data_bin = binarize_ende("build/data", subset=500, eval_subset=50, bpe_merges=500)
-    lm_bin = binarize_wikitext("build/data", subset=2000, nwords=5000)
+    lm_bin = binarize_wikitext()          # 5000 words: build/data/wikitext2_vocab5000/data-bin
+    lm_bin = binarize_wikitext("build/data", subset=2000, nwords=None)  # uncapped vocabulary
 
 Each call returns the ``data-bin`` directory; a finished directory carries a ``.done`` stamp
 holding its settings and is reused on the next call. CLI::
@@ -38,6 +41,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUNDLED_DATA = os.path.join(REPO_ROOT, "data")
 DEFAULT_BUILD_DIR = os.path.join(REPO_ROOT, "build", "data")
 SPLITS = ("train", "valid", "test")
+DEFAULT_NWORDS = 5000  # WikiText-2 vocabulary cap
 ENDE_LANGS = ("en", "de")
 STAMP = ".done"
 
@@ -228,13 +232,15 @@ def wikitext_paths(out_dir, subset=None, nwords=None):
     return {"root": root, "text": os.path.join(root, "text"), "data_bin": os.path.join(root, "data-bin")}
 
 
-def binarize_wikitext(out_dir=DEFAULT_BUILD_DIR, subset=None, nwords=None, workers=1, force=False,
-                      source_dir=None):
+def binarize_wikitext(out_dir=DEFAULT_BUILD_DIR, subset=None, nwords=DEFAULT_NWORDS, workers=1,
+                      force=False, source_dir=None):
     """Build (or reuse) a word-level fairseq LM data-bin of the bundled WikiText-2; return its path.
 
     ``subset``: first N lines of *each* split (keeps eval fast in tests);
-    ``nwords``: keep only the N most frequent words (``--nwordssrc``), the rest map to ``<unk>``.
+    ``nwords``: keep only the N most frequent words (``--nwordssrc``), the rest map to ``<unk>``;
+    None (or 0) keeps every word.
     """
+    nwords = nwords or None
     source_dir = os.path.abspath(source_dir or os.path.join(BUNDLED_DATA, "wikitext-2"))
     with _build_lock(out_dir):
         return _binarize_wikitext_locked(out_dir, subset, nwords, workers, force, source_dir)
@@ -268,14 +274,18 @@ def _binarize_wikitext_locked(out_dir, subset, nwords, workers, force, source_di
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Binarize the bundled en-de and WikiText-2 corpora.")
+    parser = argparse.ArgumentParser(
+        description="Binarize the bundled en-de and WikiText-2 corpora; prints each data-bin "
+                    "directory (en-de BPE codes: <data-bin>/../bpe/codes).")
     parser.add_argument("out_dir", nargs="?", default=DEFAULT_BUILD_DIR,
                         help="build directory (created if missing; default: build/data in the repo)")
     parser.add_argument("--corpus", choices=["ende", "wikitext", "all"], default="all")
     parser.add_argument("--bpe-merges", type=int, default=8000, help="joint BPE merge operations (en-de)")
     parser.add_argument("--subset", type=int, help="use only the first N training lines")
     parser.add_argument("--eval-subset", type=int, help="en-de: use only the first N valid/test lines")
-    parser.add_argument("--nwords", type=int, help="wikitext: cap the vocabulary (--nwordssrc)")
+    parser.add_argument("--nwords", type=int, default=DEFAULT_NWORDS,
+                        help=f"wikitext: keep the N most frequent words (--nwordssrc; default "
+                             f"{DEFAULT_NWORDS}); 0 = the whole 76.6k vocabulary")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     args = parser.parse_args(argv)

@@ -96,8 +96,9 @@ def anthe_base(args):
 
 @register_model_architecture("slim_transformer", "anthe_base_nopatt")
 def anthe_base_nopatt(args):
-    """Anthe with identity pre-attention projections (paper Table 5; 29,699,704 params)."""
-    _default(args, no_patt=True)
+    """Anthe with identity pre-attention projections (paper Table 5; 29,699,704 params); with
+    no W_Q, W_K, W_V there is no TC on them (tc_patt 0)."""
+    _default(args, no_patt=True, tc_patt=0.0)
     anthe_base(args)
 
 

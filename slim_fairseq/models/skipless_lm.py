@@ -31,6 +31,7 @@ from fairseq.modules import FairseqDropout
 from torch import nn
 
 from ..modules.shaped_attention import ShapedAttention
+from ..option_errors import check_task, one_line_option_errors
 
 DEFAULT_MAX_TARGET_POSITIONS = 1024
 LAYOUTS = ("serial", "parallel")
@@ -53,12 +54,15 @@ def validate_skipless_args(args):
     _check_choice("--ffn-activation", args.ffn_activation, FFN_ACTIVATIONS)
     _check_choice("--removed-weights", args.removed_weights, REMOVED_WEIGHTS)
     heads, kv_heads = args.decoder_attention_heads, args.kv_heads or args.decoder_attention_heads
+    if args.kv_heads < 0:
+        raise ValueError(f"--kv-heads: must be >= 0 (0 = MHA), got {args.kv_heads}")
     if args.decoder_embed_dim % heads != 0:
         raise ValueError(
             f"--decoder-attention-heads: {heads} must divide --decoder-embed-dim {args.decoder_embed_dim}"
         )
     if kv_heads < 1 or heads % kv_heads != 0:
-        raise ValueError(f"--kv-heads: {kv_heads} must be a divisor of the {heads} attention heads (0 = MHA)")
+        raise ValueError(f"--kv-heads: {kv_heads} must divide --decoder-attention-heads {heads} "
+                         "(0 = MHA, 1 = MQA)")
     if args.removed_weights in ("k", "v") and kv_heads != heads:
         raise ValueError(
             f"--removed-weights {args.removed_weights}: needs MHA (W_K/W_V are d x {args.decoder_embed_dim * kv_heads // heads}, "
@@ -215,7 +219,8 @@ class SkiplessLanguageModel(FairseqLanguageModel):
         parser.add_argument("--decoder-attention-heads", type=int, metavar="H", help="query heads")
         parser.add_argument("--decoder-ffn-embed-dim", type=int, metavar="F", help="FFN hidden width")
         parser.add_argument("--kv-heads", type=int, metavar="N",
-                            help="key/value heads: 0 = MHA (default), 1 = MQA, a divisor of the heads = GQA")
+                            help="key/value heads: 0 = MHA (as many as the query heads), 1 = MQA, "
+                            "a divisor of the query heads = GQA (default 0)")
         parser.add_argument("--skipless-layout", metavar="LAYOUT", help="serial (default) | parallel")
         parser.add_argument("--ffn-type", metavar="TYPE", help="mlp (default) | glu")
         parser.add_argument("--ffn-activation", metavar="ACT",
@@ -241,12 +246,21 @@ class SkiplessLanguageModel(FairseqLanguageModel):
                             help="max positions (default: --tokens-per-sample)")
 
     @classmethod
+    def check_args(cls, args, task=None):
+        """Option checks that need no data (run right after parsing and again at build)."""
+        validate_skipless_args(args)
+        check_task(True, getattr(args, "arch", "skipless_lm"),
+                   task if task is not None else getattr(args, "task", None))
+
+    @classmethod
     def build_model(cls, args, task):
         skipless_lm_base_architecture(args)
-        validate_skipless_args(args)
+        with one_line_option_errors():
+            cls.check_args(args, task)
         if getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
-        return cls(SkiplessDecoder(args, task.target_dictionary))
+        with one_line_option_errors():
+            return cls(SkiplessDecoder(args, task.target_dictionary))
 
     @classmethod
     def contract_overrides(cls, arch):

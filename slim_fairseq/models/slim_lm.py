@@ -22,7 +22,13 @@ from slim_fairseq.models.slim_transformer import (
     finish_build,
 )
 from slim_fairseq.modules.input_embedding import build_token_table, token_table_dim
-from slim_fairseq.modules.weight_tying import add_tying_args, apply_weight_tying, tying_enabled
+from slim_fairseq.modules.weight_tying import (
+    add_tying_args,
+    apply_weight_tying,
+    tying_enabled,
+    validate_tying,
+)
+from slim_fairseq.option_errors import check_task, one_line_option_errors
 
 
 @register_model("slim_lm")
@@ -36,9 +42,22 @@ class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
         add_tying_args(parser)  # STLM weight tying (docs/TECHNIQUES.md#tying-schemes, issue 5)
 
     @classmethod
-    def build_model(cls, args, task):
-        slim_lm_base(args)
+    def check_args(cls, args, task=None):
+        """Option checks that need no data (run right after parsing and again at build)."""
         validate_slim_args(args)
+        validate_tying(args, args.decoder_layers)
+        check_task(True, getattr(args, "arch", "slim_lm"),
+                   task if task is not None else getattr(args, "task", None))
+
+    @classmethod
+    def build_model(cls, args, task):
+        with one_line_option_errors():
+            return cls._build_model(args, task)
+
+    @classmethod
+    def _build_model(cls, args, task):
+        slim_lm_base(args)
+        cls.check_args(args, task)
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if getattr(args, "max_target_positions", None) is None:

@@ -2,6 +2,8 @@
 
 Options are declared without ``default=`` (fairseq parses model args with
 ``argument_default=SUPPRESS``); :func:`set_slim_defaults` fills what an arch preset did not set.
+Values are checked by :func:`validate_slim_args`, not by argparse ``choices``: it runs right
+after parsing and fails with one line (argparse would print its whole usage first).
 Plugin-only flags never start with ``encoder-``/``decoder-`` (docs/TECHNIQUES.md#plugin-option-names).
 """
 
@@ -12,30 +14,21 @@ SAFE_OUTPUTS = ("linear", "mlp")
 TC_PLACES = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
 
 
-def _cross_gate(value):
-    """argparse type of --cross-attn-gate: a one-line error that says why a gate is refused."""
-    import argparse
-    if value not in CROSS_GATES:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not allowed; allowed: {'|'.join(CROSS_GATES)} ({CROSS_GATE_WHY})")
-    return value
-
-
 def add_slim_args(parser):
     """Technique options shared by ``slim_transformer`` and ``slim_lm``."""
     g = parser.add_argument_group("slim_fairseq: Anthe (arXiv:2305.10991; docs/TECHNIQUES.md#anthe)")
-    g.add_argument("--self-attn-gate", choices=GATES, metavar="GATE",
+    g.add_argument("--self-attn-gate", metavar="GATE",
                    help="gated pre-attention in every self-attention (Anthe, arXiv:2305.10991): "
                         + "|".join(GATES) + "; default none")
-    g.add_argument("--cross-attn-gate", metavar="GATE", type=_cross_gate,
+    g.add_argument("--cross-attn-gate", metavar="GATE",
                    help="gate of encoder-decoder attention: none|kgv|vgk (gates mixing the two "
                         "sequences are rejected: they need S == T and leak future tokens)")
     g.add_argument("--no-patt", action="store_true",
                    help="pre-attention projections W_Q, W_K, W_V become identity")
     g.add_argument("--ffn-glu", action="store_true",
                    help="GLU feed-forward w2(act(w1 x) * w3 x), hidden floor(2f/3) (Anthe, arXiv:2305.10991)")
-    g.add_argument("--glu-activation", choices=GLU_ACTIVATIONS,
-                   help="GLU activation; default silu (SwiGLU, as the Anthe reference code; the paper "
+    g.add_argument("--glu-activation", metavar="ACT",
+                   help="GLU activation: silu|gelu; default silu (SwiGLU, as the Anthe reference code; the paper "
                         "text says GEGLU)")
     g.add_argument("--hsoftpos-levels", type=int, metavar="L",
                    help="H-SoftPOS hierarchical embedding with L levels; 0 = off (Anthe, arXiv:2305.10991)")
@@ -58,8 +51,9 @@ def add_slim_args(parser):
     g = parser.add_argument_group("slim_fairseq: Subformer (arXiv:2101.00234; docs/TECHNIQUES.md#subformer)")
     g.add_argument("--safe-embed-dim", type=int, metavar="E",
                    help="SAFE self-attentive factorised embeddings of width E; 0 = off (Subformer, arXiv:2101.00234)")
-    g.add_argument("--safe-output", choices=SAFE_OUTPUTS,
-                   help="SAFE output path d_m -> d_e: linear (reference) or mlp (with a nonlinearity)")
+    g.add_argument("--safe-output", metavar="PATH",
+                   help="SAFE output path d_m -> d_e: linear (reference, default) or mlp (with a "
+                        "nonlinearity)")
     g.add_argument("--sandwich", action="store_true",
                    help="sandwich-style parameter sharing of the middle layers (Subformer, arXiv:2101.00234)")
     g.add_argument("--sandwich-dim", type=int, metavar="D",
@@ -123,6 +117,16 @@ def validate_slim_args(args):
     if args.hsoftpos_levels and args.safe_embed_dim:
         raise ValueError("--hsoftpos-levels and --safe-embed-dim are alternative input embeddings; "
                          "choose one (set the other to 0)")
+    for side in ("encoder", "decoder"):
+        width = getattr(args, f"{side}_embed_dim", None)
+        if args.safe_embed_dim and width and args.safe_embed_dim >= width:
+            _fail("--safe-embed-dim", args.safe_embed_dim,
+                  f"0 (off) or an integer below the model width {width}",
+                  "SAFE factorises the embedding through a narrower width; at or above the "
+                  "width it slims nothing")
+    if args.no_patt and args.tc_patt:
+        raise ValueError(f"--tc-patt={args.tc_patt!r} cannot be combined with --no-patt (W_Q, W_K, "
+                         "W_V are the identity, there is nothing to factorise); set --tc-patt 0")
     if args.tc_emb and args.safe_embed_dim:
         raise ValueError("--tc-emb cannot be combined with --safe-embed-dim (SAFE already factorises "
                          "the embedding); set --tc-emb 0")

@@ -26,6 +26,7 @@ from fairseq import utils
 
 from slim_fairseq.models.slim_layers import SlimDecoderLayer, SlimEncoderLayer
 from slim_fairseq.models.slim_options import add_slim_args, set_slim_defaults, validate_slim_args
+from slim_fairseq.option_errors import check_task, one_line_option_errors
 from slim_fairseq.modules.input_embedding import (
     build_input_embedding,
     build_token_table,
@@ -257,10 +258,18 @@ class SlimTransformerModel(ContractOverridesMixin, TransformerModel):
         add_slim_args(parser)
 
     @classmethod
+    def check_args(cls, args, task=None):
+        """Option checks that need no data (run right after parsing and again at build)."""
+        validate_slim_args(args)
+        check_task(False, getattr(args, "arch", "slim_transformer"),
+                   task if task is not None else getattr(args, "task", None))
+
+    @classmethod
     def build_model(cls, args, task):
         set_slim_defaults(args)
-        validate_slim_args(args)
-        model = super().build_model(args, task)
+        with one_line_option_errors():
+            cls.check_args(args, task)
+            model = super().build_model(args, task)
         return finish_build(model, args)
 
     @classmethod

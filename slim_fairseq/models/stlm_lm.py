@@ -30,6 +30,7 @@ from fairseq.models import (
 from torch import Tensor, nn
 
 from slim_fairseq.modules.gqa_attention import GroupedQueryAttention
+from slim_fairseq.option_errors import check_task, one_line_option_errors
 from slim_fairseq.modules.rmsnorm import RMSNorm
 from slim_fairseq.modules.weight_tying import (
     add_tying_args,
@@ -69,7 +70,7 @@ class STLMBlock(nn.Module):
         self.self_attn = GroupedQueryAttention(
             dim,
             args.decoder_attention_heads,
-            args.kv_heads,
+            args.kv_heads or args.decoder_attention_heads,
             head_dim=args.head_dim,
             bias=False,
             rope_theta=args.rope_theta if args.rope_theta > 0 else None,
@@ -183,8 +184,8 @@ class STLMLanguageModel(FairseqLanguageModel):
         parser.add_argument("--decoder-attention-heads", type=int, metavar="N",
                             help="query heads (default 16)")
         parser.add_argument("--kv-heads", type=int, metavar="N",
-                            help="key/value heads; must divide the query heads (default 4; "
-                            "= heads for MHA, 1 for MQA)")
+                            help="key/value heads: 0 = MHA (as many as the query heads), 1 = MQA, "
+                            "a divisor of the query heads = GQA (default 4)")
         parser.add_argument("--head-dim", type=int, metavar="N",
                             help="channels per head; 0 = 2*((H//heads)//2) (default)")
         parser.add_argument("--rope-theta", type=float, metavar="T",
@@ -203,10 +204,18 @@ class STLMLanguageModel(FairseqLanguageModel):
         add_tying_args(parser)
 
     @classmethod
+    def check_args(cls, args, task=None):
+        """Option checks that need no data (run right after parsing and again at build)."""
+        validate_stlm_args(args)
+        check_task(True, getattr(args, "arch", "stlm_tied"),
+                   task if task is not None else getattr(args, "task", None))
+
+    @classmethod
     def build_model(cls, args, task):
         stlm_base(args)
-        validate_stlm_args(args)
-        return cls(STLMDecoder(args, task.target_dictionary))
+        with one_line_option_errors():
+            cls.check_args(args, task)
+            return cls(STLMDecoder(args, task.target_dictionary))
 
     @classmethod
     def contract_overrides(cls, arch: str) -> List[str]:
@@ -224,18 +233,22 @@ class STLMLanguageModel(FairseqLanguageModel):
 
 def validate_stlm_args(args):
     """One-line ValueErrors for impossible shapes and tying options (at build time)."""
-    dim, heads, kv = args.decoder_embed_dim, args.decoder_attention_heads, args.kv_heads
+    dim, heads = args.decoder_embed_dim, args.decoder_attention_heads
     for flag, value in (("--decoder-embed-dim", dim), ("--decoder-ffn-embed-dim",
                         args.decoder_ffn_embed_dim), ("--decoder-layers", args.decoder_layers),
-                        ("--decoder-attention-heads", heads), ("--kv-heads", kv)):
+                        ("--decoder-attention-heads", heads)):
         if value < 1:
             raise ValueError(f"{flag}: must be >= 1, got {value}")
+    if args.kv_heads < 0:
+        raise ValueError(f"--kv-heads: must be >= 0 (0 = MHA), got {args.kv_heads}")
+    kv = args.kv_heads or heads
     if dim % heads != 0:
         raise ValueError(
             f"--decoder-attention-heads: {heads} heads must divide --decoder-embed-dim {dim}"
         )
     if heads % kv != 0:
-        raise ValueError(f"--kv-heads: {kv} must divide --decoder-attention-heads {heads}")
+        raise ValueError(f"--kv-heads: {kv} must divide --decoder-attention-heads {heads} "
+                         "(0 = MHA, 1 = MQA)")
     if args.head_dim == 0:
         args.head_dim = stlm_head_dim(dim, heads)
     if args.head_dim < 1 or (args.rope_theta > 0 and args.head_dim % 2 != 0):

@@ -1,0 +1,112 @@
+"""One-line errors for bad plugin options, on the command line and in Python.
+
+:class:`OptionError` is a ``ValueError`` (``except ValueError`` and ``pytest.raises(ValueError)``
+catch it in Python) and a ``SystemExit``: uncaught in ``fairseq-train`` / ``fairseq-generate``
+/ ..., Python prints its ``code`` (``fairseq-train: error: --flag ...``, argparse's format) and
+exits with status 1, without a traceback.
+
+The plugin checks its options twice: right after fairseq parses the command line (the
+architecture preset is wrapped by :func:`checked_preset`, so nothing is loaded or logged
+before the error) and again when the model is built (``build_model``, also the hub route).
+The plugin's option errors start with the flag they name (``--tie-ffn: ...``);
+:func:`one_line_option_errors` turns those into :class:`OptionError` at the model boundary.
+"""
+import contextlib
+import functools
+import os
+import sys
+
+
+class OptionError(ValueError, SystemExit):
+    """A bad option value or combination; the message names the flag."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fairseq"
+        self.code = f"{prog}: error: {message}"
+
+
+def names_a_flag(error):
+    return str(error).startswith("--")
+
+
+@contextlib.contextmanager
+def one_line_option_errors():
+    """Re-raise a ``ValueError`` whose message starts with a flag as :class:`OptionError`."""
+    try:
+        yield
+    except OptionError:
+        raise
+    except ValueError as error:
+        if not names_a_flag(error) or "\n" in str(error):
+            raise
+        raise OptionError(str(error)) from error
+
+
+def task_class(task):
+    """The task class of a task object or of a ``--task`` name (None if unknown)."""
+    if task is None:
+        return None
+    if isinstance(task, str):
+        from fairseq.tasks import TASK_REGISTRY
+        return TASK_REGISTRY.get(task)
+    return type(task)
+
+
+LM_ARCH_HINT = "slim_lm, anthe_lm_*, subformer_lm_*, stlm_*, skipless_lm*"
+
+
+def check_task(is_lm, arch, task):
+    """Refuse an encoder-decoder model on ``language_modeling`` and a language model on a
+    translation task (fairseq would fail later with an unrelated message, or train nonsense)."""
+    from fairseq.tasks.language_modeling import LanguageModelingTask
+    from fairseq.tasks.translation import TranslationTask
+
+    cls = task_class(task)
+    if cls is None:
+        return
+    if not is_lm and issubclass(cls, LanguageModelingTask):
+        raise OptionError(
+            f"--arch {arch}: an encoder-decoder (translation) model cannot be used with "
+            f"--task {_task_name(task, cls)} (language models: {LM_ARCH_HINT}); for a translation "
+            "checkpoint use fairseq-generate / fairseq-interactive with --task translation")
+    if is_lm and issubclass(cls, TranslationTask):
+        raise OptionError(
+            f"--arch {arch}: a language model cannot be used with --task {_task_name(task, cls)}; "
+            "use --task language_modeling (fairseq-eval-lm, or fairseq-generate/-interactive "
+            "with --task language_modeling) or an encoder-decoder arch such as anthe_base")
+
+
+def _task_name(task, cls):
+    if isinstance(task, str):
+        return task
+    from fairseq.tasks import TASK_REGISTRY
+    for key, value in TASK_REGISTRY.items():
+        if value is cls:
+            return key
+    return cls.__name__
+
+
+def checked_preset(preset, model_cls):
+    """Wrap an architecture preset so that fairseq's ``parse_args_and_arch`` (which calls the
+    preset last) also checks the options with ``model_cls.check_args(args)``."""
+
+    @functools.wraps(preset)
+    def checked(args):
+        preset(args)
+        with one_line_option_errors():
+            model_cls.check_args(args)
+
+    checked.slim_checked = True
+    return checked
+
+
+def install_checked_presets(package_prefix):
+    """Wrap every architecture preset registered by the plugin's model classes (idempotent)."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+    for arch, model_cls in ARCH_MODEL_REGISTRY.items():
+        preset = ARCH_CONFIG_REGISTRY.get(arch)
+        if (model_cls.__module__.startswith(package_prefix) and preset is not None
+                and hasattr(model_cls, "check_args") and not getattr(preset, "slim_checked", False)):
+            ARCH_CONFIG_REGISTRY[arch] = checked_preset(preset, model_cls)
