@@ -3,11 +3,97 @@
 :class:`GLUProjection` is the "fc1" of the GLU FFN (``act(w1 x) * w3 x``); the layer keeps
 ``fc2`` (= w2) as its own Linear / Tensor-Chain layer and uses the identity activation, so
 fairseq's layer forward runs unchanged.
+
+Training memory: the product is computed by :class:`GatedActivation`, which keeps the two
+hidden inputs but not the activation's output; with Tensor-Chain ``w1``, ``w3`` that contract
+the input, :class:`ChainGLU` keeps only the input and the cores and recomputes both hidden
+activations in backward (two small contractions). Both give autograd's results.
 """
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 GLU_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu}
+
+
+def _activation_backward(name, grad, h):
+    """Gradient of ``act(h)`` for ``grad`` with autograd's own kernels."""
+    if name == "silu":
+        return torch.ops.aten.silu_backward(grad, h)
+    return torch.ops.aten.gelu_backward(grad, h)
+
+
+class GatedActivation(torch.autograd.Function):
+    """``act(h1) * h3`` saving ``h1`` and ``h3`` only (``act(h1)`` is recomputed in backward)."""
+
+    @staticmethod
+    def forward(ctx, h1, h3, activation):
+        ctx.activation = activation
+        ctx.save_for_backward(h1, h3)
+        return GLU_ACTIVATIONS[activation](h1) * h3
+
+    @staticmethod
+    def backward(ctx, grad):
+        from slim_fairseq.modules.tc_autograd import refuse_double_backward
+        refuse_double_backward("GLU")
+        h1, h3 = ctx.saved_tensors
+        grad_h1 = grad_h3 = None
+        if ctx.needs_input_grad[1]:
+            grad_h3 = grad * GLU_ACTIVATIONS[ctx.activation](h1)
+        if ctx.needs_input_grad[0]:
+            grad_h1 = _activation_backward(ctx.activation, grad * h3, h1)
+        return grad_h1, grad_h3, None
+
+
+class ChainGLU(torch.autograd.Function):
+    """``act(x W1 + b1) * (x W3 + b3)`` with W1, W3 Tensor Chains contracted with the input
+    (never built), saving only ``x2d`` and the cores; both hidden activations are recomputed
+    in backward. Biases may be None."""
+
+    @staticmethod
+    def forward(ctx, x2d, activation, n1, b1, b3, *cores):
+        from slim_fairseq.modules.tc_autograd import remember_autocast
+        remember_autocast(ctx, x2d)
+        ctx.activation, ctx.n1 = activation, n1
+        ctx.save_for_backward(x2d, b1, b3, *cores)
+        h1, h3 = _chain_hidden(x2d, cores[:n1], b1, cores[n1:], b3)
+        return GLU_ACTIVATIONS[activation](h1) * h3
+
+    @staticmethod
+    def backward(ctx, grad):
+        from slim_fairseq.modules.tc_autograd import (chain_backward, forward_autocast,
+                                                      refuse_double_backward)
+        refuse_double_backward("GLU with Tensor-Chain linears")
+        x2d, b1, b3, *cores = ctx.saved_tensors
+        cores1, cores3 = cores[:ctx.n1], cores[ctx.n1:]
+        needs = ctx.needs_input_grad
+        with forward_autocast(ctx):
+            h1, h3 = _chain_hidden(x2d, cores1, b1, cores3, b3)
+            grad_h3 = grad * GLU_ACTIVATIONS[ctx.activation](h1)
+            grad_h1 = _activation_backward(ctx.activation, grad * h3, h1)
+            del h1, h3
+            need_x = needs[0]
+            g1 = chain_backward(x2d, cores1, grad_h1, (need_x, *needs[5:5 + ctx.n1]))
+            g3 = chain_backward(x2d, cores3, grad_h3, (need_x, *needs[5 + ctx.n1:]))
+        grad_x = None
+        if need_x:
+            grad_x = (g1[0] + g3[0]).to(x2d.dtype)
+        grad_b1 = grad_h1.sum(0).to(b1.dtype) if needs[3] else None
+        grad_b3 = grad_h3.sum(0).to(b3.dtype) if needs[4] else None
+        core_grads = [None if g is None else g.to(c.dtype)
+                      for g, c in zip(list(g1[1:]) + list(g3[1:]), cores)]
+        return (grad_x, None, None, grad_b1, grad_b3, *core_grads)
+
+
+def _chain_hidden(x2d, cores1, b1, cores3, b3):
+    from slim_fairseq.modules.tensor_chain import contract_input
+    h1 = contract_input(x2d, list(cores1))
+    h3 = contract_input(x2d, list(cores3))
+    if b1 is not None:
+        h1 = h1 + b1
+    if b3 is not None:
+        h3 = h3 + b3
+    return h1, h3
 
 
 def glu_hidden_dim(ffn_dim):
@@ -44,4 +130,19 @@ class GLUProjection(nn.Module):
         return f"activation={self.activation}"
 
     def forward(self, x):
-        return GLU_ACTIVATIONS[self.activation](self.w1(x)) * self.w3(x)
+        if not torch.is_grad_enabled():
+            return GLU_ACTIVATIONS[self.activation](self.w1(x)) * self.w3(x)
+        rows = x.numel() // self.in_features
+        if self._chain_contraction(rows):
+            x2d = x.reshape(rows, self.in_features)
+            cores1, cores3 = list(self.w1.cores), list(self.w3.cores)
+            out = ChainGLU.apply(x2d, self.activation, len(cores1), self.w1.bias, self.w3.bias,
+                                 *cores1, *cores3)
+            return out.reshape(*x.shape[:-1], self.out_features)
+        return GatedActivation.apply(self.w1(x), self.w3(x), self.activation)
+
+    def _chain_contraction(self, rows):
+        """Both linears are Tensor Chains that contract the input for this many rows."""
+        from slim_fairseq.modules.tensor_chain import TensorChainLinear
+        return all(isinstance(w, TensorChainLinear) and w.use_contraction(rows)
+                   for w in (self.w1, self.w3))

@@ -106,6 +106,13 @@ def materialise(cores):
     return out.reshape(rows * last.shape[0], cols * last.shape[2])
 
 
+def first_core_first(first, last):
+    """Core order of :func:`contract_pair`: True when the input meets the first core first."""
+    a1, bond, c1 = first.shape
+    a2, _, c2 = last.shape
+    return a1 * a2 + a2 * bond * c1 <= a1 * bond * c2 + c1 * c2
+
+
 def contract_pair(x2d, first, last):
     """``x2d @ W`` for a two-core chain (``first`` [a1, b, c1], ``last`` [a2, b, c2]) as two
     matmuls. Both orders cost the same multiply-adds up to the intermediate's width; what
@@ -115,7 +122,7 @@ def contract_pair(x2d, first, last):
     m = x2d.shape[0]
     a1, bond, c1 = first.shape
     a2, _, c2 = last.shape
-    if a1 * a2 + a2 * bond * c1 <= a1 * bond * c2 + c1 * c2:
+    if first_core_first(first, last):
         u = torch.matmul(x2d.reshape(m, a1, a2).transpose(1, 2),
                          first.reshape(a1, bond * c1))  # [m, a2, b c1]
         out = torch.matmul(u.reshape(m, a2 * bond, c1).transpose(1, 2),
@@ -248,7 +255,8 @@ class TensorChainLinear(nn.Module):
         shape = x.shape
         x2d = x.reshape(-1, self.in_features)
         if self.use_contraction(x2d.shape[0]):
-            y = contract_input(x2d, list(self.cores))
+            from slim_fairseq.modules.tc_autograd import chain_contract
+            y = chain_contract(x2d, list(self.cores))  # keeps only x2d and the cores for backward
             if self.bias is not None:
                 y = y + self.bias
         else:
