@@ -11,6 +11,7 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
+from slim_fairseq.modules.dropout import slim_dropouts
 from slim_fairseq.modules.gated_attention import build_attention, tc_ratio_for
 from slim_fairseq.modules.glu import GLUProjection, build_linear, glu_hidden_dim
 
@@ -62,6 +63,7 @@ class SlimEncoderLayer(_SlimFFNMixin, TransformerEncoderLayerBase):
         object.__setattr__(self, "_ffn_glu_activation",
                            getattr(cfg, "glu_activation", "silu") or "silu")
         super().__init__(cfg, return_fc=return_fc)
+        slim_dropouts(self)  # one-byte dropout masks on the CPU
         if self._ffn_options[0]:
             self.activation_fn = _identity  # the GLU projection applies its own activation
 
@@ -80,6 +82,7 @@ class SlimDecoderLayer(_SlimFFNMixin, TransformerDecoderLayerBase):
                            getattr(cfg, "glu_activation", "silu") or "silu")
         super().__init__(cfg, no_encoder_attn=no_encoder_attn, add_bias_kv=add_bias_kv,
                          add_zero_attn=add_zero_attn)
+        slim_dropouts(self)
         if self._ffn_options[0]:
             self.activation_fn = _identity
 

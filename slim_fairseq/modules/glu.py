@@ -9,6 +9,8 @@ hidden inputs but not the activation's output; with Tensor-Chain ``w1``, ``w3`` 
 the input, :class:`ChainGLU` keeps only the input and the cores and recomputes both hidden
 activations in backward (two small contractions). Both give autograd's results.
 """
+import functools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -85,6 +87,13 @@ class ChainGLU(torch.autograd.Function):
         return (grad_x, None, None, grad_b1, grad_b3, *core_grads)
 
 
+@torch.no_grad()
+def chain_glu_value(activation, n1, x2d, b1, b3, *cores):
+    """The output of :class:`ChainGLU` for these inputs, without autograd."""
+    h1, h3 = _chain_hidden(x2d, cores[:n1], b1, cores[n1:], b3)
+    return GLU_ACTIVATIONS[activation](h1) * h3
+
+
 def _chain_hidden(x2d, cores1, b1, cores3, b3):
     from slim_fairseq.modules.tensor_chain import contract_input
     h1 = contract_input(x2d, list(cores1))
@@ -138,7 +147,12 @@ class GLUProjection(nn.Module):
             cores1, cores3 = list(self.w1.cores), list(self.w3.cores)
             out = ChainGLU.apply(x2d, self.activation, len(cores1), self.w1.bias, self.w3.bias,
                                  *cores1, *cores3)
-            return out.reshape(*x.shape[:-1], self.out_features)
+            out = out.reshape(*x.shape[:-1], self.out_features)
+            # a Tensor-Chain fc2 may keep x2d instead of this (wider) output
+            from slim_fairseq.modules.tc_autograd import mark_recomputable
+            return mark_recomputable(
+                out, functools.partial(chain_glu_value, self.activation, len(cores1)),
+                x2d, self.w1.bias, self.w3.bias, *cores1, *cores3)
         return GatedActivation.apply(self.w1(x), self.w3(x), self.activation)
 
     def _chain_contraction(self, rows):

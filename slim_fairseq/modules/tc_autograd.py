@@ -135,3 +135,64 @@ def chain_contract(x2d, cores):
     if torch.is_grad_enabled() and (x2d.requires_grad or any(c.requires_grad for c in cores)):
         return ChainContraction.apply(x2d, *cores)
     return contract_input(x2d, list(cores))
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs that can be recomputed: a feed-forward's hidden activation need not be kept for the
+# second linear when the first one can rebuild it cheaply from its own (smaller) input
+
+RECOMPUTE_ATTR = "_slim_recompute"
+
+
+def mark_recomputable(tensor, recompute, *inputs):
+    """Note on ``tensor`` that ``recompute(*inputs)`` (no grad) rebuilds its values, so a
+    Tensor-Chain layer consuming it may keep ``inputs`` instead of it. The note lives on this
+    tensor object only (not on views or results of other ops) and is ignored once the tensor
+    is modified in place."""
+    setattr(tensor, RECOMPUTE_ATTR, (recompute, inputs, tensor._version))
+    return tensor
+
+
+def recompute_recipe(tensor):
+    """``(recompute, inputs)`` noted by :func:`mark_recomputable`, or None."""
+    note = getattr(tensor, RECOMPUTE_ATTR, None)
+    if note is None or note[2] != tensor._version:
+        return None
+    return note[0], note[1]
+
+
+class RecomputedInputContraction(torch.autograd.Function):
+    """``x2d @ W`` (chain ``cores``) keeping the inputs of ``recompute`` (which rebuilds
+    ``x2d``) instead of ``x2d``. Gradients flow to ``x2d`` and the cores only; ``x2d``'s own
+    graph carries them to the recompute inputs."""
+
+    @staticmethod
+    def forward(ctx, x2d, recompute, n_inputs, *tensors):
+        remember_autocast(ctx, x2d)
+        ctx.recompute, ctx.n_inputs, ctx.x_shape = recompute, n_inputs, x2d.shape
+        ctx.save_for_backward(*tensors)
+        return contract_input(x2d, list(tensors[n_inputs:]))
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        refuse_double_backward("Tensor-Chain contraction")
+        saved = ctx.saved_tensors
+        inputs, cores = saved[:ctx.n_inputs], saved[ctx.n_inputs:]
+        needs = ctx.needs_input_grad
+        with forward_autocast(ctx):
+            x2d = ctx.recompute(*inputs).reshape(ctx.x_shape)
+            grads = chain_backward(x2d, cores, grad_out, (needs[0], *needs[3 + ctx.n_inputs:]))
+        del x2d
+        grad_x = None if grads[0] is None else grads[0]
+        core_grads = [None if g is None else g.to(c.dtype) for g, c in zip(grads[1:], cores)]
+        return (grad_x, None, None, *([None] * ctx.n_inputs), *core_grads)
+
+
+def chain_contract_input_of(x, x2d, cores):
+    """Like :func:`chain_contract`, but when ``x`` was marked by :func:`mark_recomputable`,
+    keep the recompute inputs instead of ``x2d``."""
+    recipe = recompute_recipe(x)
+    if recipe is None or not torch.is_grad_enabled():
+        return chain_contract(x2d, cores)
+    recompute, inputs = recipe
+    return RecomputedInputContraction.apply(x2d, recompute, len(inputs), *inputs, *cores)

@@ -255,8 +255,9 @@ class TensorChainLinear(nn.Module):
         shape = x.shape
         x2d = x.reshape(-1, self.in_features)
         if self.use_contraction(x2d.shape[0]):
-            from slim_fairseq.modules.tc_autograd import chain_contract
-            y = chain_contract(x2d, list(self.cores))  # keeps only x2d and the cores for backward
+            from slim_fairseq.modules.tc_autograd import chain_contract_input_of
+            # keeps only x2d (or what rebuilds it) and the cores for backward
+            y = chain_contract_input_of(x, x2d, list(self.cores))
             if self.bias is not None:
                 y = y + self.bias
         else:
