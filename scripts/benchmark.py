@@ -29,7 +29,7 @@ whose TC layers are exported with ``TensorChainLinear.to_dense()``.
 Output (``--out``, default ``results/<name>``): ``results.json``, ``table.md`` (ratios vs the
 baseline of the same task, plus absolute numbers) and ``ratios.png`` / ``throughput.png``.
 ``--report-only`` re-writes them from an earlier run's ``results.json``; ``--no-training`` measures
-generation only.
+generation only; ``--memory-only`` measures the peak training memory only.
 
 Example (CPU, 2 threads)::
 
@@ -411,10 +411,12 @@ def summarise(entries, args, peaks):
 def markdown_table(rows, args, peaks, threads=None):
     gen_keys = [(b, k) for b in args.batch_sizes for k in args.beams]
     threads = threads or torch.get_num_threads()
+    measured = ("peak training memory of one step only (--memory-only)"
+                if peaks.get("matmul_gflops") is None else
+                f"matmul peak {peaks['matmul_gflops']:.1f} GFLOP/s ({args.gemm_size}² GEMM); "
+                f"{args.repeats} interleaved repetitions, medians")
     lines = [f"Shape: d={args.dim}, L={args.layers}, heads={args.heads}, ffn={args.ffn}; device "
-             f"{peaks['device']}, dtype {args.dtype}, threads {threads}; matmul peak "
-             f"{peaks['matmul_gflops']:.1f} GFLOP/s ({args.gemm_size}² GEMM); {args.repeats} interleaved "
-             f"repetitions, medians.", ""]
+             f"{peaks['device']}, dtype {args.dtype}, threads {threads}; {measured}.", ""]
     lines.append("Ratios vs the fairseq baseline of the same task and shape (higher = faster / larger; "
                  "speed ratios are medians of per-repetition ratios):")
     lines.append("")
@@ -541,6 +543,9 @@ def get_parser():
     p.add_argument("--report-only", action="store_true",
                    help="re-write table.md and the plots from <out>/results.json (no measuring)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
+    p.add_argument("--memory-only", action="store_true",
+                   help="peak training memory only: no FLOP count, timing, matmul peak or generation "
+                        "(tensor storages on the CPU, so it is exact on a busy machine)")
     p.add_argument("--ende-data", help="en-de data-bin (default: binarize the bundled corpus)")
     p.add_argument("--lm-data", help="WikiText-2 data-bin (default: binarize the bundled corpus)")
     p.add_argument("--lm-vocab", type=int, default=8000, help="WikiText-2 vocabulary cap when binarizing")
@@ -605,6 +610,13 @@ def main(argv=None):
         raise SystemExit("benchmark.py: give at least one --model")
     if args.no_training and args.no_generation:
         raise SystemExit("benchmark.py: --no-training and --no-generation leave nothing to measure")
+    if args.memory_only:
+        for flag in ("no_training", "no_memory", "dense_export"):
+            if getattr(args, flag):
+                raise SystemExit(f"benchmark.py: --memory-only cannot be combined with "
+                                 f"--{flag.replace('_', '-')}")
+        args.no_generation = True
+        args.batch_sizes, args.beams = [], []
     args.ffn = args.ffn or 4 * args.dim
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "2"))
     torch.set_num_threads(threads)
@@ -660,21 +672,24 @@ def main(argv=None):
 
     peaks = {"device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({threads} threads)"}
     gemm = args.gemm_size = args.gemm_size or default_gemm_size(cuda=device.type == "cuda")
-    peaks["matmul_gflops"] = measure_matmul_peak(device, dtype, gemm)
-    log(f"matmul peak ({gemm}x{gemm}, {args.dtype}): {peaks['matmul_gflops']:.1f} GFLOP/s")
+    peaks["matmul_gflops"] = None if args.memory_only else measure_matmul_peak(device, dtype, gemm)
+    if not args.memory_only:
+        log(f"matmul peak ({gemm}x{gemm}, {args.dtype}): {peaks['matmul_gflops']:.1f} GFLOP/s")
 
     # one-off measurements: FLOPs per batch and peak memory (not timed)
     for e in entries if not args.no_training else []:
-        count_batch_flops(e, batches_of[e.lm], device, dtype)
+        if not args.memory_only:
+            count_batch_flops(e, batches_of[e.lm], device, dtype)
         if args.no_memory:
             warm_up(e, batches_of[e.lm][0], device, dtype)
         else:
             e.peak_bytes = measure_peak_memory(e, batches_of[e.lm][0], device, dtype)
-        log(f"{e.label}: {e.batch_flops[0] / 1e9:.1f} GFLOP per batch-0 step"
-            + ("" if e.peak_bytes is None else f", peak memory {e.peak_bytes / 2 ** 20:.0f} MiB"))
+        parts = [] if args.memory_only else [f"{e.batch_flops[0] / 1e9:.1f} GFLOP per batch-0 step"]
+        parts += [] if e.peak_bytes is None else [f"peak memory {e.peak_bytes / 2 ** 20:.0f} MiB"]
+        log(f"{e.label}: " + ", ".join(parts))
 
     # training throughput, interleaved
-    for rep in range(0 if args.no_training else args.repeats):
+    for rep in range(0 if args.no_training or args.memory_only else args.repeats):
         for e in entries:
             tps, gflops = train_repetition(e, batches_of[e.lm], args.steps, device, dtype)
             e.train_tps.append(tps)
@@ -718,8 +733,9 @@ def main(argv=None):
 
     # the peak again at the end, keeping the better one: a single early reading can catch the
     # machine in a slow moment and would inflate every "% of peak"
-    peaks["matmul_gflops"] = max(peaks["matmul_gflops"], measure_matmul_peak(device, dtype, gemm))
-    log(f"matmul peak, best of both readings: {peaks['matmul_gflops']:.1f} GFLOP/s")
+    if not args.memory_only:
+        peaks["matmul_gflops"] = max(peaks["matmul_gflops"], measure_matmul_peak(device, dtype, gemm))
+        log(f"matmul peak, best of both readings: {peaks['matmul_gflops']:.1f} GFLOP/s")
     rows = summarise(entries, args, peaks)
     meta = {"argv": command_line, "gemm_size": gemm, "dim": args.dim,
             "layers": args.layers, "heads": args.heads, "ffn": args.ffn, "dtype": args.dtype,
