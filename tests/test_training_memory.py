@@ -11,7 +11,13 @@ load_plugin()
 
 from slim_fairseq.modules.dropout import MaskDropout, SlimDropout  # noqa: E402
 from slim_fairseq.modules.gated_attention import GatedLinear, gated_projection  # noqa: E402
-from slim_fairseq.modules.glu import GLU_ACTIVATIONS, ChainGLU, GatedActivation, GLUProjection  # noqa: E402
+from slim_fairseq.modules.glu import (  # noqa: E402
+    GLU_ACTIVATIONS,
+    ChainGLU,
+    ChainGLUSpec,
+    GatedActivation,
+    GLUProjection,
+)
 from slim_fairseq.modules.tc_autograd import ChainContraction  # noqa: E402
 from slim_fairseq.modules.tensor_chain import (  # noqa: E402
     TensorChainLinear,
@@ -130,7 +136,7 @@ def test_chain_glu_gradcheck(activation):
     x = torch.randn(5, 12, dtype=torch.float64, requires_grad=True)
 
     def fn(x, b1, b3, *cores):
-        return ChainGLU.apply(x, activation, len(cores1), b1, b3, *cores)
+        return ChainGLU.apply(x, ChainGLUSpec(activation, len(cores1)), b1, b3, *cores)
 
     assert torch.autograd.gradcheck(fn, (x, *tensors))
     assert torch.autograd.gradcheck(lambda a, b: GatedActivation.apply(a, b, activation),

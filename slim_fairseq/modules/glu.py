@@ -47,19 +47,28 @@ class GatedActivation(torch.autograd.Function):
         return grad_h1, grad_h3, None
 
 
+class ChainGLUSpec:
+    """Non-tensor arguments of :class:`ChainGLU`: the activation, the number of cores of W1,
+    and a one-slot stash through which a consumer that rebuilt the hidden activations in its
+    backward (:func:`chain_glu_value`) hands them to ChainGLU's backward, which runs next."""
+
+    def __init__(self, activation, n1):
+        self.activation, self.n1, self.stash = activation, n1, {}
+
+
 class ChainGLU(torch.autograd.Function):
     """``act(x W1 + b1) * (x W3 + b3)`` with W1, W3 Tensor Chains contracted with the input
     (never built), saving only ``x2d`` and the cores; both hidden activations are recomputed
     in backward. Biases may be None."""
 
     @staticmethod
-    def forward(ctx, x2d, activation, n1, b1, b3, *cores):
+    def forward(ctx, x2d, spec, b1, b3, *cores):
         from slim_fairseq.modules.tc_autograd import remember_autocast
         remember_autocast(ctx, x2d)
-        ctx.activation, ctx.n1 = activation, n1
+        ctx.spec = spec
         ctx.save_for_backward(x2d, b1, b3, *cores)
-        h1, h3 = _chain_hidden(x2d, cores[:n1], b1, cores[n1:], b3)
-        return GLU_ACTIVATIONS[activation](h1) * h3
+        h1, h3 = _chain_hidden(x2d, cores[:spec.n1], b1, cores[spec.n1:], b3)
+        return GLU_ACTIVATIONS[spec.activation](h1) * h3
 
     @staticmethod
     def backward(ctx, grad):
@@ -67,31 +76,36 @@ class ChainGLU(torch.autograd.Function):
                                                       refuse_double_backward)
         refuse_double_backward("GLU with Tensor-Chain linears")
         x2d, b1, b3, *cores = ctx.saved_tensors
-        cores1, cores3 = cores[:ctx.n1], cores[ctx.n1:]
-        needs = ctx.needs_input_grad
+        spec, needs = ctx.spec, ctx.needs_input_grad
+        cores1, cores3 = cores[:spec.n1], cores[spec.n1:]
         with forward_autocast(ctx):
-            h1, h3 = _chain_hidden(x2d, cores1, b1, cores3, b3)
-            grad_h3 = grad * GLU_ACTIVATIONS[ctx.activation](h1)
-            grad_h1 = _activation_backward(ctx.activation, grad * h3, h1)
+            hidden = spec.stash.pop("hidden", None)
+            h1, h3 = hidden if hidden is not None else _chain_hidden(x2d, cores1, b1, cores3, b3)
+            del hidden
+            grad_h3 = grad * GLU_ACTIVATIONS[spec.activation](h1)
+            grad_h1 = _activation_backward(spec.activation, grad * h3, h1)
             del h1, h3
             need_x = needs[0]
-            g1 = chain_backward(x2d, cores1, grad_h1, (need_x, *needs[5:5 + ctx.n1]))
-            g3 = chain_backward(x2d, cores3, grad_h3, (need_x, *needs[5 + ctx.n1:]))
+            g1 = chain_backward(x2d, cores1, grad_h1, (need_x, *needs[4:4 + spec.n1]))
+            g3 = chain_backward(x2d, cores3, grad_h3, (need_x, *needs[4 + spec.n1:]))
         grad_x = None
         if need_x:
             grad_x = (g1[0] + g3[0]).to(x2d.dtype)
-        grad_b1 = grad_h1.sum(0).to(b1.dtype) if needs[3] else None
-        grad_b3 = grad_h3.sum(0).to(b3.dtype) if needs[4] else None
+        grad_b1 = grad_h1.sum(0).to(b1.dtype) if needs[2] else None
+        grad_b3 = grad_h3.sum(0).to(b3.dtype) if needs[3] else None
         core_grads = [None if g is None else g.to(c.dtype)
                       for g, c in zip(list(g1[1:]) + list(g3[1:]), cores)]
-        return (grad_x, None, None, grad_b1, grad_b3, *core_grads)
+        return (grad_x, None, grad_b1, grad_b3, *core_grads)
 
 
 @torch.no_grad()
-def chain_glu_value(activation, n1, x2d, b1, b3, *cores):
-    """The output of :class:`ChainGLU` for these inputs, without autograd."""
-    h1, h3 = _chain_hidden(x2d, cores[:n1], b1, cores[n1:], b3)
-    return GLU_ACTIVATIONS[activation](h1) * h3
+def chain_glu_value(spec, x2d, b1, b3, *cores):
+    """The output of :class:`ChainGLU` for these inputs, without autograd (used to rebuild it
+    in a consumer's backward); the hidden activations go to ``spec``'s stash for ChainGLU's
+    backward."""
+    h1, h3 = _chain_hidden(x2d, cores[:spec.n1], b1, cores[spec.n1:], b3)
+    spec.stash["hidden"] = (h1, h3)
+    return GLU_ACTIVATIONS[spec.activation](h1) * h3
 
 
 def _chain_hidden(x2d, cores1, b1, cores3, b3):
@@ -145,14 +159,13 @@ class GLUProjection(nn.Module):
         if self._chain_contraction(rows):
             x2d = x.reshape(rows, self.in_features)
             cores1, cores3 = list(self.w1.cores), list(self.w3.cores)
-            out = ChainGLU.apply(x2d, self.activation, len(cores1), self.w1.bias, self.w3.bias,
-                                 *cores1, *cores3)
+            spec = ChainGLUSpec(self.activation, len(cores1))
+            out = ChainGLU.apply(x2d, spec, self.w1.bias, self.w3.bias, *cores1, *cores3)
             out = out.reshape(*x.shape[:-1], self.out_features)
             # a Tensor-Chain fc2 may keep x2d instead of this (wider) output
             from slim_fairseq.modules.tc_autograd import mark_recomputable
-            return mark_recomputable(
-                out, functools.partial(chain_glu_value, self.activation, len(cores1)),
-                x2d, self.w1.bias, self.w3.bias, *cores1, *cores3)
+            return mark_recomputable(out, functools.partial(chain_glu_value, spec),
+                                     x2d, self.w1.bias, self.w3.bias, *cores1, *cores3)
         return GatedActivation.apply(self.w1(x), self.w3(x), self.activation)
 
     def _chain_contraction(self, rows):
