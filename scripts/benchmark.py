@@ -180,6 +180,7 @@ class Entry:
         self.batch_flops = {}
         self.train_tps, self.train_gflops = [], []
         self.peak_bytes = None
+        self.saved_by_module = None  # module -> bytes kept for backward (--memory-breakdown)
         self.gen = {}  # (batch, beam) -> [tokens/s per repetition]
 
 
@@ -289,6 +290,69 @@ def measure_peak_memory(entry, sample, device, dtype):
     return int(peak)
 
 
+def saved_activations_by_module(entry, sample, device, dtype):
+    """Bytes of the distinct tensor storages autograd keeps for backward in one training
+    forward (parameters excluded), by the module whose forward created them; layer numbers are
+    folded (``decoder.layers.N.fc1``), ``<loss>`` is what the model's own modules did not keep
+    (the criterion's log-probabilities). The tensors a module keeps are charged to the module
+    that saved them first."""
+    model = entry.model
+    names = {m: name for name, m in model.named_modules()}
+    stack = ["<loss>"]
+    hooks = []
+    for module in model.modules():
+        hooks.append(module.register_forward_pre_hook(lambda m, args: stack.append(names[m])))
+        hooks.append(module.register_forward_hook(lambda m, args, out: (stack.pop(), None)[1]))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params and storage.data_ptr() not in kept:
+            name = stack[-1] or "<model>"
+            kept[storage.data_ptr()] = (".".join("N" if p.isdigit() else p for p in name.split(".")),
+                                        storage.nbytes())
+        return t
+
+    model.train()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss_backward(entry, sample, device, dtype)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.zero_grad(set_to_none=True)
+    by_module = {}
+    for name, nbytes in kept.values():
+        by_module[name] = by_module.get(name, 0) + nbytes
+    return dict(sorted(by_module.items(), key=lambda kv: -kv[1]))
+
+
+def breakdown_table(rows):
+    """Markdown: the memory of one training step taken apart, one column per model (MiB)."""
+    rows = [r for r in rows if r.get("saved_by_module")]
+    if not rows:
+        return []
+    mib = lambda b: "—" if b is None else f"{b / 2 ** 20:,.1f}"  # noqa: E731
+    modules = {}
+    for r in rows:
+        for name, nbytes in r["saved_by_module"].items():
+            modules[name] = max(modules.get(name, 0), nbytes)
+    lines = ["", "Where the training memory goes (MiB; `--memory-breakdown`): weights, their gradients "
+             "and Adam's two moments (4 × fp32 parameters), then the activations autograd keeps "
+             "for backward, by the module that kept them (layers folded to N):", ""]
+    lines.append("| | " + " | ".join(r["label"] for r in rows) + " |")
+    lines.append("|" + "---|" * (len(rows) + 1))
+    lines.append("| peak of the step | " + " | ".join(mib(r["peak_memory_bytes"]) for r in rows) + " |")
+    lines.append("| weights + grads + Adam | " + " | ".join(mib(16 * r["params"]) for r in rows) + " |")
+    lines.append("| activations kept for backward | "
+                 + " | ".join(mib(sum(r["saved_by_module"].values())) for r in rows) + " |")
+    for name in sorted(modules, key=lambda n: -modules[n]):
+        if modules[name] >= 2 ** 19:  # 0.5 MiB
+            lines.append(f"| `{name}` | " + " | ".join(mib(r["saved_by_module"].get(name)) for r in rows) + " |")
+    return lines
+
+
 def train_repetition(entry, batches, steps, device, dtype):
     """One timed repetition of ``steps`` training steps (forward, backward, Adam step, with the
     optimizer state already allocated by the warm-up). Returns (tokens/s, GFLOP/s)."""
@@ -393,6 +457,7 @@ def summarise(entries, args, peaks):
             "train_gflops": gflops, "train_gflops_all": e.train_gflops,
             "train_peak_fraction": ratio(gflops, peak_flops),
             "peak_memory_bytes": e.peak_bytes,
+            "saved_by_module": e.saved_by_module,
             "generation_tokens_per_s": {f"b{b}_beam{k}": median(e.gen.get((b, k), [])) for b, k in gen_keys},
             "generation_tokens_per_s_all": {f"b{b}_beam{k}": e.gen.get((b, k), []) for b, k in gen_keys},
             "ratios": {
@@ -445,6 +510,7 @@ def markdown_table(rows, args, peaks, threads=None):
                  "—" if mem is None else fmt_num(mem / 2 ** 20)]
         cells += [fmt_num(r["generation_tokens_per_s"][f"b{b}_beam{k}"]) for b, k in gen_keys]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += breakdown_table(rows)
     if args.pair:
         by_label = {r["label"]: r for r in rows}
         lines += ["", "Pairs (speed of A relative to B, same run):", ""]
@@ -543,6 +609,8 @@ def get_parser():
     p.add_argument("--report-only", action="store_true",
                    help="re-write table.md and the plots from <out>/results.json (no measuring)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
+    p.add_argument("--memory-breakdown", action="store_true",
+                   help="also list the activations each module keeps for backward (table.md)")
     p.add_argument("--memory-only", action="store_true",
                    help="peak training memory only: no FLOP count, timing, matmul peak or generation "
                         "(tensor storages on the CPU, so it is exact on a busy machine)")
@@ -560,6 +628,7 @@ def entries_from_results(rows):
         e = Entry(r["label"], r["arch"], r["overrides"], r["task"] == "lm", baseline=r["baseline"],
                   export_of=r["dense_export_of"])
         e.params, e.non_embedding, e.peak_bytes = r["params"], r["non_embedding_params"], r["peak_memory_bytes"]
+        e.saved_by_module = r.get("saved_by_module")
         e.train_tps = r["train_tokens_per_s_all"]
         e.train_gflops = r.get("train_gflops_all") or ([r["train_gflops"]] if r["train_gflops"] else [])
         for key, values in r["generation_tokens_per_s_all"].items():
@@ -617,6 +686,9 @@ def main(argv=None):
                                  f"--{flag.replace('_', '-')}")
         args.no_generation = True
         args.batch_sizes, args.beams = [], []
+    if args.memory_breakdown and (args.no_memory or args.no_training):
+        raise SystemExit("benchmark.py: --memory-breakdown needs the memory step (not with "
+                         "--no-memory or --no-training)")
     args.ffn = args.ffn or 4 * args.dim
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "2"))
     torch.set_num_threads(threads)
@@ -684,6 +756,8 @@ def main(argv=None):
             warm_up(e, batches_of[e.lm][0], device, dtype)
         else:
             e.peak_bytes = measure_peak_memory(e, batches_of[e.lm][0], device, dtype)
+            if args.memory_breakdown:
+                e.saved_by_module = saved_activations_by_module(e, batches_of[e.lm][0], device, dtype)
         parts = [] if args.memory_only else [f"{e.batch_flops[0] / 1e9:.1f} GFLOP per batch-0 step"]
         parts += [] if e.peak_bytes is None else [f"peak memory {e.peak_bytes / 2 ** 20:.0f} MiB"]
         log(f"{e.label}: " + ", ".join(parts))

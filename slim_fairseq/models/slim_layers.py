@@ -6,6 +6,7 @@ forward runs unchanged; with every option off they are fairseq's layers (same pa
 same init order, same outputs). A GLU FFN is ``fc2(fc1(x))`` with ``fc1`` =
 :class:`GLUProjection` and the identity as the layer's activation.
 """
+import torch.nn.functional as F
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
@@ -28,6 +29,17 @@ def _ffn_settings(cfg):
 
 class _SlimFFNMixin:
     """``build_fc1`` / ``build_fc2`` for GLU and Tensor-Chain feed-forward layers."""
+
+    def _lean_ffn(self):
+        """A ReLU feed-forward of two Tensor Chains keeps fc1's input for backward, not the
+        hidden layer: fc1 marks its output, the ReLU keeps a one-byte mask, fc2 rebuilds its
+        input (``tc_autograd``)."""
+        from slim_fairseq.modules.tensor_chain import TensorChainLinear
+        from slim_fairseq.modules.tc_autograd import rebuildable_relu
+        if (self.activation_fn is F.relu and isinstance(self.fc1, TensorChainLinear)
+                and isinstance(self.fc2, TensorChainLinear)):
+            self.fc1.rebuildable_output = True
+            self.activation_fn = rebuildable_relu
 
     def build_fc1(self, input_dim, output_dim, q_noise, qn_block_size):
         glu, tc_ff, tc_length = self._ffn_options
@@ -66,6 +78,7 @@ class SlimEncoderLayer(_SlimFFNMixin, TransformerEncoderLayerBase):
         slim_dropouts(self)  # one-byte dropout masks on the CPU
         if self._ffn_options[0]:
             self.activation_fn = _identity  # the GLU projection applies its own activation
+        self._lean_ffn()
 
     def build_self_attention(self, embed_dim, cfg):
         return build_attention(cfg, embed_dim, cfg.encoder.attention_heads, role="encoder_self",
@@ -85,6 +98,7 @@ class SlimDecoderLayer(_SlimFFNMixin, TransformerDecoderLayerBase):
         slim_dropouts(self)
         if self._ffn_options[0]:
             self.activation_fn = _identity
+        self._lean_ffn()
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         kwargs = _attention_kwargs(self, cfg.decoder.xformers_att_config)

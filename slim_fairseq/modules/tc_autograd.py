@@ -10,6 +10,7 @@ those of plain autograd through ``contract_input``, up to float rounding.
 Gradients of gradients (``create_graph=True``) are not supported; asking for them raises.
 """
 import contextlib
+import functools
 
 import torch
 
@@ -196,3 +197,42 @@ def chain_contract_input_of(x, x2d, cores):
         return chain_contract(x2d, cores)
     recompute, inputs = recipe
     return RecomputedInputContraction.apply(x2d, recompute, len(inputs), *inputs, *cores)
+
+
+@torch.no_grad()
+def chain_value(x2d, bias, *cores):
+    """``x2d @ W + bias`` without autograd (rebuilds a marked Tensor-Chain output)."""
+    y = contract_input(x2d, list(cores))
+    return y if bias is None else y + bias
+
+
+class MaskReLU(torch.autograd.Function):
+    """ReLU keeping a one-byte mask for backward instead of its output."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = torch.relu(x)
+        ctx.save_for_backward(out > 0)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        refuse_double_backward("ReLU")
+        mask, = ctx.saved_tensors
+        return torch.where(mask, grad, grad.new_zeros(()))
+
+
+@torch.no_grad()
+def _relu_of(recompute, *inputs):
+    return torch.relu(recompute(*inputs))
+
+
+def rebuildable_relu(x):
+    """``relu(x)``; when ``x`` is marked by :func:`mark_recomputable` (a Tensor-Chain fc1 with
+    ``rebuildable_output``) and autograd records, the ReLU keeps a one-byte mask and its output
+    is marked in turn, so a Tensor-Chain fc2 keeps fc1's input instead of the hidden layer."""
+    recipe = recompute_recipe(x)
+    if recipe is None or not torch.is_grad_enabled() or not x.requires_grad:
+        return torch.relu(x)
+    recompute, inputs = recipe
+    return mark_recomputable(MaskReLU.apply(x), functools.partial(_relu_of, recompute), *inputs)

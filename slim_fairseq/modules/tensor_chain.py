@@ -174,6 +174,9 @@ class TensorChainLinear(nn.Module):
     SMALL_BATCH_ROWS = 256
     CONTRACT_ADVANTAGE_SMALL = 1.5
     CONTRACT_ADVANTAGE_LARGE = 5.0
+    # set on a feed-forward's fc1 (the layer does it): in training, the contracted output is
+    # marked so that a Tensor-Chain fc2 can rebuild it from this layer's input in backward
+    rebuildable_output = False
 
     def __init__(self, in_features, out_features, ratio=None, bond=None, length=2, bias=True,
                  init_std=None, forward_mode="auto"):
@@ -260,6 +263,10 @@ class TensorChainLinear(nn.Module):
             y = chain_contract_input_of(x, x2d, list(self.cores))
             if self.bias is not None:
                 y = y + self.bias
+            if self.rebuildable_output and torch.is_grad_enabled():
+                from slim_fairseq.modules.tc_autograd import chain_value, mark_recomputable
+                return mark_recomputable(y.reshape(*shape[:-1], self.out_features), chain_value,
+                                         x2d, self.bias, *self.cores)
         else:
             w = self.full_weight()
             y = torch.addmm(self.bias, x2d, w) if self.bias is not None else x2d @ w
