@@ -340,15 +340,17 @@ def breakdown_table(rows):
             modules[name] = max(modules.get(name, 0), nbytes)
     lines = ["", "Where the training memory goes (MiB; `--memory-breakdown`): weights, their gradients "
              "and Adam's two moments (4 × fp32 parameters), then the activations autograd keeps "
-             "for backward, by the module that kept them (layers folded to N):", ""]
+             "for backward, by the module that kept them (layers folded to N; modules under 0.5 % "
+             "of the largest total left out):", ""]
     lines.append("| | " + " | ".join(r["label"] for r in rows) + " |")
     lines.append("|" + "---|" * (len(rows) + 1))
     lines.append("| peak of the step | " + " | ".join(mib(r["peak_memory_bytes"]) for r in rows) + " |")
     lines.append("| weights + grads + Adam | " + " | ".join(mib(16 * r["params"]) for r in rows) + " |")
     lines.append("| activations kept for backward | "
                  + " | ".join(mib(sum(r["saved_by_module"].values())) for r in rows) + " |")
+    smallest = 0.005 * max(sum(r["saved_by_module"].values()) for r in rows)
     for name in sorted(modules, key=lambda n: -modules[n]):
-        if modules[name] >= 2 ** 19:  # 0.5 MiB
+        if modules[name] >= smallest:  # leave out modules below 0.5 % of the largest total
             lines.append(f"| `{name}` | " + " | ".join(mib(r["saved_by_module"].get(name)) for r in rows) + " |")
     return lines
 
