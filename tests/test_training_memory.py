@@ -348,3 +348,39 @@ def test_model_gradients_equal_the_materialised_path(arch, overrides):
     assert set(lean) == set(plain) and len(lean) > 10
     for name in lean:
         assert torch.allclose(lean[name], plain[name], rtol=1e-4, atol=1e-6), name
+
+
+def test_lean_paths_under_activation_checkpointing_and_bf16_autocast():
+    """fairseq's --checkpoint-activations re-runs each layer in backward (our Functions then run
+    inside its backward) and must give the same gradients; bf16 autocast training gives fp32
+    gradients close to the fp32 ones."""
+    from helpers import build
+    shape = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-layers", "2",
+             "--decoder-layers", "2", "--encoder-attention-heads", "4",
+             "--decoder-attention-heads", "4", "--encoder-ffn-embed-dim", "64",
+             "--decoder-ffn-embed-dim", "64", "--dropout", "0"]
+    src, prev = torch.randint(4, 40, (3, 7)), torch.randint(4, 40, (3, 6))
+
+    def grads(extra, autocast=False):
+        _, _, model = build("anthe_base", shape + extra, lm=False)
+        for m in model.modules():
+            if isinstance(m, TensorChainLinear):
+                m.forward_mode = "contract"
+        model.train()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(src, torch.full((3,), 7), prev)[0]
+        out.float().pow(2).mean().backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    plain = grads([])
+    checkpointed = grads(["--checkpoint-activations"])
+    assert set(checkpointed) == set(plain)
+    for name in plain:
+        assert torch.allclose(checkpointed[name], plain[name], rtol=1e-5, atol=1e-7), name
+    low = grads([], autocast=True)
+    assert set(low) == set(plain)
+    for name in plain:
+        assert low[name].dtype == torch.float32 and torch.isfinite(low[name]).all(), name
+    flat = torch.cat([plain[n].flatten() for n in plain])
+    flat_low = torch.cat([low[n].flatten() for n in plain])
+    assert (flat_low - flat).norm() < 0.1 * flat.norm()

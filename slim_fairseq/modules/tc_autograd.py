@@ -1,11 +1,16 @@
 """Memory-lean autograd for the Tensor-Chain contraction ``x @ W`` (W never built).
 
 Autograd through :func:`~slim_fairseq.modules.tensor_chain.contract_input` keeps every
-intermediate of the chain for the backward pass: for a 512 -> 1365 feed-forward chain of bond 2
-that is about five times the width of the input per row. :class:`ChainContraction` keeps only
-the input and the cores and recomputes the one intermediate the gradients need in backward
-(a two-core chain: one extra small matmul; longer chains: the forward again). The results are
-those of plain autograd through ``contract_input``, up to float rounding.
+intermediate of the chain and its layout copies for the backward pass: for a 512 -> 1365
+feed-forward chain of bond 2 that is 3.4 times the width of the input per row.
+:class:`ChainContraction` keeps only the input and the cores and recomputes the one intermediate
+the gradients need in backward (a two-core chain: one extra small matmul; longer chains: the
+forward again). The results are those of plain autograd through ``contract_input``.
+
+A feed-forward's hidden layer need not be kept either when it is cheap to rebuild from the
+layer's (narrower) input: the producer marks its output (:func:`mark_recomputable`; the Tensor-
+Chain GLU, or a chain fc1 followed by :func:`rebuildable_relu`) and a chain fc2 keeps what
+rebuilds it instead (:class:`RecomputedInputContraction`).
 
 Gradients of gradients (``create_graph=True``) are not supported; asking for them raises.
 """
@@ -184,9 +189,8 @@ class RecomputedInputContraction(torch.autograd.Function):
             x2d = ctx.recompute(*inputs).reshape(ctx.x_shape)
             grads = chain_backward(x2d, cores, grad_out, (needs[0], *needs[3 + ctx.n_inputs:]))
         del x2d
-        grad_x = None if grads[0] is None else grads[0]
         core_grads = [None if g is None else g.to(c.dtype) for g, c in zip(grads[1:], cores)]
-        return (grad_x, None, None, *([None] * ctx.n_inputs), *core_grads)
+        return (grads[0], None, None, *([None] * ctx.n_inputs), *core_grads)
 
 
 def chain_contract_input_of(x, x2d, cores):
