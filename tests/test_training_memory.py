@@ -212,6 +212,37 @@ def test_glu_output_modified_in_place_is_kept_not_rebuilt():
         assert torch.allclose(g, w, atol=1e-5)
 
 
+@pytest.mark.parametrize("fc2_kind", ["dense", "tc"])
+def test_dense_glu_fc2_keeps_the_hidden_inputs_not_the_output(fc2_kind):
+    """A dense (or materialising) GLU keeps h1 and h3 for its own backward; its fc2 (a
+    RebuildingLinear, or a Tensor Chain multiplying by its full weight) keeps those instead of
+    the GLU output, so the block keeps x, h1 and h3 only."""
+    from slim_fairseq.modules.glu import RebuildingLinear
+    from slim_fairseq.modules.tc_autograd import RecomputedInputLinear
+    torch.manual_seed(0)
+    glu = GLUProjection(24, 40)
+    fc2 = (RebuildingLinear(40, 24) if fc2_kind == "dense"
+           else TensorChainLinear(40, 24, bond=3, forward_mode="materialise"))
+    params = list(glu.parameters()) + list(fc2.parameters())
+    x = torch.randn(3, 5, 24, requires_grad=True)
+    out, kept = saved_bytes(lambda: fc2(glu(x)), exclude=params)
+    _, kept_unmarked = saved_bytes(lambda: fc2(glu(x).clone()), exclude=params)
+    assert kept_unmarked - kept == 40 * 15 * 4  # the GLU output is no longer kept
+    if fc2_kind == "dense":
+        assert kept == (24 + 2 * 40) * 15 * 4  # x, h1, h3
+    w2 = fc2.weight.t() if fc2_kind == "dense" else fc2.full_weight()
+    want = F.silu(glu.w1(x)) * glu.w3(x) @ w2 + fc2.bias
+    assert torch.allclose(out, want, atol=1e-5)
+    grad = torch.randn_like(out)
+    for g, w in zip(grads_of(out, [x, *params], grad), grads_of(want, [x, *params], grad)):
+        assert torch.allclose(g, w, atol=1e-5)
+    # gradcheck of the Function itself: x2d = 2 h, rebuilt from h
+    h, w, b = (torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+               for shape in ((4, 6), (6, 3), (3,)))
+    assert torch.autograd.gradcheck(
+        lambda h, w, b: RecomputedInputLinear.apply(2 * h, w, b, lambda t: 2 * t, 1, h), (h, w, b))
+
+
 # ------------------------------------------------------------------------- gated projection
 
 
@@ -344,6 +375,7 @@ def test_model_gradients_equal_the_materialised_path(arch, overrides):
     assert ("ChainGLUBackward" in lean_fns) == (arch == "anthe_base")
     assert ("MaskReLUBackward" in lean_fns) == (arch != "anthe_base")
     assert "GatedLinearBackward" in plain_fns
+    assert ("RecomputedInputLinearBackward" in plain_fns) == (arch == "anthe_base")
     assert torch.allclose(lean_out, plain_out, atol=1e-5)
     assert set(lean) == set(plain) and len(lean) > 10
     for name in lean:

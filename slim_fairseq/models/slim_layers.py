@@ -56,7 +56,7 @@ class _SlimFFNMixin:
         if glu:
             input_dim = glu_hidden_dim(input_dim)
         if glu or tc_ff:
-            return build_linear(input_dim, output_dim, tc_ff, tc_length)
+            return build_linear(input_dim, output_dim, tc_ff, tc_length, rebuild_input=glu)
         return super().build_fc2(input_dim, output_dim, q_noise, qn_block_size)
 
 

@@ -99,6 +99,24 @@ class ChainGLU(torch.autograd.Function):
 
 
 @torch.no_grad()
+def gated_activation_value(activation, h1, h3):
+    """The output of :class:`GatedActivation`, without autograd."""
+    return GLU_ACTIVATIONS[activation](h1) * h3
+
+
+class RebuildingLinear(nn.Linear):
+    """``nn.Linear`` (same parameters and init) that keeps, for backward, what rebuilds its
+    input when the input is marked rebuildable (a GLU output), instead of the input itself."""
+
+    def forward(self, x):
+        from slim_fairseq.modules.tc_autograd import linear_input_of, recompute_recipe
+        if recompute_recipe(x) is None or not torch.is_grad_enabled():
+            return super().forward(x)
+        y = linear_input_of(x, x.reshape(-1, self.in_features), self.weight.t(), self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+@torch.no_grad()
 def chain_glu_value(spec, x2d, b1, b3, *cores):
     """The output of :class:`ChainGLU` for these inputs, without autograd (used to rebuild it
     in a consumer's backward); the hidden activations go to ``spec``'s stash for ChainGLU's
@@ -124,13 +142,15 @@ def glu_hidden_dim(ffn_dim):
     return (2 * ffn_dim) // 3
 
 
-def build_linear(in_features, out_features, tc_ratio=0.0, tc_length=2, bias=True):
-    """Dense ``nn.Linear`` or a Tensor-Chain layer with parameter ratio ``tc_ratio`` (SPEC §1.4)."""
+def build_linear(in_features, out_features, tc_ratio=0.0, tc_length=2, bias=True,
+                 rebuild_input=False):
+    """Dense ``nn.Linear`` or a Tensor-Chain layer with parameter ratio ``tc_ratio`` (SPEC §1.4).
+    ``rebuild_input``: a dense layer is a :class:`RebuildingLinear` (a GLU's fc2)."""
     if tc_ratio:
         from slim_fairseq.modules.tensor_chain import TensorChainLinear
         return TensorChainLinear(in_features, out_features, ratio=tc_ratio, length=tc_length,
                                  bias=bias)
-    return nn.Linear(in_features, out_features, bias=bias)
+    return (RebuildingLinear if rebuild_input else nn.Linear)(in_features, out_features, bias=bias)
 
 
 class GLUProjection(nn.Module):
@@ -166,7 +186,12 @@ class GLUProjection(nn.Module):
             from slim_fairseq.modules.tc_autograd import mark_recomputable
             return mark_recomputable(out, functools.partial(chain_glu_value, spec),
                                      x2d, self.w1.bias, self.w3.bias, *cores1, *cores3)
-        return GatedActivation.apply(self.w1(x), self.w3(x), self.activation)
+        h1, h3 = self.w1(x), self.w3(x)
+        # GatedActivation keeps h1, h3 anyway: a consumer may keep them instead of the output
+        from slim_fairseq.modules.tc_autograd import mark_recomputable
+        return mark_recomputable(GatedActivation.apply(h1, h3, self.activation),
+                                 functools.partial(gated_activation_value, self.activation),
+                                 h1, h3)
 
     def _chain_contraction(self, rows):
         """Both linears are Tensor Chains that contract the input for this many rows."""

@@ -203,6 +203,46 @@ def chain_contract_input_of(x, x2d, cores):
     return RecomputedInputContraction.apply(x2d, recompute, len(inputs), *inputs, *cores)
 
 
+class RecomputedInputLinear(torch.autograd.Function):
+    """``x2d @ w + bias`` (``w`` [in, out], dense or a materialised chain) keeping the inputs
+    of ``recompute`` (which rebuilds ``x2d``) instead of ``x2d``; the counterpart of
+    :class:`RecomputedInputContraction` for a consumer that multiplies by its full weight."""
+
+    @staticmethod
+    def forward(ctx, x2d, w, bias, recompute, n_inputs, *inputs):
+        remember_autocast(ctx, x2d)
+        ctx.recompute, ctx.x_shape = recompute, x2d.shape
+        ctx.save_for_backward(w, bias, *inputs)
+        return torch.addmm(bias, x2d, w) if bias is not None else x2d @ w
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        refuse_double_backward("linear layer")
+        w, bias, *inputs = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grad_x = grad_w = grad_bias = None
+        with forward_autocast(ctx):
+            if needs[0]:
+                grad_x = grad_out @ w.t()
+            if needs[1]:
+                x2d = ctx.recompute(*inputs).reshape(ctx.x_shape)
+                grad_w = (x2d.t() @ grad_out).to(w.dtype)
+                del x2d
+        if bias is not None and needs[2]:
+            grad_bias = grad_out.sum(0).to(bias.dtype)
+        return (grad_x, grad_w, grad_bias, None, None, *([None] * len(inputs)))
+
+
+def linear_input_of(x, x2d, w, bias):
+    """``x2d @ w + bias``; when ``x`` was marked by :func:`mark_recomputable`, keep the
+    recompute inputs instead of ``x2d`` (see :class:`RecomputedInputLinear`)."""
+    recipe = recompute_recipe(x)
+    if recipe is None or not torch.is_grad_enabled():
+        return torch.addmm(bias, x2d, w) if bias is not None else x2d @ w
+    recompute, inputs = recipe
+    return RecomputedInputLinear.apply(x2d, w, bias, recompute, len(inputs), *inputs)
+
+
 @torch.no_grad()
 def chain_value(x2d, bias, *cores):
     """``x2d @ W + bias`` without autograd (rebuilds a marked Tensor-Chain output)."""

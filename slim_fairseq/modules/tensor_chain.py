@@ -268,8 +268,8 @@ class TensorChainLinear(nn.Module):
                 return mark_recomputable(y.reshape(*shape[:-1], self.out_features), chain_value,
                                          x2d, self.bias, *self.cores)
         else:
-            w = self.full_weight()
-            y = torch.addmm(self.bias, x2d, w) if self.bias is not None else x2d @ w
+            from slim_fairseq.modules.tc_autograd import linear_input_of
+            y = linear_input_of(x, x2d, self.full_weight(), self.bias)
         return y.reshape(*shape[:-1], self.out_features)
 
     @torch.no_grad()
