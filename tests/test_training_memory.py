@@ -382,7 +382,8 @@ def test_model_gradients_equal_the_materialised_path(arch, overrides):
         assert torch.allclose(lean[name], plain[name], rtol=1e-4, atol=1e-6), name
 
 
-def test_lean_paths_under_activation_checkpointing_and_bf16_autocast():
+@pytest.mark.parametrize("mode", ["contract", "materialise"])
+def test_lean_paths_under_activation_checkpointing_and_bf16_autocast(mode):
     """fairseq's --checkpoint-activations re-runs each layer in backward (our Functions then run
     inside its backward) and must give the same gradients; bf16 autocast training gives fp32
     gradients close to the fp32 ones."""
@@ -397,7 +398,7 @@ def test_lean_paths_under_activation_checkpointing_and_bf16_autocast():
         _, _, model = build("anthe_base", shape + extra, lm=False)
         for m in model.modules():
             if isinstance(m, TensorChainLinear):
-                m.forward_mode = "contract"
+                m.forward_mode = mode
         model.train()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             out = model(src, torch.full((3,), 7), prev)[0]

@@ -283,7 +283,7 @@ class GatedLinear(torch.autograd.Function):
         from slim_fairseq.modules.tc_autograd import remember_autocast
         remember_autocast(ctx, x)
         ctx.save_for_backward(x, gate, w)
-        ctx.has_bias = bias is not None
+        ctx.bias_dtype = None if bias is None else bias.dtype
         xg = (x * gate).reshape(-1, w.shape[0])
         y = torch.addmm(bias, xg, w) if bias is not None else xg @ w
         return y.reshape(*x.shape[:-1], w.shape[1])
@@ -304,8 +304,8 @@ class GatedLinear(torch.autograd.Function):
                     grad_gate = (grad_xg * x).to(gate.dtype)
             if ctx.needs_input_grad[2]:
                 grad_w = ((x * gate).reshape(-1, w.shape[0]).t() @ grad2d).to(w.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[3]:
-            grad_bias = grad2d.sum(0)
+        if ctx.bias_dtype is not None and ctx.needs_input_grad[3]:
+            grad_bias = grad2d.sum(0).to(ctx.bias_dtype)
         return grad_x, grad_gate, grad_w, grad_bias
 
 
