@@ -29,7 +29,7 @@ whose TC layers are exported with ``TensorChainLinear.to_dense()``.
 Output (``--out``, default ``results/<name>``): ``results.json``, ``table.md`` (ratios vs the
 baseline of the same task, plus absolute numbers) and ``ratios.png`` / ``throughput.png``.
 ``--report-only`` re-writes them from an earlier run's ``results.json``; ``--no-training`` measures
-generation only.
+generation only; ``--memory-only`` measures the peak training memory only.
 
 Example (CPU, 2 threads)::
 
@@ -180,6 +180,7 @@ class Entry:
         self.batch_flops = {}
         self.train_tps, self.train_gflops = [], []
         self.peak_bytes = None
+        self.saved_by_module = None  # module -> bytes kept for backward (--memory-breakdown)
         self.gen = {}  # (batch, beam) -> [tokens/s per repetition]
 
 
@@ -289,6 +290,71 @@ def measure_peak_memory(entry, sample, device, dtype):
     return int(peak)
 
 
+def saved_activations_by_module(entry, sample, device, dtype):
+    """Bytes of the distinct tensor storages autograd keeps for backward in one training
+    forward (parameters excluded), by the module whose forward created them; layer numbers are
+    folded (``decoder.layers.N.fc1``), ``<loss>`` is what the model's own modules did not keep
+    (the criterion's log-probabilities). The tensors a module keeps are charged to the module
+    that saved them first."""
+    model = entry.model
+    names = {m: name for name, m in model.named_modules()}
+    stack = ["<loss>"]
+    hooks = []
+    for module in model.modules():
+        hooks.append(module.register_forward_pre_hook(lambda m, args: stack.append(names[m])))
+        hooks.append(module.register_forward_hook(lambda m, args, out: (stack.pop(), None)[1]))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params and storage.data_ptr() not in kept:
+            name = stack[-1] or "<model>"
+            kept[storage.data_ptr()] = (".".join("N" if p.isdigit() else p for p in name.split(".")),
+                                        storage.nbytes())
+        return t
+
+    model.train()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss_backward(entry, sample, device, dtype)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.zero_grad(set_to_none=True)
+    by_module = {}
+    for name, nbytes in kept.values():
+        by_module[name] = by_module.get(name, 0) + nbytes
+    return dict(sorted(by_module.items(), key=lambda kv: -kv[1]))
+
+
+def breakdown_table(rows):
+    """Markdown: the memory of one training step taken apart, one column per model (MiB)."""
+    rows = [r for r in rows if r.get("saved_by_module")]
+    if not rows:
+        return []
+    mib = lambda b: "—" if b is None else f"{b / 2 ** 20:,.1f}"  # noqa: E731
+    modules = {}
+    for r in rows:
+        for name, nbytes in r["saved_by_module"].items():
+            modules[name] = max(modules.get(name, 0), nbytes)
+    lines = ["", "Where the training memory goes (MiB; `--memory-breakdown`): weights, their gradients "
+             "and Adam's two moments (4 × fp32 parameters), then the activations autograd keeps "
+             "for backward, by the module that kept them (layers folded to N; modules under 0.5 % "
+             "of the largest total left out):", ""]
+    lines.append("| | " + " | ".join(r["label"] for r in rows) + " |")
+    lines.append("|" + "---|" * (len(rows) + 1))
+    lines.append("| peak of the step | " + " | ".join(mib(r["peak_memory_bytes"]) for r in rows) + " |")
+    lines.append("| weights + grads + Adam | " + " | ".join(mib(16 * r["params"]) for r in rows) + " |")
+    lines.append("| activations kept for backward | "
+                 + " | ".join(mib(sum(r["saved_by_module"].values())) for r in rows) + " |")
+    smallest = 0.005 * max(sum(r["saved_by_module"].values()) for r in rows)
+    for name in sorted(modules, key=lambda n: -modules[n]):
+        if modules[name] >= smallest:  # leave out modules below 0.5 % of the largest total
+            lines.append(f"| `{name}` | " + " | ".join(mib(r["saved_by_module"].get(name)) for r in rows) + " |")
+    return lines
+
+
 def train_repetition(entry, batches, steps, device, dtype):
     """One timed repetition of ``steps`` training steps (forward, backward, Adam step, with the
     optimizer state already allocated by the warm-up). Returns (tokens/s, GFLOP/s)."""
@@ -393,6 +459,7 @@ def summarise(entries, args, peaks):
             "train_gflops": gflops, "train_gflops_all": e.train_gflops,
             "train_peak_fraction": ratio(gflops, peak_flops),
             "peak_memory_bytes": e.peak_bytes,
+            "saved_by_module": e.saved_by_module,
             "generation_tokens_per_s": {f"b{b}_beam{k}": median(e.gen.get((b, k), [])) for b, k in gen_keys},
             "generation_tokens_per_s_all": {f"b{b}_beam{k}": e.gen.get((b, k), []) for b, k in gen_keys},
             "ratios": {
@@ -411,10 +478,12 @@ def summarise(entries, args, peaks):
 def markdown_table(rows, args, peaks, threads=None):
     gen_keys = [(b, k) for b in args.batch_sizes for k in args.beams]
     threads = threads or torch.get_num_threads()
+    measured = ("peak training memory of one step only (--memory-only)"
+                if peaks.get("matmul_gflops") is None else
+                f"matmul peak {peaks['matmul_gflops']:.1f} GFLOP/s ({args.gemm_size}² GEMM); "
+                f"{args.repeats} interleaved repetitions, medians")
     lines = [f"Shape: d={args.dim}, L={args.layers}, heads={args.heads}, ffn={args.ffn}; device "
-             f"{peaks['device']}, dtype {args.dtype}, threads {threads}; matmul peak "
-             f"{peaks['matmul_gflops']:.1f} GFLOP/s ({args.gemm_size}² GEMM); {args.repeats} interleaved "
-             f"repetitions, medians.", ""]
+             f"{peaks['device']}, dtype {args.dtype}, threads {threads}; {measured}.", ""]
     lines.append("Ratios vs the fairseq baseline of the same task and shape (higher = faster / larger; "
                  "speed ratios are medians of per-repetition ratios):")
     lines.append("")
@@ -443,6 +512,7 @@ def markdown_table(rows, args, peaks, threads=None):
                  "—" if mem is None else fmt_num(mem / 2 ** 20)]
         cells += [fmt_num(r["generation_tokens_per_s"][f"b{b}_beam{k}"]) for b, k in gen_keys]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += breakdown_table(rows)
     if args.pair:
         by_label = {r["label"]: r for r in rows}
         lines += ["", "Pairs (speed of A relative to B, same run):", ""]
@@ -541,6 +611,11 @@ def get_parser():
     p.add_argument("--report-only", action="store_true",
                    help="re-write table.md and the plots from <out>/results.json (no measuring)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
+    p.add_argument("--memory-breakdown", action="store_true",
+                   help="also list the activations each module keeps for backward (table.md)")
+    p.add_argument("--memory-only", action="store_true",
+                   help="peak training memory only: no FLOP count, timing, matmul peak or generation "
+                        "(tensor storages on the CPU, so it is exact on a busy machine)")
     p.add_argument("--ende-data", help="en-de data-bin (default: binarize the bundled corpus)")
     p.add_argument("--lm-data", help="WikiText-2 data-bin (default: binarize the bundled corpus)")
     p.add_argument("--lm-vocab", type=int, default=8000, help="WikiText-2 vocabulary cap when binarizing")
@@ -555,6 +630,7 @@ def entries_from_results(rows):
         e = Entry(r["label"], r["arch"], r["overrides"], r["task"] == "lm", baseline=r["baseline"],
                   export_of=r["dense_export_of"])
         e.params, e.non_embedding, e.peak_bytes = r["params"], r["non_embedding_params"], r["peak_memory_bytes"]
+        e.saved_by_module = r.get("saved_by_module")
         e.train_tps = r["train_tokens_per_s_all"]
         e.train_gflops = r.get("train_gflops_all") or ([r["train_gflops"]] if r["train_gflops"] else [])
         for key, values in r["generation_tokens_per_s_all"].items():
@@ -605,6 +681,16 @@ def main(argv=None):
         raise SystemExit("benchmark.py: give at least one --model")
     if args.no_training and args.no_generation:
         raise SystemExit("benchmark.py: --no-training and --no-generation leave nothing to measure")
+    if args.memory_only:
+        for flag in ("no_training", "no_memory", "dense_export"):
+            if getattr(args, flag):
+                raise SystemExit(f"benchmark.py: --memory-only cannot be combined with "
+                                 f"--{flag.replace('_', '-')}")
+        args.no_generation = True
+        args.batch_sizes, args.beams = [], []
+    if args.memory_breakdown and (args.no_memory or args.no_training):
+        raise SystemExit("benchmark.py: --memory-breakdown needs the memory step (not with "
+                         "--no-memory or --no-training)")
     args.ffn = args.ffn or 4 * args.dim
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "2"))
     torch.set_num_threads(threads)
@@ -660,21 +746,26 @@ def main(argv=None):
 
     peaks = {"device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({threads} threads)"}
     gemm = args.gemm_size = args.gemm_size or default_gemm_size(cuda=device.type == "cuda")
-    peaks["matmul_gflops"] = measure_matmul_peak(device, dtype, gemm)
-    log(f"matmul peak ({gemm}x{gemm}, {args.dtype}): {peaks['matmul_gflops']:.1f} GFLOP/s")
+    peaks["matmul_gflops"] = None if args.memory_only else measure_matmul_peak(device, dtype, gemm)
+    if not args.memory_only:
+        log(f"matmul peak ({gemm}x{gemm}, {args.dtype}): {peaks['matmul_gflops']:.1f} GFLOP/s")
 
     # one-off measurements: FLOPs per batch and peak memory (not timed)
     for e in entries if not args.no_training else []:
-        count_batch_flops(e, batches_of[e.lm], device, dtype)
+        if not args.memory_only:
+            count_batch_flops(e, batches_of[e.lm], device, dtype)
         if args.no_memory:
             warm_up(e, batches_of[e.lm][0], device, dtype)
         else:
             e.peak_bytes = measure_peak_memory(e, batches_of[e.lm][0], device, dtype)
-        log(f"{e.label}: {e.batch_flops[0] / 1e9:.1f} GFLOP per batch-0 step"
-            + ("" if e.peak_bytes is None else f", peak memory {e.peak_bytes / 2 ** 20:.0f} MiB"))
+            if args.memory_breakdown:
+                e.saved_by_module = saved_activations_by_module(e, batches_of[e.lm][0], device, dtype)
+        parts = [] if args.memory_only else [f"{e.batch_flops[0] / 1e9:.1f} GFLOP per batch-0 step"]
+        parts += [] if e.peak_bytes is None else [f"peak memory {e.peak_bytes / 2 ** 20:.0f} MiB"]
+        log(f"{e.label}: " + ", ".join(parts))
 
     # training throughput, interleaved
-    for rep in range(0 if args.no_training else args.repeats):
+    for rep in range(0 if args.no_training or args.memory_only else args.repeats):
         for e in entries:
             tps, gflops = train_repetition(e, batches_of[e.lm], args.steps, device, dtype)
             e.train_tps.append(tps)
@@ -718,8 +809,9 @@ def main(argv=None):
 
     # the peak again at the end, keeping the better one: a single early reading can catch the
     # machine in a slow moment and would inflate every "% of peak"
-    peaks["matmul_gflops"] = max(peaks["matmul_gflops"], measure_matmul_peak(device, dtype, gemm))
-    log(f"matmul peak, best of both readings: {peaks['matmul_gflops']:.1f} GFLOP/s")
+    if not args.memory_only:
+        peaks["matmul_gflops"] = max(peaks["matmul_gflops"], measure_matmul_peak(device, dtype, gemm))
+        log(f"matmul peak, best of both readings: {peaks['matmul_gflops']:.1f} GFLOP/s")
     rows = summarise(entries, args, peaks)
     meta = {"argv": command_line, "gemm_size": gemm, "dim": args.dim,
             "layers": args.layers, "heads": args.heads, "ffn": args.ffn, "dtype": args.dtype,

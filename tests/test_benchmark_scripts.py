@@ -132,6 +132,37 @@ def test_benchmark_generation_only(tmp_path):
         benchmark.main(["--no-training", "--no-generation", "--model", "skipless_lm"])
 
 
+def test_benchmark_memory_only(tmp_path):
+    """--memory-only: peak training memory of every model, nothing timed, no generation."""
+    out = tmp_path / "mem"
+    rows = benchmark.main([
+        "--out", str(out), *TINY_SHAPE, "--threads", "1", "--memory-only", "--max-tokens", "128",
+        "--num-batches", "1", "--memory-breakdown", "--ende-data", ende_data_bin(),
+        "--model", "anthe_base"])
+    assert [r["label"] for r in rows] == ["transformer", "anthe_base"]
+    for row in rows:
+        assert row["peak_memory_bytes"] > 4 * row["params"]
+        assert row["train_tokens_per_s"] is None and row["train_gflops"] is None
+        assert row["generation_tokens_per_s"] == {}
+        # the breakdown: per-module activations, layers folded, the loss's own tensors apart
+        saved = row["saved_by_module"]
+        assert "decoder.layers.N.fc1" in saved and "<loss>" in saved
+        assert all(v > 0 for v in saved.values())
+        assert not any(part.isdigit() for name in saved for part in name.split("."))
+        assert sum(saved.values()) < row["peak_memory_bytes"]
+    assert rows[1]["ratios"]["peak_memory"] == pytest.approx(
+        rows[1]["peak_memory_bytes"] / rows[0]["peak_memory_bytes"])
+    table = (out / "table.md").read_text()
+    assert "peak training memory of one step only (--memory-only)" in table
+    assert "gen b" not in table
+    assert "| `decoder.layers.N.fc1` |" in table
+    for flag in ("--no-memory", "--no-training", "--dense-export"):
+        with pytest.raises(SystemExit, match=f"--memory-only cannot be combined with {flag}"):
+            benchmark.main(["--memory-only", flag, "--model", "anthe_base"])
+    with pytest.raises(SystemExit, match="--memory-breakdown needs the memory step"):
+        benchmark.main(["--memory-breakdown", "--no-memory", "--model", "anthe_base"])
+
+
 @pytest.mark.slow
 def test_benchmark_bf16_autocast_training_and_cast_generation(tmp_path):
     """--dtype bf16: autocast training and a bf16-cast model (and its dense export) in generation."""

@@ -6,11 +6,13 @@ forward runs unchanged; with every option off they are fairseq's layers (same pa
 same init order, same outputs). A GLU FFN is ``fc2(fc1(x))`` with ``fc1`` =
 :class:`GLUProjection` and the identity as the layer's activation.
 """
+import torch.nn.functional as F
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
 )
 
+from slim_fairseq.modules.dropout import slim_dropouts
 from slim_fairseq.modules.gated_attention import build_attention, tc_ratio_for
 from slim_fairseq.modules.glu import GLUProjection, build_linear, glu_hidden_dim
 
@@ -28,6 +30,17 @@ def _ffn_settings(cfg):
 class _SlimFFNMixin:
     """``build_fc1`` / ``build_fc2`` for GLU and Tensor-Chain feed-forward layers."""
 
+    def _lean_ffn(self):
+        """A ReLU feed-forward of two Tensor Chains keeps fc1's input for backward, not the
+        hidden layer: fc1 marks its output, the ReLU keeps a one-byte mask, fc2 rebuilds its
+        input (``tc_autograd``)."""
+        from slim_fairseq.modules.tensor_chain import TensorChainLinear
+        from slim_fairseq.modules.tc_autograd import rebuildable_relu
+        if (self.activation_fn is F.relu and isinstance(self.fc1, TensorChainLinear)
+                and isinstance(self.fc2, TensorChainLinear)):
+            self.fc1.rebuildable_output = True
+            self.activation_fn = rebuildable_relu
+
     def build_fc1(self, input_dim, output_dim, q_noise, qn_block_size):
         glu, tc_ff, tc_length, tc_min_bond = self._ffn_options
         if glu:
@@ -43,7 +56,8 @@ class _SlimFFNMixin:
         if glu:
             input_dim = glu_hidden_dim(input_dim)
         if glu or tc_ff:
-            return build_linear(input_dim, output_dim, tc_ff, tc_length, tc_min_bond=tc_min_bond)
+            return build_linear(input_dim, output_dim, tc_ff, tc_length, rebuild_input=glu,
+                                tc_min_bond=tc_min_bond)
         return super().build_fc2(input_dim, output_dim, q_noise, qn_block_size)
 
 
@@ -62,8 +76,10 @@ class SlimEncoderLayer(_SlimFFNMixin, TransformerEncoderLayerBase):
         object.__setattr__(self, "_ffn_glu_activation",
                            getattr(cfg, "glu_activation", "silu") or "silu")
         super().__init__(cfg, return_fc=return_fc)
+        slim_dropouts(self)  # one-byte dropout masks on the CPU
         if self._ffn_options[0]:
             self.activation_fn = _identity  # the GLU projection applies its own activation
+        self._lean_ffn()
 
     def build_self_attention(self, embed_dim, cfg):
         return build_attention(cfg, embed_dim, cfg.encoder.attention_heads, role="encoder_self",
@@ -80,8 +96,10 @@ class SlimDecoderLayer(_SlimFFNMixin, TransformerDecoderLayerBase):
                            getattr(cfg, "glu_activation", "silu") or "silu")
         super().__init__(cfg, no_encoder_attn=no_encoder_attn, add_bias_kv=add_bias_kv,
                          add_zero_attn=add_zero_attn)
+        slim_dropouts(self)
         if self._ffn_options[0]:
             self.activation_fn = _identity
+        self._lean_ffn()
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         kwargs = _attention_kwargs(self, cfg.decoder.xformers_att_config)

@@ -26,6 +26,7 @@ from fairseq import utils
 
 from slim_fairseq.models.slim_layers import SlimDecoderLayer, SlimEncoderLayer
 from slim_fairseq.models.slim_options import add_slim_args, set_slim_defaults, validate_slim_args
+from slim_fairseq.modules.dropout import slim_dropouts
 from slim_fairseq.option_errors import check_task, one_line_option_errors
 from slim_fairseq.modules.input_embedding import (
     build_input_embedding,
@@ -65,6 +66,7 @@ class SlimTransformerEncoder(TransformerEncoderBase):
         finally:
             cfg.encoder.layers = num_layers
         self.embed_positions = None  # positions live in the input embedding
+        slim_dropouts(self, ("dropout_module",))
         self.layers.extend(_build_stack(cfg, "encoder", self.build_encoder_layer))
         self.num_layers = len(self.layers)
 
@@ -98,6 +100,7 @@ class SlimTransformerDecoder(TransformerDecoderBase):
         finally:
             cfg.decoder.layers = num_layers
         self.embed_positions = None  # positions live in the input embedding
+        slim_dropouts(self, ("dropout_module",))
         self.layers.extend(_build_stack(
             cfg, "decoder", lambda layer_cfg: self.build_decoder_layer(layer_cfg, no_encoder_attn)))
         self.num_layers = len(self.layers)

@@ -121,7 +121,7 @@ class GatedMultiheadAttention(MultiheadAttention):
                 out[name] = inputs[name]
             elif name == target:
                 gate = torch.sigmoid(self._project(source, inputs[source]))
-                out[name] = self._project(name, inputs[name] * gate)
+                out[name] = gated_projection(getattr(self, name + "_proj"), inputs[name], gate)
             else:
                 out[name] = self._project(name, inputs[name])
         return out["q"], out["k"], out["v"]
@@ -157,7 +157,9 @@ class GatedMultiheadAttention(MultiheadAttention):
                 assert self.encoder_decoder_attention and not self.self_attention
                 key = value = None
         if self.self_attention:
-            key = value = query
+            # one contiguous copy (the first layer gets a transposed view), shared by every
+            # projection and the gate, instead of one copy per projection
+            key = value = query = query.contiguous()
         elif self.encoder_decoder_attention and key is not None:
             if self.beam_size > 1 and bsz == key.size(1):
                 # the encoder output is repeated per beam: keep one copy per sentence
@@ -270,6 +272,57 @@ class GatedMultiheadAttention(MultiheadAttention):
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
         attn = attn.permute(2, 0, 1, 3).reshape(tgt_len, bsz, heads * head_dim)
         return self.out_proj(attn)
+
+
+class GatedLinear(torch.autograd.Function):
+    """``(x * gate) @ w + bias`` (``w`` [in, out]) keeping ``x`` and ``gate`` (which the gate and
+    the other projections keep anyway), not their product; the product is recomputed for the
+    weight gradient. Same results as autograd through ``addmm``."""
+
+    @staticmethod
+    def forward(ctx, x, gate, w, bias):
+        from slim_fairseq.modules.tc_autograd import remember_autocast
+        remember_autocast(ctx, x)
+        ctx.save_for_backward(x, gate, w)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        xg = (x * gate).reshape(-1, w.shape[0])
+        y = torch.addmm(bias, xg, w) if bias is not None else xg @ w
+        return y.reshape(*x.shape[:-1], w.shape[1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        from slim_fairseq.modules.tc_autograd import forward_autocast, refuse_double_backward
+        refuse_double_backward("gated attention projection")
+        x, gate, w = ctx.saved_tensors
+        grad2d = grad.reshape(-1, w.shape[1])
+        grad_x = grad_gate = grad_w = grad_bias = None
+        with forward_autocast(ctx):
+            if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+                grad_xg = (grad2d @ w.t()).reshape(x.shape)
+                if ctx.needs_input_grad[0]:
+                    grad_x = (grad_xg * gate).to(x.dtype)
+                if ctx.needs_input_grad[1]:
+                    grad_gate = (grad_xg * x).to(gate.dtype)
+            if ctx.needs_input_grad[2]:
+                grad_w = ((x * gate).reshape(-1, w.shape[0]).t() @ grad2d).to(w.dtype)
+        if ctx.bias_dtype is not None and ctx.needs_input_grad[3]:
+            grad_bias = grad2d.sum(0).to(ctx.bias_dtype)
+        return grad_x, grad_gate, grad_w, grad_bias
+
+
+def gated_projection(proj, x, gate):
+    """``proj(x * gate)`` for a gate's target projection (None = identity). A dense or
+    materialising Tensor-Chain projection in training runs as :class:`GatedLinear`."""
+    if proj is None:
+        return x * gate
+    if torch.is_grad_enabled() and x.shape == gate.shape and x.dtype == gate.dtype:
+        if type(proj) is nn.Linear:
+            return GatedLinear.apply(x, gate, proj.weight.t(), proj.bias)
+        from slim_fairseq.modules.tensor_chain import TensorChainLinear
+        rows = x.numel() // x.shape[-1]
+        if isinstance(proj, TensorChainLinear) and not proj.use_contraction(rows):
+            return GatedLinear.apply(x, gate, proj.full_weight(), proj.bias)
+    return proj(x * gate)
 
 
 def tc_ratio_for(cfg, place):

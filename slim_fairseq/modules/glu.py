@@ -4,11 +4,138 @@
 :class:`GLUProjection` is the "fc1" of the GLU FFN (``act(w1 x) * w3 x``); the layer keeps
 ``fc2`` (= w2) as its own Linear / Tensor-Chain layer and uses the identity activation, so
 fairseq's layer forward runs unchanged.
+
+Training memory: the product is computed by :class:`GatedActivation`, which keeps the two
+hidden inputs but not the activation's output; with Tensor-Chain ``w1``, ``w3`` that contract
+the input, :class:`ChainGLU` keeps only the input and the cores and recomputes both hidden
+activations in backward (two small contractions). Both give autograd's results.
 """
+import functools
+
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 GLU_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu}
+
+
+def _activation_backward(name, grad, h):
+    """Gradient of ``act(h)`` for ``grad`` with autograd's own kernels."""
+    if name == "silu":
+        return torch.ops.aten.silu_backward(grad, h)
+    return torch.ops.aten.gelu_backward(grad, h)
+
+
+class GatedActivation(torch.autograd.Function):
+    """``act(h1) * h3`` saving ``h1`` and ``h3`` only (``act(h1)`` is recomputed in backward)."""
+
+    @staticmethod
+    def forward(ctx, h1, h3, activation):
+        ctx.activation = activation
+        ctx.save_for_backward(h1, h3)
+        return GLU_ACTIVATIONS[activation](h1) * h3
+
+    @staticmethod
+    def backward(ctx, grad):
+        from slim_fairseq.modules.tc_autograd import refuse_double_backward
+        refuse_double_backward("GLU")
+        h1, h3 = ctx.saved_tensors
+        grad_h1 = grad_h3 = None
+        if ctx.needs_input_grad[1]:
+            grad_h3 = grad * GLU_ACTIVATIONS[ctx.activation](h1)
+        if ctx.needs_input_grad[0]:
+            grad_h1 = _activation_backward(ctx.activation, grad * h3, h1)
+        return grad_h1, grad_h3, None
+
+
+class ChainGLUSpec:
+    """Non-tensor arguments of :class:`ChainGLU`: the activation, the number of cores of W1,
+    and a one-slot stash through which a consumer that rebuilt the hidden activations in its
+    backward (:func:`chain_glu_value`) hands them to ChainGLU's backward, which runs next."""
+
+    def __init__(self, activation, n1):
+        self.activation, self.n1, self.stash = activation, n1, {}
+
+
+class ChainGLU(torch.autograd.Function):
+    """``act(x W1 + b1) * (x W3 + b3)`` with W1, W3 Tensor Chains contracted with the input
+    (never built), saving only ``x2d`` and the cores; both hidden activations are recomputed
+    in backward. Biases may be None."""
+
+    @staticmethod
+    def forward(ctx, x2d, spec, b1, b3, *cores):
+        from slim_fairseq.modules.tc_autograd import remember_autocast
+        remember_autocast(ctx, x2d)
+        ctx.spec = spec
+        ctx.save_for_backward(x2d, b1, b3, *cores)
+        h1, h3 = _chain_hidden(x2d, cores[:spec.n1], b1, cores[spec.n1:], b3)
+        return GLU_ACTIVATIONS[spec.activation](h1) * h3
+
+    @staticmethod
+    def backward(ctx, grad):
+        from slim_fairseq.modules.tc_autograd import (chain_backward, forward_autocast,
+                                                      refuse_double_backward)
+        refuse_double_backward("GLU with Tensor-Chain linears")
+        x2d, b1, b3, *cores = ctx.saved_tensors
+        spec, needs = ctx.spec, ctx.needs_input_grad
+        cores1, cores3 = cores[:spec.n1], cores[spec.n1:]
+        with forward_autocast(ctx):
+            hidden = spec.stash.pop("hidden", None)
+            h1, h3 = hidden if hidden is not None else _chain_hidden(x2d, cores1, b1, cores3, b3)
+            del hidden
+            grad_h3 = grad * GLU_ACTIVATIONS[spec.activation](h1)
+            grad_h1 = _activation_backward(spec.activation, grad * h3, h1)
+            del h1, h3
+            need_x = needs[0]
+            g1 = chain_backward(x2d, cores1, grad_h1, (need_x, *needs[4:4 + spec.n1]))
+            g3 = chain_backward(x2d, cores3, grad_h3, (need_x, *needs[4 + spec.n1:]))
+        grad_x = None
+        if need_x:
+            grad_x = (g1[0] + g3[0]).to(x2d.dtype)
+        grad_b1 = grad_h1.sum(0).to(b1.dtype) if needs[2] else None
+        grad_b3 = grad_h3.sum(0).to(b3.dtype) if needs[3] else None
+        core_grads = [None if g is None else g.to(c.dtype)
+                      for g, c in zip(list(g1[1:]) + list(g3[1:]), cores)]
+        return (grad_x, None, grad_b1, grad_b3, *core_grads)
+
+
+@torch.no_grad()
+def gated_activation_value(activation, h1, h3):
+    """The output of :class:`GatedActivation`, without autograd."""
+    return GLU_ACTIVATIONS[activation](h1) * h3
+
+
+class RebuildingLinear(nn.Linear):
+    """``nn.Linear`` (same parameters and init) that keeps, for backward, what rebuilds its
+    input when the input is marked rebuildable (a GLU output), instead of the input itself."""
+
+    def forward(self, x):
+        from slim_fairseq.modules.tc_autograd import linear_input_of, recompute_recipe
+        if recompute_recipe(x) is None or not torch.is_grad_enabled():
+            return super().forward(x)
+        y = linear_input_of(x, x.reshape(-1, self.in_features), self.weight.t(), self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+@torch.no_grad()
+def chain_glu_value(spec, x2d, b1, b3, *cores):
+    """The output of :class:`ChainGLU` for these inputs, without autograd (used to rebuild it
+    in a consumer's backward); the hidden activations go to ``spec``'s stash for ChainGLU's
+    backward."""
+    h1, h3 = _chain_hidden(x2d, cores[:spec.n1], b1, cores[spec.n1:], b3)
+    spec.stash["hidden"] = (h1, h3)
+    return GLU_ACTIVATIONS[spec.activation](h1) * h3
+
+
+def _chain_hidden(x2d, cores1, b1, cores3, b3):
+    from slim_fairseq.modules.tensor_chain import contract_input
+    h1 = contract_input(x2d, list(cores1))
+    h3 = contract_input(x2d, list(cores3))
+    if b1 is not None:
+        h1 = h1 + b1
+    if b3 is not None:
+        h3 = h3 + b3
+    return h1, h3
 
 
 def glu_hidden_dim(ffn_dim):
@@ -16,14 +143,16 @@ def glu_hidden_dim(ffn_dim):
     return (2 * ffn_dim) // 3
 
 
-def build_linear(in_features, out_features, tc_ratio=0.0, tc_length=2, bias=True, tc_min_bond=0):
+def build_linear(in_features, out_features, tc_ratio=0.0, tc_length=2, bias=True,
+                 rebuild_input=False, tc_min_bond=0):
     """Dense ``nn.Linear`` or a Tensor-Chain layer with parameter ratio ``tc_ratio``
-    (docs/TECHNIQUES.md#tensor-chain)."""
+    (docs/TECHNIQUES.md#tensor-chain). ``rebuild_input``: a dense layer is a
+    :class:`RebuildingLinear` (a GLU's fc2)."""
     if tc_ratio:
         from slim_fairseq.modules.tensor_chain import TensorChainLinear
         return TensorChainLinear(in_features, out_features, ratio=tc_ratio, length=tc_length,
                                  bias=bias, min_bond=tc_min_bond)
-    return nn.Linear(in_features, out_features, bias=bias)
+    return (RebuildingLinear if rebuild_input else nn.Linear)(in_features, out_features, bias=bias)
 
 
 class GLUProjection(nn.Module):
@@ -46,4 +175,28 @@ class GLUProjection(nn.Module):
         return f"activation={self.activation}"
 
     def forward(self, x):
-        return GLU_ACTIVATIONS[self.activation](self.w1(x)) * self.w3(x)
+        if not torch.is_grad_enabled():
+            return GLU_ACTIVATIONS[self.activation](self.w1(x)) * self.w3(x)
+        rows = x.numel() // self.in_features
+        if self._chain_contraction(rows):
+            x2d = x.reshape(rows, self.in_features)
+            cores1, cores3 = list(self.w1.cores), list(self.w3.cores)
+            spec = ChainGLUSpec(self.activation, len(cores1))
+            out = ChainGLU.apply(x2d, spec, self.w1.bias, self.w3.bias, *cores1, *cores3)
+            out = out.reshape(*x.shape[:-1], self.out_features)
+            # a Tensor-Chain fc2 may keep x2d instead of this (wider) output
+            from slim_fairseq.modules.tc_autograd import mark_recomputable
+            return mark_recomputable(out, functools.partial(chain_glu_value, spec),
+                                     x2d, self.w1.bias, self.w3.bias, *cores1, *cores3)
+        h1, h3 = self.w1(x), self.w3(x)
+        # GatedActivation keeps h1, h3 anyway: a consumer may keep them instead of the output
+        from slim_fairseq.modules.tc_autograd import mark_recomputable
+        return mark_recomputable(GatedActivation.apply(h1, h3, self.activation),
+                                 functools.partial(gated_activation_value, self.activation),
+                                 h1, h3)
+
+    def _chain_contraction(self, rows):
+        """Both linears are Tensor Chains that contract the input for this many rows."""
+        from slim_fairseq.modules.tensor_chain import TensorChainLinear
+        return all(isinstance(w, TensorChainLinear) and w.use_contraction(rows)
+                   for w in (self.w1, self.w3))

@@ -109,6 +109,13 @@ def materialise(cores):
     return out.reshape(rows * last.shape[0], cols * last.shape[2])
 
 
+def first_core_first(first, last):
+    """Core order of :func:`contract_pair`: True when the input meets the first core first."""
+    a1, bond, c1 = first.shape
+    a2, _, c2 = last.shape
+    return a1 * a2 + a2 * bond * c1 <= a1 * bond * c2 + c1 * c2
+
+
 def contract_pair(x2d, first, last):
     """``x2d @ W`` for a two-core chain (``first`` [a1, b, c1], ``last`` [a2, b, c2]) as two
     matmuls. Both orders cost the same multiply-adds up to the intermediate's width; what
@@ -118,7 +125,7 @@ def contract_pair(x2d, first, last):
     m = x2d.shape[0]
     a1, bond, c1 = first.shape
     a2, _, c2 = last.shape
-    if a1 * a2 + a2 * bond * c1 <= a1 * bond * c2 + c1 * c2:
+    if first_core_first(first, last):
         u = torch.matmul(x2d.reshape(m, a1, a2).transpose(1, 2),
                          first.reshape(a1, bond * c1))  # [m, a2, b c1]
         out = torch.matmul(u.reshape(m, a2 * bond, c1).transpose(1, 2),
@@ -170,6 +177,9 @@ class TensorChainLinear(nn.Module):
     SMALL_BATCH_ROWS = 256
     CONTRACT_ADVANTAGE_SMALL = 1.5
     CONTRACT_ADVANTAGE_LARGE = 5.0
+    # set on a feed-forward's fc1 (the layer does it): in training, the contracted output is
+    # marked so that a Tensor-Chain fc2 can rebuild it from this layer's input in backward
+    rebuildable_output = False
 
     def __init__(self, in_features, out_features, ratio=None, bond=None, length=2, bias=True,
                  init_std=None, forward_mode="auto", min_bond=0):
@@ -251,12 +261,18 @@ class TensorChainLinear(nn.Module):
         shape = x.shape
         x2d = x.reshape(-1, self.in_features)
         if self.use_contraction(x2d.shape[0]):
-            y = contract_input(x2d, list(self.cores))
+            from slim_fairseq.modules.tc_autograd import chain_contract_input_of
+            # keeps only x2d (or what rebuilds it) and the cores for backward
+            y = chain_contract_input_of(x, x2d, list(self.cores))
             if self.bias is not None:
                 y = y + self.bias
+            if self.rebuildable_output and torch.is_grad_enabled():
+                from slim_fairseq.modules.tc_autograd import chain_value, mark_recomputable
+                return mark_recomputable(y.reshape(*shape[:-1], self.out_features), chain_value,
+                                         x2d, self.bias, *self.cores)
         else:
-            w = self.full_weight()
-            y = torch.addmm(self.bias, x2d, w) if self.bias is not None else x2d @ w
+            from slim_fairseq.modules.tc_autograd import linear_input_of
+            y = linear_input_of(x, x2d, self.full_weight(), self.bias)
         return y.reshape(*shape[:-1], self.out_features)
 
     @torch.no_grad()
