@@ -16,7 +16,7 @@
 # Settings (environment variables):
 #   DEMO_DIR        build directory                                (default: build/demo)
 #   DEMO_LM_UPDATES updates per language model                     (default: 200)
-#   DEMO_MT_UPDATES updates of the translation model               (default: 250)
+#   DEMO_MT_UPDATES updates of the translation model               (default: 100)
 #   DEMO_SEEDS      seeds of every language model                  (default: 1,2)
 #   DEMO_JOBS       training runs at a time                        (default: 2)
 #   PYTHON          interpreter with fairseq installed             (default: .venv/bin/python)
@@ -29,7 +29,7 @@ PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 BIN="$(dirname "$PYTHON")"
 DEMO_DIR="${DEMO_DIR:-$REPO/build/demo}"
 LM_UPDATES="${DEMO_LM_UPDATES:-200}"
-MT_UPDATES="${DEMO_MT_UPDATES:-250}"
+MT_UPDATES="${DEMO_MT_UPDATES:-100}"
 SEEDS="${DEMO_SEEDS:-1,2}"
 JOBS="${DEMO_JOBS:-2}"
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
@@ -70,7 +70,7 @@ LM_MODELS=(
 log "stage 2: WikiText-2 language models, $LM_UPDATES updates each, seeds $SEEDS, $JOBS at a time"
 "$PYTHON" scripts/quality.py --out "$DEMO_DIR/lm" --corpus wikitext --lm-data "$LM_BIN" \
   --dim 128 --layers 4 --heads 4 --lr 3e-3 --seeds "$SEEDS" --max-update "$LM_UPDATES" \
-  --validate-interval 50 --max-valid-steps 30 --max-tokens 2048 --tokens-per-sample 128 --dropout 0 \
+  --validate-interval 100 --max-valid-steps 30 --max-tokens 2048 --tokens-per-sample 128 --dropout 0 \
   --no-baseline --frontier-baseline transformer_lm --jobs "$JOBS" --threads 1 "${LM_MODELS[@]}" \
   > "$DEMO_DIR/lm.log" 2>&1 || { tail -n 30 "$DEMO_DIR/lm.log" >&2; exit 1; }
 grep '^\[quality\] \[' "$DEMO_DIR/lm.log" | sed 's/^/    /'
