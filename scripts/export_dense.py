@@ -5,11 +5,14 @@ Reads a ``slim_transformer`` / ``slim_lm`` checkpoint (any arch of them, any ``-
 ``--tc-patt``, ``--tc-layer``, ``--tc-emb``, ``--tc-output``) and writes a checkpoint of the
 same arch whose options rebuild plain ``nn.Linear`` layers and a plain token table; the
 outputs equal the original's up to float rounding. fairseq's tools load it with
-``--user-dir slim_fairseq`` (the other techniques of the arch stay as they are).
+``--user-dir slim_fairseq`` (the other techniques of the arch stay as they are); with
+``--plain-fairseq`` a model without other techniques (e.g. one written by
+compress_checkpoint.py) becomes fairseq's own ``transformer`` / ``transformer_lm`` again.
 
 Usage::
 
     python scripts/export_dense.py checkpoints/checkpoint_best.pt dense.pt
+    python scripts/export_dense.py tc.pt transformer.pt --plain-fairseq
 """
 import argparse
 import os
@@ -24,6 +27,9 @@ def main(argv=None):
     parser.add_argument("output", help="where to write the dense checkpoint")
     parser.add_argument("--data", help="directory with the dictionaries (default: the checkpoint's "
                                        "data directory)")
+    parser.add_argument("--plain-fairseq", action="store_true",
+                        help="write fairseq's own transformer / transformer_lm (loads without "
+                             "--user-dir); refused when the model uses another technique of the plugin")
     parser.add_argument("--user-dir", default=os.path.join(REPO, "slim_fairseq"),
                         help="path of the slim_fairseq plugin")
     args = parser.parse_args(argv)
@@ -37,7 +43,8 @@ def main(argv=None):
         print(f"[export_dense] {message}", file=sys.stderr, flush=True)
 
     try:
-        export_dense_checkpoint(args.checkpoint, args.output, data=args.data, log=log)
+        export_dense_checkpoint(args.checkpoint, args.output, data=args.data,
+                                plain_fairseq=args.plain_fairseq, log=log)
     except CompressionError as err:
         print(f"export_dense: error: {err}", file=sys.stderr)
         return 2

@@ -20,13 +20,9 @@ starts a new training run (epoch 1, 0 updates, no optimizer state): fine-tune it
 """
 import argparse
 import copy
-import logging
-import math
 
 import torch
 import torch.nn as nn
-
-logger = logging.getLogger(__name__)
 
 TC_OPTIONS = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
 # fairseq model -> the plugin model with the same options and the same layer classes
@@ -357,9 +353,45 @@ def dense_state_dict(model):
     return state
 
 
-def export_dense_checkpoint(path, out, data=None, log=None):
+def other_techniques(model_cfg):
+    """Flags of every plugin technique except Tensor Chains that ``model_cfg`` switches on
+    (empty: the dense export is exactly fairseq's transformer / transformer_lm)."""
+    from slim_fairseq.models.slim_options import set_slim_defaults
+    from slim_fairseq.modules.weight_tying import set_tying_defaults
+    defaults = argparse.Namespace()
+    set_slim_defaults(defaults)
+    set_tying_defaults(defaults)
+    skip = set(TC_OPTIONS) | {"tc_length", "ffn_lora_alpha", "bert_init"}  # bert_init: init only
+    return ["--" + key.replace("_", "-") for key, default in vars(defaults).items()
+            if key not in skip and getattr(model_cfg, key, default) not in (default, None)]
+
+
+def _plain_fairseq(cfg, state, dense_cfg, dense, model_name):
+    """(config, model) of fairseq's own model holding the tensors of the dense export."""
+    from slim_fairseq.models.slim_options import set_slim_defaults
+    from slim_fairseq.modules.weight_tying import set_tying_defaults
+    plugin_only = argparse.Namespace()
+    set_slim_defaults(plugin_only)
+    set_tying_defaults(plugin_only)
+    plain_name = next(name for name, slim in SLIM_OF.items() if slim == model_name)
+    plain_cfg = argparse.Namespace(**{k: v for k, v in vars(dense_cfg).items()
+                                      if not hasattr(plugin_only, k)})
+    plain_cfg.arch = plain_cfg._name = plain_name
+    _, plain = _build_task_and_model(cfg, state, model_cfg=copy.deepcopy(plain_cfg))
+    try:
+        plain.load_state_dict({_dense_key(k): v for k, v in dense.state_dict().items()}, strict=True)
+    except RuntimeError as exc:
+        raise CompressionError(f"fairseq's {plain_name} does not take the exported tensors: "
+                               f"{_one_line(exc)[:300]}")
+    return plain_cfg, plain.eval()
+
+
+def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None):
     """Materialise every Tensor Chain of a plugin checkpoint and set its ``--tc-*`` options to 0
-    (see the module docstring). Returns ``(model, exported_model)``, both in eval mode."""
+    (see the module docstring). ``plain_fairseq``: write fairseq's own ``transformer`` /
+    ``transformer_lm`` instead (refused when the model uses another technique of the plugin),
+    which fairseq loads without ``--user-dir``. Returns ``(model, exported_model)``, both in
+    eval mode."""
     state = _load_state(path, data)
     cfg = _model_cfg(state)
     arch = _arch_of(cfg.model)
@@ -368,6 +400,9 @@ def export_dense_checkpoint(path, out, data=None, log=None):
         raise CompressionError(
             f"{path} is a checkpoint of arch {arch!r} (model {model_name or 'unknown'}); "
             f"export_dense takes {' or '.join(SLIM_OF.values())} checkpoints (any arch of them)")
+    if plain_fairseq and other_techniques(cfg.model):
+        raise CompressionError("--plain-fairseq needs a model that uses no other technique of the "
+                               f"plugin; this one sets {', '.join(other_techniques(cfg.model))}")
     places = [p for p in TC_OPTIONS if getattr(cfg.model, p, 0.0)]
     if log:
         log(f"loading {path} (arch {arch}, Tensor Chains: {', '.join(places) or 'none'})")
@@ -386,15 +421,12 @@ def export_dense_checkpoint(path, out, data=None, log=None):
     left = [name for name, module in dense.named_modules() if is_tensor_chain(module)]
     if left:
         raise CompressionError(f"Tensor Chains left after the export: {', '.join(left[:5])}")
+    if plain_fairseq:
+        dense_cfg, dense = _plain_fairseq(cfg, state, dense_cfg, dense, model_name)
     write_checkpoint(out, cfg, dense_cfg, dense, state)
     if log:
         before = sum(p.numel() for p in model.parameters())
         after = sum(p.numel() for p in dense.parameters())
-        log(f"wrote {out}: {arch} with every --tc-* 0, {before:,} -> {after:,} parameters")
+        log(f"wrote {out}: {dense_cfg.arch}" + ("" if plain_fairseq else " with every --tc-* 0")
+            + f", {before:,} -> {after:,} parameters")
     return model, dense
-
-
-def relative_error_summary(records):
-    """Mean and maximum relative error of :func:`compress_model` records."""
-    errors = [r["rel_error"] for r in records]
-    return (sum(errors) / len(errors), max(errors)) if errors else (math.nan, math.nan)

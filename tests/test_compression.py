@@ -215,6 +215,26 @@ def test_compression_without_fitting_loses_accuracy_with_a_smaller_ratio(dense_u
     assert gaps[0] < gaps[1] < gaps[2], gaps
 
 
+def test_compress_then_export_gives_back_fairseqs_transformer(dense_untied, tmp_path):
+    """compress -> export_dense --plain-fairseq: fairseq's own TransformerModel holding the
+    materialised chains, with the compressed model's outputs."""
+    from fairseq.models.transformer import TransformerModel
+    from slim_fairseq.compression import compress_checkpoint, export_dense_checkpoint
+    compressed = tmp_path / "tc.pt"
+    compress_checkpoint(dense_untied, str(compressed), tc_layer=0.3, tc_output=0.2)
+    plain_path = tmp_path / "plain.pt"
+    export_dense_checkpoint(str(compressed), str(plain_path), plain_fairseq=True)
+    tc, _, task = load(compressed)
+    plain, cfg, _ = load(plain_path)
+    assert type(plain) is TransformerModel and cfg.model.arch == "transformer"
+    assert not hasattr(cfg.model, "tc_ff")
+    vocab = len(task.source_dictionary)
+    reference = translation_logits(tc, vocab)
+    assert (translation_logits(plain, vocab) - reference).abs().max() <= 1e-5 * reference.abs().max()
+    original = load(dense_untied)[0]
+    assert sorted(plain.state_dict()) == sorted(original.state_dict())
+
+
 @pytest.mark.slow
 def test_cli_compressed_checkpoint_generates_and_fine_tunes(dense_tied, tmp_path):
     out = tmp_path / "tc.pt"
@@ -268,6 +288,8 @@ def test_wrong_input_gives_a_one_line_error(dense_tied, tc_translation, tmp_path
     _one_line_error(run_script(COMPRESS, [dense_tied, out]), "--tc-ff")
     _one_line_error(run_script(COMPRESS, [dense_tied, out, "--tc-output", "0.2"]),
                     "--tc-output", "tied")
+    _one_line_error(run_script(EXPORT, [tc_translation, out, "--plain-fairseq"]),
+                    "--plain-fairseq", "--ffn-glu", "--self-attn-gate", "--output-bias")
     assert not os.path.exists(out)
 
 
