@@ -15,6 +15,7 @@ Usage::
 """
 import argparse
 import os
+import shlex
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,9 +58,9 @@ def main(argv=None):
     except CompressionError as err:
         print(f"compress_checkpoint: error: {err}", file=sys.stderr)
         return 2
-    print("model flags: " + " ".join(flags))
-    print(f"fine-tune: fairseq-train DATA --user-dir {args.user_dir} {' '.join(flags)} "
-          f"--restore-file {args.output} --reset-optimizer ...")
+    print("model flags: " + shlex.join(flags))
+    print(f"fine-tune: fairseq-train DATA --user-dir {shlex.quote(args.user_dir)} {shlex.join(flags)} "
+          f"--restore-file {shlex.quote(args.output)} --reset-optimizer ...")
     return 0
 
 

@@ -69,14 +69,14 @@ def fill_from_dense(module, weight):
 
 def _dense_key(slim_key):
     """State-dict key of fairseq's transformer for a key of the plugin's model: the plugin keeps
-    the token table and the positions inside its input embedding (``embed_tokens``)."""
+    the token table, the positions and the input projection (a table narrower than the model)
+    inside its input embedding (``embed_tokens``)."""
     for side in ("encoder", "decoder"):
-        table = f"{side}.embed_tokens.table."
-        positions = f"{side}.embed_tokens.embed_positions."
-        if slim_key.startswith(table):
-            return f"{side}.embed_tokens." + slim_key[len(table):]
-        if slim_key.startswith(positions):
-            return f"{side}.embed_positions." + slim_key[len(positions):]
+        for inner, outer in (("table", "embed_tokens"), ("embed_positions", "embed_positions"),
+                             ("project_in_dim", "project_in_dim")):
+            prefix = f"{side}.embed_tokens.{inner}."
+            if slim_key.startswith(prefix):
+                return f"{side}.{outer}." + slim_key[len(prefix):]
     return slim_key
 
 
@@ -186,6 +186,27 @@ def _build_task_and_model(cfg, state, model_cfg=None):
     return task, model.eval()
 
 
+@torch.no_grad()
+def output_gap(model_a, model_b, vocab, seed=0):
+    """Largest difference of the two models' logits on a random batch (no padding), relative
+    to the largest logit of ``model_a``; both models in eval mode."""
+    from fairseq.models import FairseqEncoderDecoderModel
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(4, vocab, (2, 7), generator=generator)
+    if isinstance(model_a, FairseqEncoderDecoderModel):
+        prev = torch.randint(4, vocab, (2, 5), generator=generator)
+        prev[:, 0] = 2
+        run = lambda model: model(tokens, torch.full((2,), 7), prev)[0]  # noqa: E731
+    else:
+        run = lambda model: model(tokens)[0]  # noqa: E731
+    a, b = run(model_a), run(model_b)
+    return ((a - b).abs().max() / a.abs().max().clamp_min(1e-12)).item()
+
+
+# relative logit difference accepted as "equal up to float32 rounding"
+EQUAL_OUTPUTS = 1e-4
+
+
 def _one_line(exc):
     return " ".join(str(exc).split()) or type(exc).__name__
 
@@ -231,6 +252,13 @@ def model_flags(model_cfg, model_name):
     with_defaults = argparse.ArgumentParser(add_help=False)
     MODEL_REGISTRY[model_name].add_args(with_defaults)
     fallback = vars(with_defaults.parse_args([]))
+    if model_name == "slim_lm":  # its parser has no defaults; they live in fairseq's dataclass
+        import dataclasses
+        from fairseq.models.transformer_lm import TransformerLanguageModelConfig
+        lm_defaults = TransformerLanguageModelConfig()
+        for field in dataclasses.fields(lm_defaults):
+            if fallback.get(field.name) is None:
+                fallback[field.name] = getattr(lm_defaults, field.name)
     fallback.update(max_source_positions=DEFAULT_MAX_SOURCE_POSITIONS,  # set by build_model
                     max_target_positions=DEFAULT_MAX_TARGET_POSITIONS,
                     min_params_to_wrap=DEFAULT_MIN_PARAMS_TO_WRAP)
@@ -301,6 +329,10 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
             f"{path} is a checkpoint of arch {arch!r} (model {model_name or 'unknown'}); "
             f"compress_checkpoint takes fairseq's {' or '.join(SLIM_OF)} models "
             "(e.g. transformer, transformer_wmt_en_de, transformer_vaswani_wmt_en_de_big)")
+    if model_name == "transformer_lm" and not getattr(cfg.model, "decoder_normalize_before", False):
+        raise CompressionError(
+            f"{path} is a post-norm transformer_lm (decoder_normalize_before False); slim_lm is "
+            "always pre-norm (fairseq's base_lm_architecture sets --decoder-normalize-before)")
     if log:
         log(f"loading {path} (arch {arch})")
     try:
@@ -317,8 +349,25 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
     try:
         validate_slim_args(slim_cfg)
         _, slim = _build_task_and_model(cfg, state, model_cfg=copy.deepcopy(slim_cfg))
+        # the plugin's model with every chain off must be exactly the checkpoint's model
+        same_cfg = copy.deepcopy(slim_cfg)
+        for place in TC_OPTIONS:
+            setattr(same_cfg, place, 0.0)
+        _, same = _build_task_and_model(cfg, state, model_cfg=same_cfg)
     except ValueError as exc:
         raise CompressionError(_one_line(exc))
+    try:
+        compress_model(dense, same)
+    except CompressionError as exc:
+        raise CompressionError(f"{slim_name} built from the options of {path} differs from the "
+                               f"checkpoint's model: {exc}")
+    vocab = len(task.source_dictionary)
+    gap = output_gap(dense, same.eval(), vocab)
+    if gap > EQUAL_OUTPUTS:
+        raise CompressionError(
+            f"{slim_name} built from the options of {path} does not reproduce the checkpoint's "
+            f"model (relative logit gap {gap:.2e}); this {arch} option combination is not supported")
+    del same
     records = compress_model(dense, slim, log=log)
     if not records:
         raise CompressionError("the chosen --tc-* places hold no layer of this model")
@@ -407,7 +456,7 @@ def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None)
     if log:
         log(f"loading {path} (arch {arch}, Tensor Chains: {', '.join(places) or 'none'})")
     try:
-        _, model = _build_task_and_model(cfg, state)
+        task, model = _build_task_and_model(cfg, state)
     except FileNotFoundError as exc:
         raise CompressionError(f"{_one_line(exc)} (give the directory with the dictionaries as --data)")
     dense_cfg = _namespace(cfg.model)
@@ -423,6 +472,10 @@ def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None)
         raise CompressionError(f"Tensor Chains left after the export: {', '.join(left[:5])}")
     if plain_fairseq:
         dense_cfg, dense = _plain_fairseq(cfg, state, dense_cfg, dense, model_name)
+    gap = output_gap(model, dense.eval(), len(task.source_dictionary))
+    if gap > EQUAL_OUTPUTS:
+        raise CompressionError(f"the exported model's outputs differ from {path}'s "
+                               f"(relative logit gap {gap:.2e}); nothing written")
     write_checkpoint(out, cfg, dense_cfg, dense, state)
     if log:
         before = sum(p.numel() for p in model.parameters())

@@ -3,6 +3,7 @@ checkpoints (issue 16, "Tools users lack"): scripts/compress_checkpoint.py, scri
 slim_fairseq/compression.py."""
 import math
 import os
+import shlex
 import subprocess
 import sys
 
@@ -236,13 +237,42 @@ def test_compress_then_export_gives_back_fairseqs_transformer(dense_untied, tmp_
 
 
 @pytest.mark.slow
+def test_compress_language_model_and_back(tmp_path):
+    """fairseq's transformer_lm (pre-norm, as slim_lm always is) -> slim_lm with chains in every
+    place -> export --plain-fairseq: fairseq's TransformerLanguageModel with the compressed
+    model's outputs. A post-norm transformer_lm is refused with one line."""
+    from fairseq.models.transformer_lm import TransformerLanguageModel
+    from slim_fairseq.compression import (CompressionError, compress_checkpoint,
+                                          export_dense_checkpoint)
+    dense_path = train(tmp_path / "lm", lm_args(), ["--arch", "transformer_lm", *TINY_LM,
+                                                     "--decoder-normalize-before"], updates=2)
+    compressed, plain_path = tmp_path / "tc.pt", tmp_path / "plain.pt"
+    records, flags = compress_checkpoint(dense_path, str(compressed), tc_layer=0.3, tc_emb=0.2,
+                                         tc_output=0.25)
+    assert len(records) == 2 * (3 + 2) + 1 + 1 and flags[:2] == ["--arch", "slim_lm"]
+    export_dense_checkpoint(str(compressed), str(plain_path), plain_fairseq=True)
+    tc, _, task = load(compressed)
+    plain, cfg, _ = load(plain_path)
+    assert type(tc).__name__ == "SlimLanguageModel" and type(plain) is TransformerLanguageModel
+    vocab = len(task.source_dictionary)
+    reference = lm_logits(tc, vocab)
+    assert (lm_logits(plain, vocab) - reference).abs().max() <= 1e-5 * reference.abs().max()
+
+    state = torch.load(dense_path, weights_only=True)
+    state["cfg"]["model"]["decoder_normalize_before"] = False
+    torch.save(state, tmp_path / "post_norm.pt")
+    with pytest.raises(CompressionError, match="post-norm"):
+        compress_checkpoint(str(tmp_path / "post_norm.pt"), str(tmp_path / "x.pt"), tc_ff=0.3)
+
+
+@pytest.mark.slow
 def test_cli_compressed_checkpoint_generates_and_fine_tunes(dense_tied, tmp_path):
     out = tmp_path / "tc.pt"
     proc = run_script(COMPRESS, [dense_tied, str(out), "--tc-ff", "0.3", "--tc-patt", "0.5"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "relative error" in proc.stderr and "Tensor Chains" in proc.stderr
-    flags = next(line for line in proc.stdout.splitlines()
-                 if line.startswith("model flags: ")).split()[2:]
+    flags = shlex.split(next(line for line in proc.stdout.splitlines()
+                             if line.startswith("model flags: "))[len("model flags: "):])
     assert "--share-all-embeddings" in flags and flags[-4:] == ["--tc-ff", "0.3", "--tc-patt", "0.5"]
     state = torch.load(out, weights_only=True)  # fairseq's layout, safe loading
     assert state["cfg"]["model"].arch == "slim_transformer" and state["cfg"]["model"].tc_ff == 0.3
@@ -269,26 +299,33 @@ def test_cli_compressed_checkpoint_generates_and_fine_tunes(dense_tied, tmp_path
     assert not torch.equal(tuned["encoder.layers.0.fc1.cores.0"], model["encoder.layers.0.fc1.cores.0"])
 
 
-def _one_line_error(proc, *words):
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if "error:" in line]
-    assert len(lines) == 1, proc.stderr
+def _one_line_error(capsys, script, argv, *words):
+    """Run a script's main() in this process: exit status 2 and one ``error:`` line on stderr
+    that contains ``words``."""
+    module = __import__(script)
+    capsys.readouterr()
+    assert module.main(argv) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    lines = [line for line in captured.err.splitlines() if "error:" in line]
+    assert len(lines) == 1, captured.err
     for word in words:
         assert word in lines[0], lines[0]
 
 
 @pytest.mark.slow
-def test_wrong_input_gives_a_one_line_error(dense_tied, tc_translation, tmp_path):
+def test_wrong_input_gives_a_one_line_error(dense_tied, tc_translation, tmp_path, capsys):
     out = str(tmp_path / "x.pt")
-    _one_line_error(run_script(COMPRESS, [tc_translation, out, "--tc-ff", "0.3"]),
+    _one_line_error(capsys, "compress_checkpoint", [tc_translation, out, "--tc-ff", "0.3"],
                     "arch 'slim_transformer'", "transformer")
-    _one_line_error(run_script(EXPORT, [dense_tied, out]), "arch 'transformer'", "slim_transformer")
-    _one_line_error(run_script(COMPRESS, [dense_tied, out, "--tc-ff", "1.5"]), "--tc-ff", "[0, 1]")
-    _one_line_error(run_script(COMPRESS, [dense_tied, out]), "--tc-ff")
-    _one_line_error(run_script(COMPRESS, [dense_tied, out, "--tc-output", "0.2"]),
+    _one_line_error(capsys, "export_dense", [dense_tied, out], "arch 'transformer'", "slim_transformer")
+    _one_line_error(capsys, "compress_checkpoint", [dense_tied, out, "--tc-ff", "1.5"], "--tc-ff", "[0, 1]")
+    _one_line_error(capsys, "compress_checkpoint", [dense_tied, out], "--tc-ff")
+    _one_line_error(capsys, "compress_checkpoint", [dense_tied, out, "--tc-output", "0.2"],
                     "--tc-output", "tied")
-    _one_line_error(run_script(EXPORT, [tc_translation, out, "--plain-fairseq"]),
+    _one_line_error(capsys, "compress_checkpoint", [str(tmp_path / "missing.pt"), out, "--tc-ff", "0.2"],
+                    "does not exist")
+    _one_line_error(capsys, "export_dense", [tc_translation, out, "--plain-fairseq"],
                     "--plain-fairseq", "--ffn-glu", "--self-attn-gate", "--output-bias")
     assert not os.path.exists(out)
 
