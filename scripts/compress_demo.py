@@ -4,7 +4,8 @@
 1. train fairseq's ``transformer`` with ``fairseq-train`` (the setup of scripts/quality.py);
 2. for every ratio R: ``--tc-ff R --tc-patt R`` by TT-SVD (slim_fairseq/compression.py), then
    a short fine-tune (``fairseq-train --restore-file <compressed> --reset-optimizer ...``);
-3. as a control, the original trained for the same extra updates with the same schedule;
+3. as controls, the original trained for the same extra updates with the same schedule, and
+   (``--scratch-ratios``) the Tensor-Chain model trained from scratch for all the updates;
 4. every checkpoint: valid perplexity (``fairseq-validate``, the training criterion's per-token
    NLL, base 2) and test BLEU (``fairseq-generate`` beam 5, detokenized sacreBLEU) -- the
    evaluation of scripts/quality.py.
@@ -13,7 +14,7 @@ Output (``--out``, default ``results/<name>``): ``results.json`` and ``table.md`
 steps are reused on a rerun. Example (the run in docs/RESULTS.md)::
 
     OMP_NUM_THREADS=1 python scripts/compress_demo.py --name compress_d128 --dim 128 --layers 3 \\
-        --heads 4 --max-update 600 --finetune-updates 150 --ratios 0.5,0.25,0.1
+        --heads 4 --max-update 600 --finetune-updates 150 --ratios 0.5,0.25,0.1 --scratch-ratios 0.25
 """
 import argparse
 import copy
@@ -89,6 +90,9 @@ def get_parser():
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ratios", type=lambda s: [float(x) for x in s.split(",") if x],
                    default=[0.5, 0.25, 0.1], help="--tc-ff = --tc-patt ratios, comma-separated")
+    p.add_argument("--scratch-ratios", type=lambda s: [float(x) for x in s.split(",") if x],
+                   default=[], help="also train slim_transformer --tc-ff R --tc-patt R from scratch "
+                                    "for max-update + finetune-updates updates (comma-separated)")
     p.add_argument("--finetune-updates", type=int, default=150)
     p.add_argument("--finetune-lr", type=float, default=5e-4)
     p.add_argument("--eval-subset", type=int, default=300, help="valid/test sentences when binarizing")
@@ -178,6 +182,13 @@ def main(argv=None):
              train("slim_transformer", saved["flags"][2:] + ["--restore-file", compressed] + restart,
                    finetune),
              updates=args.max_update + args.finetune_updates, ratio=ratio, stage="compressed, fine-tuned")
+    scratch = copy.copy(qargs)
+    scratch.max_update = args.max_update + args.finetune_updates
+    scratch.validate_interval = max(1, scratch.max_update // 4)
+    for ratio in args.scratch_ratios:
+        step(f"TC {ratio:g} scratch", os.path.join(runs, f"tc{ratio:g}_scratch"),
+             train("slim_transformer", ["--tc-ff", str(ratio), "--tc-patt", str(ratio)], scratch),
+             updates=scratch.max_update, ratio=ratio, stage="trained from scratch")
     table = markdown(list(rows.values()), args)
     with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write(table)
