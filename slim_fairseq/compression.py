@@ -10,7 +10,13 @@
 * :func:`export_dense_checkpoint`: every Tensor Chain of a ``slim_transformer`` / ``slim_lm``
   checkpoint (feed-forward, attention projections, token table, vocabulary projection) is
   materialised and the ``--tc-*`` options are set to 0, so the model rebuilds with plain
-  ``nn.Linear`` / ``nn.Embedding``.
+  ``nn.Linear`` / ``nn.Embedding``; with ``plain_fairseq`` a model without other techniques
+  becomes fairseq's own ``transformer`` / ``transformer_lm`` again.
+
+Both check what they write: with every chain off, the plugin's model must give the
+checkpoint's outputs before a compression, and the export must give the Tensor-Chain model's
+outputs (relative logit gap <= ``EQUAL_OUTPUTS``). slim_lm is always pre-norm, so a post-norm
+``transformer_lm`` is refused.
 
 Both write fairseq's checkpoint layout (``cfg`` with a legacy ``argparse.Namespace`` model
 config, ``model``, ``optimizer_history``, ``extra_state``), loadable with torch's
@@ -22,7 +28,6 @@ import argparse
 import copy
 
 import torch
-import torch.nn as nn
 
 TC_OPTIONS = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
 # fairseq model -> the plugin model with the same options and the same layer classes

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from helpers import BIN, REPO, USER_DIR, ende_data_bin, run_cli, wikitext_data_bin
+from helpers import REPO, USER_DIR, ende_data_bin, run_cli, wikitext_data_bin
 
 COMPRESS = os.path.join(REPO, "scripts", "compress_checkpoint.py")
 EXPORT = os.path.join(REPO, "scripts", "export_dense.py")
