@@ -60,7 +60,7 @@ def parse_validate(output):
     return float(records[-1])
 
 
-def evaluate(directory, data, qargs, bpe_codes, threads):
+def evaluate(directory, data, qargs, bpe_codes, threads, beam=5):
     """Valid PPL and test BLEU of ``directory``/checkpoint_best.pt."""
     path = os.path.join(directory, "checkpoint_best.pt")
     validate = quality.run_tool("fairseq-validate", [
@@ -70,7 +70,8 @@ def evaluate(directory, data, qargs, bpe_codes, threads):
         os.path.join(directory, "validate.log"), threads)
     generate = quality.run_tool(
         "fairseq-generate",
-        quality.generate_argv(data, directory, qargs, bpe_codes) + ["--required-batch-size-multiple", "1"],
+        quality.generate_argv(data, directory, qargs, bpe_codes)
+        + ["--required-batch-size-multiple", "1", "--beam", str(beam)],
         os.path.join(directory, "generate.log"), threads)
     total, body = checkpoint_params(path)
     return {"valid_ppl": parse_validate(validate), "test_bleu": quality.parse_bleu(generate),
@@ -96,6 +97,9 @@ def get_parser():
     p.add_argument("--finetune-updates", type=int, default=150)
     p.add_argument("--finetune-lr", type=float, default=5e-4)
     p.add_argument("--eval-subset", type=int, default=300, help="valid/test sentences when binarizing")
+    p.add_argument("--ende-data", help="en-de data-bin (default: bundled corpus, --eval-subset sentences)")
+    p.add_argument("--bpe-codes", help="BPE codes of --ende-data (for detokenized BLEU)")
+    p.add_argument("--beam", type=int, default=5, help="beam of the test-set translation")
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     return p
 
@@ -111,8 +115,12 @@ def main(argv=None):
     from binarize_bundled import binarize_ende, ende_paths
     from slim_fairseq.compression import compress_checkpoint
 
-    data = binarize_ende(eval_subset=args.eval_subset)
-    codes = ende_paths(os.path.join(REPO_ROOT, "build", "data"), eval_subset=args.eval_subset)["codes"]
+    if args.ende_data:
+        data, codes = args.ende_data, args.bpe_codes
+    else:
+        data = binarize_ende(eval_subset=args.eval_subset)
+        codes = ende_paths(os.path.join(REPO_ROOT, "build", "data"),
+                           eval_subset=args.eval_subset)["codes"]
     # scripts/quality.py's options: same training command line, same evaluation
     qargs = quality.get_parser().parse_args([
         "--dim", str(args.dim), "--layers", str(args.layers), "--heads", str(args.heads),
@@ -141,7 +149,7 @@ def main(argv=None):
         if label not in rows:
             log(f"{label}: evaluating")
             rows[label] = dict(label=label, **info, **evaluate(directory, data, qargs, codes,
-                                                                args.threads))
+                                                                args.threads, args.beam))
             with open(results_path, "w") as f:
                 json.dump({"argv": sys.argv if argv is None else ["scripts/compress_demo.py", *argv],
                            "rows": list(rows.values())}, f, indent=1)

@@ -382,3 +382,39 @@ def test_export_dense_encoder_decoder(tc_translation, tmp_path):
 @pytest.mark.slow
 def test_export_dense_language_model(tc_lm, tmp_path):
     _check_export(tc_lm, tmp_path, lm_logits)
+
+
+# ------------------------------------------------------------------------- the demonstration
+
+def test_compress_demo_parsers(dense_tied):
+    import compress_demo
+    output = ("2026-01-01 | INFO | valid | valid on 'valid' subset | loss 8.49 | nll_loss 7.73 | "
+              "ppl 211.7 | wps 2669 | wpb 986 | bsz 74")
+    assert compress_demo.parse_validate("noise\n" + output) == 211.7
+    with pytest.raises(RuntimeError):
+        compress_demo.parse_validate("no record")
+    total, body = compress_demo.checkpoint_params(dense_tied)
+    model = load(dense_tied)[0]
+    assert total == sum(p.numel() for p in model.parameters())  # the shared table once
+    assert body == sum(p.numel() for name, p in model.named_parameters()
+                       if "embed_tokens" not in name and "output_projection" not in name)
+
+
+@pytest.mark.slow
+def test_compress_demo_tiny(tmp_path):
+    import compress_demo
+    data = ende_data_bin()
+    rows = compress_demo.main([
+        "--out", str(tmp_path / "demo"), "--dim", "32", "--layers", "1", "--heads", "2",
+        "--max-update", "2", "--finetune-updates", "2", "--max-tokens", "512", "--ratios", "0.5",
+        "--scratch-ratios", "0.5", "--beam", "1", "--threads", "1", "--ende-data", data,
+        "--bpe-codes", os.path.join(os.path.dirname(data), "bpe", "codes")])
+    assert list(rows) == ["transformer", "transformer +ft", "TC 0.5", "TC 0.5 +ft", "TC 0.5 scratch"]
+    for row in rows.values():
+        assert row["valid_ppl"] > 1 and row["test_bleu"] is not None
+    assert rows["TC 0.5"]["body_params"] < rows["transformer"]["body_params"]
+    assert rows["TC 0.5"]["params"] == rows["TC 0.5 scratch"]["params"]
+    assert 0 < rows["TC 0.5"]["mean_rel_error"] < 1
+    train_log = (tmp_path / "demo" / "runs" / "tc0.5_ft" / "train.log").read_text()
+    assert "Loaded checkpoint" in train_log and "(epoch 1 @ 0 updates)" in train_log
+    assert "TC 0.5 scratch" in (tmp_path / "demo" / "table.md").read_text()
