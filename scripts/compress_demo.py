@@ -70,8 +70,7 @@ def evaluate(directory, data, qargs, bpe_codes, threads, beam=5):
         os.path.join(directory, "validate.log"), threads)
     generate = quality.run_tool(
         "fairseq-generate",
-        quality.generate_argv(data, directory, qargs, bpe_codes)
-        + ["--required-batch-size-multiple", "1", "--beam", str(beam)],
+        quality.generate_argv(data, directory, qargs, bpe_codes) + ["--beam", str(beam)],
         os.path.join(directory, "generate.log"), threads)
     total, body = checkpoint_params(path)
     return {"valid_ppl": parse_validate(validate), "test_bleu": quality.parse_bleu(generate),

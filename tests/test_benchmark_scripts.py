@@ -204,6 +204,9 @@ def test_quality_script_tiny(tmp_path):
         assert row["params"] > 0
     ende = next(r for r in rows if r["corpus"] == "ende")
     assert ende["test_bleu"][0] is not None and ende["test_bleu"][0] >= 0
+    # BLEU over the whole test subset (100 sentences): fairseq's default batch multiple of 8 drops 4
+    generate_log = (out / "runs" / "ende_anthe_base_s1" / "generate.log").read_text()
+    assert "Translated 100 sentences" in generate_log
     table = (out / "table.md").read_text()
     assert "anthe_base" in table and "stlm_tied" in table and "test BLEU" in table
     for png in ("valid_loss_ende.png", "valid_loss_wikitext.png", "params_vs_quality.png"):
