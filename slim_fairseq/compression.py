@@ -176,6 +176,14 @@ def _model_name(arch):
     return next((name for name, registered in MODEL_REGISTRY.items() if registered is cls), None)
 
 
+def _build_checkpoint_model(cfg, state):
+    """:func:`_build_task_and_model` of a checkpoint, a missing dictionary as a one-line error."""
+    try:
+        return _build_task_and_model(cfg, state)
+    except FileNotFoundError as exc:
+        raise CompressionError(f"{_one_line(exc)} (give the directory with the dictionaries as --data)")
+
+
 def _build_task_and_model(cfg, state, model_cfg=None):
     """(task, model) the way fairseq's own loader builds them, with the checkpoint's weights
     loaded strictly when ``model_cfg`` is None (else an untrained model of ``model_cfg``)."""
@@ -340,10 +348,7 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
             "always pre-norm (fairseq's base_lm_architecture sets --decoder-normalize-before)")
     if log:
         log(f"loading {path} (arch {arch})")
-    try:
-        task, dense = _build_task_and_model(cfg, state)
-    except FileNotFoundError as exc:
-        raise CompressionError(f"{_one_line(exc)} (give the directory with the dictionaries as --data)")
+    task, dense = _build_checkpoint_model(cfg, state)
     slim_name = SLIM_OF[model_name]
     slim_cfg = _namespace(cfg.model)
     slim_cfg.arch = slim_cfg._name = slim_name
@@ -460,10 +465,7 @@ def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None)
     places = [p for p in TC_OPTIONS if getattr(cfg.model, p, 0.0)]
     if log:
         log(f"loading {path} (arch {arch}, Tensor Chains: {', '.join(places) or 'none'})")
-    try:
-        task, model = _build_task_and_model(cfg, state)
-    except FileNotFoundError as exc:
-        raise CompressionError(f"{_one_line(exc)} (give the directory with the dictionaries as --data)")
+    task, model = _build_checkpoint_model(cfg, state)
     dense_cfg = _namespace(cfg.model)
     for place in TC_OPTIONS:
         setattr(dense_cfg, place, 0.0)

@@ -82,3 +82,19 @@ def run_cli(tool, argv, timeout=600, env=None):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{tool} failed ({proc.returncode}):\n{out[-4000:]}"
     return out
+
+
+def assert_incremental_equals_full(task, model, src_len=6, tgt_len=5, seed=1):
+    """An encoder-decoder's step-by-step decoding (incremental state) equals its full pass."""
+    d = task.target_dictionary
+    torch.manual_seed(seed)
+    src = torch.randint(d.nspecial, len(task.source_dictionary), (2, src_len))
+    lengths = torch.tensor([src_len, src_len])
+    prev = torch.randint(d.nspecial, len(d), (2, tgt_len))
+    with torch.no_grad():
+        full, _ = model(src, lengths, prev)
+        enc = model.encoder(src, lengths)
+        state = {}
+        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
+                 for t in range(tgt_len)]
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-4)

@@ -4,7 +4,7 @@ import argparse
 import pytest
 import torch
 
-from helpers import build, load_plugin
+from helpers import assert_incremental_equals_full, build, load_plugin
 
 load_plugin()  # registers the plugin the way --user-dir does; then its modules import normally
 
@@ -137,18 +137,7 @@ def test_anthe_base_has_no_future_leak():
 
 def test_anthe_base_incremental_decoding_equals_full_forward():
     task, model = _tiny("anthe_base")
-    d = task.target_dictionary
-    torch.manual_seed(1)
-    src = torch.randint(d.nspecial, len(task.source_dictionary), (2, 6))
-    lengths = torch.tensor([6, 6])
-    prev = torch.randint(d.nspecial, len(d), (2, 5))
-    with torch.no_grad():
-        full, _ = model(src, lengths, prev)
-        enc = model.encoder(src, lengths)
-        state = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
-                 for t in range(5)]
-    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-4)
+    assert_incremental_equals_full(task, model)
 
 
 @pytest.mark.parametrize("length", [2, 3, 4])

@@ -2,9 +2,8 @@
 at small widths, where the paper's ratios clamp a Tensor Chain to bond 2 and H-SoftPOS leaves a
 token table only d/4 wide. Off by default, so the paper presets keep their parameter counts."""
 import pytest
-import torch
 
-from helpers import build
+from helpers import assert_incremental_equals_full, build
 from slim_fairseq.modules.hsoftpos import HSoftPOSEmbedding, hsoftpos_dims
 from slim_fairseq.modules.tensor_chain import TensorChainLinear, solve_bond
 
@@ -56,20 +55,7 @@ def test_hsoftpos_min_token_dim_widens_the_table():
     embed = model.encoder.embed_tokens
     assert isinstance(embed, HSoftPOSEmbedding) and embed.d_emb == 65
     assert model.encoder.embed_tokens.table.weight.shape[1] == 65
-    # incremental decoding still equals the full pass with the narrower soft positions
-    d = task.target_dictionary
-    torch.manual_seed(1)
-    src = torch.randint(d.nspecial, len(task.source_dictionary), (2, 6))
-    lengths = torch.tensor([6, 6])
-    prev = torch.randint(d.nspecial, len(d), (2, 5))
-    with torch.no_grad():
-        full, _ = model(src, lengths, prev)
-        enc = model.encoder(src, lengths)
-        state = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
-                 for t in range(5)]
-    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-4)
-
+    assert_incremental_equals_full(task, model)  # with the narrower soft positions
 
 @pytest.mark.parametrize("extra, needle", [
     (["--tc-min-bond", "4"], "--tc-min-bond"),
