@@ -16,7 +16,7 @@
 # Settings (environment variables):
 #   DEMO_DIR        build directory                                (default: build/demo)
 #   DEMO_LM_UPDATES updates per language model                     (default: 200)
-#   DEMO_MT_UPDATES updates of the translation model               (default: 100)
+#   DEMO_MT_UPDATES updates of the translation model               (default: 200)
 #   DEMO_SEEDS      seeds of every language model                  (default: 1,2)
 #   DEMO_JOBS       training runs at a time                        (default: 2)
 #   PYTHON          interpreter with fairseq installed             (default: .venv/bin/python)
@@ -29,7 +29,7 @@ PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 BIN="$(dirname "$PYTHON")"
 DEMO_DIR="${DEMO_DIR:-$REPO/build/demo}"
 LM_UPDATES="${DEMO_LM_UPDATES:-200}"
-MT_UPDATES="${DEMO_MT_UPDATES:-100}"
+MT_UPDATES="${DEMO_MT_UPDATES:-200}"
 SEEDS="${DEMO_SEEDS:-1,2}"
 JOBS="${DEMO_JOBS:-2}"
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
@@ -37,6 +37,8 @@ USER_DIR="$REPO/slim_fairseq"
 START=$(date +%s)
 
 log() { printf '[demo %4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
+# section FILE TITLE: the **bold** heading of quality.py's table.md that contains TITLE, up to the next one
+section() { awk -v title="$2" '/^\*\*/ { keep = index($0, title) > 0 } keep' "$1"; }
 for value in "$LM_UPDATES" "$MT_UPDATES" "$JOBS"; do
   [[ "$value" =~ ^[1-9][0-9]*$ ]] || { echo "demo: DEMO_LM_UPDATES, DEMO_MT_UPDATES and DEMO_JOBS must be positive integers (got '$value')" >&2; exit 2; }
 done
@@ -61,9 +63,11 @@ EOF
 # Same width (128), depth (4), batches, updates and learning rate for all; dropout off (well
 # under one epoch: nothing to regularise). The baseline is fairseq's transformer_lm with tied
 # input/output embeddings and pre-norm, its strongest setting at this size (post-norm learns
-# much more slowly in the first few hundred updates).
+# much more slowly in the first few hundred updates); transformer_lm_d96 is the same at width
+# 96, with fewer parameters than either slim model.
 LM_MODELS=(
   --lm-model "transformer_lm=transformer_lm --share-decoder-input-output-embed --decoder-normalize-before"
+  --lm-model "transformer_lm_d96=transformer_lm --share-decoder-input-output-embed --decoder-normalize-before --decoder-embed-dim 96 --decoder-input-dim 96 --decoder-output-dim 96 --decoder-ffn-embed-dim 384"
   --lm-model "anthe_lm=anthe_lm_gpt2_small --tc-min-bond 8 --hsoftpos-min-token-dim 64"
   --lm-model "sandwich_gated_glu=slim_lm --decoder-normalize-before --share-decoder-input-output-embed --sandwich --self-attn-gate qgv --ffn-glu"
 )
@@ -93,12 +97,14 @@ head -n 3 "$REPO/data/ende/test.de" > "$DEMO_DIR/sample.de"
 # ---- summary ---------------------------------------------------------------------------------
 echo
 echo "== WikiText-2 language models (valid: first 30 batches of 2,048 tokens; $LM_UPDATES updates each) =="
-sed -n '/every run/,$p' "$DEMO_DIR/lm/table.md" | grep -v 'best learning rate per model' | sed '/Δ NLL = valid NLL/,/^$/d'
+section "$DEMO_DIR/lm/table.md" 'every run'
+section "$DEMO_DIR/lm/table.md" 'each model against'
 echo
 cat <<EOF
 What this shows: at width 128, depth 4 and the same $LM_UPDATES updates of the same batches, how far
 each model's valid perplexity is from fairseq's transformer_lm, with how many parameters, and
-whether the gap is larger than the spread between seeds. Both slim models use a GLU feed-forward
+whether the gap is larger than the spread between seeds; transformer_lm_d96 shows what a plain
+transformer with fewer parameters than the slim models does. Both slim models use a GLU feed-forward
 and gated attention; this run does not separate which technique the gain comes from. What it
 does not show: quality after convergence, at paper sizes, or on a GPU; tokens/s were measured
 with $JOBS runs sharing the machine, so read them as rough ratios. Plots:
@@ -106,7 +112,7 @@ $DEMO_DIR/lm/params_vs_quality.png, $DEMO_DIR/lm/valid_loss_wikitext.png
 EOF
 echo
 echo "== en-de translation pipeline (anthe_base, d 128, $MT_UPDATES updates: far from trained) =="
-sed -n '/every run/,/^$/p' "$DEMO_DIR/mt/table.md"
+section "$DEMO_DIR/mt/table.md" 'every run'
 echo "A few test sentences (fairseq-interactive, beam 5):"
 paste -d'\n' "$DEMO_DIR/sample.en" "$DEMO_DIR/sample.hyp.de" "$DEMO_DIR/sample.de" \
   | awk '{ tag = (NR % 3 == 1) ? "source   " : (NR % 3 == 2) ? "anthe    " : "reference"; print "  " tag " " $0; if (NR % 3 == 0) print "" }'
