@@ -407,6 +407,7 @@ compound_split() { sed -E 's/([^[:space:]])-([^[:space:]])/\1 ##AT##-##AT## \2/g
 # training text had) without punctuation normalisation (fairseq's prepare-wmt14en2de.sh
 # only tokenizes the test sets), then compound splitting when LANG is German.
 bleu_tokenize() {
+    need_cmd sacremoses
     sacremoses -q -l "$1" -j "$NUM_WORKERS" tokenize -a | bleu_split "$1"
 }
 

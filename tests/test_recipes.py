@@ -125,7 +125,8 @@ def test_recipe_scripts_are_shellcheck_clean():
 def _bash_with_common(code: str, stdin: str, tmp_path: Path) -> str:
     proc = subprocess.run(["bash", "-c", f'. "{EXAMPLES}/common.sh"; {code}'], input=stdin,
                           capture_output=True, text=True, cwd=tmp_path,
-                          env=dict(os.environ, PYTHON=sys.executable))
+                          env=dict(os.environ, PYTHON=sys.executable, NUM_WORKERS="1",
+                                   PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"))
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
