@@ -91,7 +91,7 @@ head -n 3 "$REPO/data/ende/test.en" > "$DEMO_DIR/sample.en"
 head -n 3 "$REPO/data/ende/test.de" > "$DEMO_DIR/sample.de"
 "$BIN/fairseq-interactive" "$MT_BIN" --user-dir "$USER_DIR" --path "$CKPT" --cpu \
   --source-lang en --target-lang de --tokenizer moses --bpe subword_nmt --bpe-codes "$BPE_CODES" \
-  --beam 5 --input "$DEMO_DIR/sample.en" 2> "$DEMO_DIR/interactive.err" \
+  --beam 5 --max-len-a 1.2 --max-len-b 10 --input "$DEMO_DIR/sample.en" 2> "$DEMO_DIR/interactive.err" \
   | grep '^D-' | cut -f3 > "$DEMO_DIR/sample.hyp.de" || { tail -n 20 "$DEMO_DIR/interactive.err" >&2; exit 1; }
 
 # ---- summary ---------------------------------------------------------------------------------
