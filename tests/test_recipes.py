@@ -34,13 +34,20 @@ RECIPE_SCRIPTS = sorted(
 )
 
 
+def script_env(**extra: str) -> dict:
+    """Environment of a recipe shell: the venv's tools first on PATH (CI activates no venv),
+    single-threaded."""
+    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+               PYTHON=sys.executable, NUM_WORKERS="1", OMP_NUM_THREADS="1",
+               PYTHONWARNINGS="ignore", CONNECT_TIMEOUT="3")
+    env.update(extra)  # the caller's values win, as before
+    return env
+
+
 def run(script: Path | str, *args: str, cwd: Path, expect_ok: bool = True, env: dict | None = None,
         timeout: int = 900) -> subprocess.CompletedProcess:
-    """Run a recipe script with the venv's tools first on PATH, single-threaded."""
-    full_env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                    PYTHON=sys.executable, NUM_WORKERS="1", OMP_NUM_THREADS="1",
-                    PYTHONWARNINGS="ignore", CONNECT_TIMEOUT="3")
-    full_env.update(env or {})
+    """Run a recipe script with :func:`script_env`."""
+    full_env = script_env(**(env or {}))
     proc = subprocess.run(["bash", str(script), *args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
     if expect_ok:
@@ -124,9 +131,7 @@ def test_recipe_scripts_are_shellcheck_clean():
 
 def _bash_with_common(code: str, stdin: str, tmp_path: Path) -> str:
     proc = subprocess.run(["bash", "-c", f'. "{EXAMPLES}/common.sh"; {code}'], input=stdin,
-                          capture_output=True, text=True, cwd=tmp_path,
-                          env=dict(os.environ, PYTHON=sys.executable, NUM_WORKERS="1",
-                                   PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"))
+                          capture_output=True, text=True, cwd=tmp_path, env=script_env())
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -616,7 +621,7 @@ def test_raw_dir_download_name_is_accepted_only_with_its_checksum(tmp_path):
     assert _bash_with_common(code, "", tmp_path).strip() == f"{raw}/dev.tgz"
     proc = subprocess.run(["bash", "-c", f'. "{EXAMPLES}/common.sh"; RAW_DIR="{raw}"; '
                            f'fetch {url} wmt16-dev.tgz md5:{"0" * 32}'], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHON=sys.executable))
+                          env=script_env())
     assert proc.returncode != 0
     assert f"save that download as {raw}/wmt16-dev.tgz" in proc.stderr and len(proc.stderr.splitlines()) == 1
 
