@@ -67,6 +67,11 @@ def log(message):
         print(f"[quality] {message}", flush=True)
 
 
+# The last line each tool prints once all of its work is done (and, for training, saved).
+COMPLETION_MARKERS = {"fairseq-train": r"done training in [\d.]+ seconds",
+                      "fairseq-generate": r"^Generate \S+ with beam=\d+: "}
+
+
 def run_tool(tool, argv, log_path, threads):
     """Run a fairseq console script, stream its output to ``log_path``; return the output."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
@@ -79,6 +84,18 @@ def run_tool(tool, argv, log_path, threads):
     with open(log_path) as f:
         output = f.read()
     if proc.returncode != 0:
+        marker = COMPLETION_MARKERS.get(tool)
+        done = marker and re.search(marker, output, re.MULTILINE)
+        if proc.returncode < 0 and done:
+            # The work finished and was saved; the process was killed by a signal while the
+            # interpreter shut down (seen once in CI: "terminate called without an active
+            # exception", SIGABRT, after fairseq-train had saved its checkpoint).
+            note = (f"{tool} was killed by signal {-proc.returncode} after it printed "
+                    f"{done.group(0).strip()!r}; its results are complete and kept")
+            with open(log_path, "a") as f:
+                f.write(f"[quality] {note}\n")
+            log(f"{note} ({log_path})")
+            return output
         raise RuntimeError(f"{tool} failed ({proc.returncode}), see {log_path}:\n{output[-3000:]}")
     return output
 
@@ -217,6 +234,12 @@ def summarise(runs):
     return rows
 
 
+def _loss(row):
+    """Mean valid loss of a row for ranking; a diverged run (NaN or inf) ranks last."""
+    value = row["valid_nll"][0]
+    return value if value is not None and math.isfinite(value) else math.inf
+
+
 def best_rows(rows):
     """Per (corpus, label, dim): the row of the learning rate with the lowest mean valid loss."""
     best = {}
@@ -224,9 +247,29 @@ def best_rows(rows):
         if row["valid_nll"][0] is None:
             continue
         key = (row["corpus"], row["label"], row["dim"])
-        if key not in best or row["valid_nll"][0] < best[key]["valid_nll"][0]:
+        if key not in best or _loss(row) < _loss(best[key]):
             best[key] = row
     return sorted(best.values(), key=lambda r: (r["corpus"], r["label"], r["params"] or 0))
+
+
+def edge_rate(runs, corpus, label, dim, grid):
+    """The next rate to try for one model and width when its best rate so far is the largest or
+    smallest tried (one grid step further, the step being the ratio of the two grid values nearest
+    that edge); None when the best rate is inside the tried range or nothing has finished."""
+    rows = [r for r in summarise(runs) if (r["corpus"], r["label"], r["dim"]) == (corpus, label, dim)
+            and r["valid_nll"][0] is not None]
+    if len(rows) < 2:
+        return None
+    tried = sorted(r["lr"] for r in rows)
+    if all(_loss(r) == math.inf for r in rows):
+        return None
+    best = min(rows, key=_loss)["lr"]
+    grid = sorted(grid)
+    if best == tried[-1]:
+        return best * grid[-1] / grid[-2]
+    if best == tried[0]:
+        return best * grid[0] / grid[1]
+    return None
 
 
 def interpolate(points, x):
@@ -493,6 +536,12 @@ def get_parser():
     p.add_argument("--max-valid-steps", type=int, help="cap validation batches (fairseq --max-valid-steps)")
     p.add_argument("--lr", dest="lrs", type=_float_list, default=[1e-3], metavar="LR[,LR...]",
                    help="learning rate(s); several make a sweep, the best by valid loss is kept")
+    p.add_argument("--lr-sweep-dim", type=int, metavar="D",
+                   help="sweep the learning rates at this width only; the other --dim widths train at "
+                        "each model's best rate there (a third of the runs of a full sweep)")
+    p.add_argument("--lr-extend", type=int, default=0, metavar="N",
+                   help="up to N times, add one rate beyond the grid (by the grid's step) for every "
+                        "model whose best rate is the grid's largest or smallest (default 0)")
     p.add_argument("--warmup", type=int, help="warm-up updates (default max-update / 10)")
     p.add_argument("--tokens-per-sample", type=int, default=128, help="LM block length")
     p.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
@@ -526,6 +575,13 @@ def check_args(p, args):
         if args.ffn % args.dims[0]:
             p.error(f"--ffn {args.ffn} is not a multiple of --dim {args.dims[0]}; use --ffn-mult")
         args.ffn_mult = args.ffn // args.dims[0]
+    if args.lr_sweep_dim is not None and args.lr_sweep_dim not in args.dims:
+        p.error(f"--lr-sweep-dim {args.lr_sweep_dim}: expected one of the --dim widths "
+                f"({','.join(map(str, args.dims))})")
+    if args.lr_extend < 0:
+        p.error("--lr-extend: expected an integer >= 0")
+    if args.lr_extend and len(args.lrs) < 2:
+        p.error("--lr-extend needs a grid of at least two --lr values")
     if args.jobs < 1:
         p.error("--jobs: expected an integer >= 1")
     if args.threads is None:
@@ -633,16 +689,20 @@ def main(argv=None):
         with open(os.path.join(out_dir, "results.json")) as f:
             runs = json.load(f)["runs"]
         plan = []
+    sweep_dims = [args.lr_sweep_dim] if args.lr_sweep_dim else args.dims
     # seed-major, then width (small first), then model, then rate: a partial result already has
     # every model's best rate at the smaller widths
     jobs = []
+
+    def job(corpus, label, arch, overrides, baseline, dim, lr, seed):
+        tag = run_tag(corpus, label, dim, lr, seed, len(args.dims) == 1, len(args.lrs) == 1)
+        return (corpus, label, arch, overrides, baseline, dim, lr, seed, os.path.join(out_dir, "runs", tag))
+
     for seed in args.seeds:
-        for dim in args.dims:
+        for dim in sweep_dims:
             for corpus, label, arch, overrides, baseline in plan:
                 for lr in args.lrs:
-                    tag = run_tag(corpus, label, dim, lr, seed, len(args.dims) == 1, len(args.lrs) == 1)
-                    jobs.append((corpus, label, arch, overrides, baseline, dim, lr, seed,
-                                 os.path.join(out_dir, "runs", tag)))
+                    jobs.append(job(corpus, label, arch, overrides, baseline, dim, lr, seed))
 
     def save():
         with open(os.path.join(out_dir, "results.json.tmp"), "w") as f:
@@ -673,21 +733,34 @@ def main(argv=None):
                     + (f", BLEU {run['test_bleu']}" if run.get("test_bleu") is not None else "")
                     + f" ({run['train_seconds']:.0f} s)")
 
+    def add_phase(phase_jobs, what):
+        phase_jobs = [j for j in phase_jobs if j[-1] not in {k[-1] for k in jobs}]
+        if phase_jobs:
+            jobs.extend(phase_jobs)
+            log(f"{what}: {len(phase_jobs)} more runs")
+            execute(phase_jobs)
+
     execute(jobs)
+    for _ in range(args.lr_extend if plan else 0):
+        # a best rate at the edge of the grid says the optimum may lie beyond it: try one more step
+        add_phase([job(*entry, dim, lr, seed) for seed in args.seeds for dim in sweep_dims
+                   for entry in plan for lr in [edge_rate(runs, entry[0], entry[1], dim, args.lrs)] if lr],
+                  "extending the learning-rate grid where the best rate is at its edge")
+
+    def best_rate():
+        return {(r["corpus"], r["label"], r["dim"]): r["lr"] for r in best_rows(summarise(runs))}
+
+    if args.lr_sweep_dim and plan:
+        best = best_rate()
+        add_phase([job(*entry, dim, best[(entry[0], entry[1], args.lr_sweep_dim)], seed)
+                   for seed in args.seeds for dim in args.dims if dim != args.lr_sweep_dim
+                   for entry in plan],
+                  f"the other widths at each model's best rate at width {args.lr_sweep_dim}")
     if args.confirm_seeds and plan:
-        best = {(r["corpus"], r["label"], r["dim"]): r["lr"] for r in best_rows(summarise(runs))}
-        confirm = []
-        for seed in args.confirm_seeds:
-            for corpus, label, arch, overrides, baseline in plan:
-                for dim in args.dims:
-                    lr = best[(corpus, label, dim)]
-                    tag = run_tag(corpus, label, dim, lr, seed, len(args.dims) == 1, len(args.lrs) == 1)
-                    confirm.append((corpus, label, arch, overrides, baseline, dim, lr, seed,
-                                    os.path.join(out_dir, "runs", tag)))
-        jobs += confirm
-        log(f"confirming the best learning rates with seeds {','.join(map(str, args.confirm_seeds))}: "
-            f"{len(confirm)} more runs")
-        execute(confirm)
+        best = best_rate()
+        add_phase([job(*entry, dim, best[(entry[0], entry[1], dim)], seed)
+                   for seed in args.confirm_seeds for entry in plan for dim in args.dims],
+                  f"confirming the best learning rates with seeds {','.join(map(str, args.confirm_seeds))}")
 
     rows = summarise(runs)
     table = markdown(rows, args, baseline_label) + "\n" + comparison_markdown(runs, baseline_label)

@@ -1,6 +1,7 @@
 """Smoke tests of scripts/benchmark.py and scripts/quality.py (issue 8): tiny shapes, one or two
 steps; the tables, JSON and PNG plots must be produced and consistent with the built models."""
 import json
+import math
 import os
 
 import pytest
@@ -211,6 +212,72 @@ def test_quality_script_tiny(tmp_path):
     assert "anthe_base" in table and "stlm_tied" in table and "test BLEU" in table
     for png in ("valid_loss_ende.png", "valid_loss_wikitext.png", "params_vs_quality.png"):
         assert _is_png(out / png)
+
+
+def _fake_tool(bin_dir, name, body):
+    path = bin_dir / name
+    path.write_text("#!/bin/bash\n" + body + "\n")
+    path.chmod(0o755)
+
+
+def test_run_tool_keeps_work_finished_before_a_crash_at_exit(tmp_path, monkeypatch):
+    """A tool killed by a signal after its last line (CI once saw fairseq-train abort at interpreter
+    exit, after saving) keeps its results; any other failure is still an error."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setattr(quality, "BIN", str(bin_dir))
+    done = "2026-01-01 | INFO | fairseq_cli.train | done training in 0.1 seconds"
+    _fake_tool(bin_dir, "fairseq-train", f"echo '{done}'; echo 'terminate called'; kill -ABRT $$")
+    output = quality.run_tool("fairseq-train", [], str(tmp_path / "train.log"), 1)
+    assert done in output
+    assert "killed by signal 6" in (tmp_path / "train.log").read_text()
+    _fake_tool(bin_dir, "fairseq-generate", "echo 'Generate test with beam=5: BLEU4 = 1.00'; kill -ABRT $$")
+    assert "BLEU4" in quality.run_tool("fairseq-generate", [], str(tmp_path / "gen.log"), 1)
+    # a crash before the work is done, or an ordinary error exit, still fails
+    _fake_tool(bin_dir, "fairseq-train", "echo 'epoch 1'; kill -ABRT $$")
+    with pytest.raises(RuntimeError, match=r"fairseq-train failed \(-6\)"):
+        quality.run_tool("fairseq-train", [], str(tmp_path / "train2.log"), 1)
+    _fake_tool(bin_dir, "fairseq-train", f"echo '{done}'; exit 1")
+    with pytest.raises(RuntimeError, match=r"failed \(1\)"):
+        quality.run_tool("fairseq-train", [], str(tmp_path / "train3.log"), 1)
+
+
+def test_quality_lr_sweep_at_one_width_extends_edges_and_transfers(tmp_path, monkeypatch):
+    """--lr-sweep-dim sweeps the rates at one width only and trains the other widths at each
+    model's best rate there; --lr-extend adds a rate beyond the grid when the best is at its edge
+    (and a diverged run counts as worst)."""
+    optimum = {"a": 3e-2, "b": 1e-3}  # model "a" wants a rate above the grid's top, "b" is inside
+
+    def fake_run(job, data, args):
+        corpus, label, arch, overrides, baseline, dim, lr, seed, save_dir = job
+        loss = math.nan if lr > 5e-2 else abs(math.log10(lr / optimum[label])) + 100.0 / dim + 0.01 * seed
+        return {"corpus": corpus, "label": label, "arch": arch, "overrides": overrides, "seed": seed,
+                "dim": dim, "lr": lr, "baseline": baseline, "params": dim * 1000, "valid_curve": [[1, loss, loss, 2 ** loss]],
+                "updates": 1, "valid_nll": loss, "valid_ppl": 2 ** loss, "train_seconds": 0.0,
+                "train_wps": 1.0, "settings": []}, False
+
+    monkeypatch.setattr(quality, "execute_run", fake_run)
+    monkeypatch.setattr(quality, "binarize_wikitext", None, raising=False)
+    argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
+            "--dim", "32,64,128", "--lr-sweep-dim", "64", "--lr", "1e-4,3e-4,1e-3,3e-3", "--lr-extend", "3",
+            "--seeds", "1", "--confirm-seeds", "2", "--lm-model", "a=transformer_lm", "--lm-model", "b=transformer_lm",
+            "--frontier-baseline", "b"]
+    quality.main(argv)
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    swept = {(r["label"], round(r["lr"], 6)) for r in runs if r["dim"] == 64 and r["seed"] == 1}
+    # a: the grid, then 9e-3 and 2.7e-2 (each best, at the edge), then 8.1e-2 diverges: best inside
+    extended = {("a", 0.009), ("a", 0.027), ("a", 0.081)}
+    assert swept == {(m, lr) for m in "ab" for lr in (1e-4, 3e-4, 1e-3, 3e-3)} | extended
+    best = {("a", 0.027), ("b", 0.001)}
+    for dim in (32, 128):  # trained at the rate chosen at width 64 only, both seeds
+        assert {(r["label"], round(r["lr"], 6), r["seed"]) for r in runs if r["dim"] == dim} == {
+            (m, lr, seed) for m, lr in best for seed in (1, 2)}
+    assert {(r["label"], round(r["lr"], 6)) for r in runs if r["dim"] == 64 and r["seed"] == 2} == best
+    assert quality.edge_rate(runs, "wikitext", "a", 64, [1e-4, 3e-4, 1e-3, 3e-3]) is None
+    for bad, message in ((["--lr-sweep-dim", "48"], "expected one of the --dim widths"),
+                         (["--lr", "1e-3", "--lr-extend", "1"], "at least two --lr values")):
+        with pytest.raises(SystemExit):
+            quality.main(argv + bad)
 
 
 def test_quality_frontier_and_verdict_helpers():
