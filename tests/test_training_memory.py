@@ -417,3 +417,53 @@ def test_lean_paths_under_activation_checkpointing_and_bf16_autocast(mode):
     flat = torch.cat([plain[n].flatten() for n in plain])
     flat_low = torch.cat([low[n].flatten() for n in plain])
     assert (flat_low - flat).norm() < 0.1 * flat.norm()
+
+
+# --------------------------------------------------------------------- --tc-backward store
+
+def _anthe_step(extra, state=None):
+    """(model, loss, gradients by name, bytes kept for backward) of one training step of a small
+    anthe_base (Tensor-Chain GLU feed-forward and attention, gates, H-SoftPOS)."""
+    from helpers import build
+    shape = ["--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "256",
+             "--decoder-ffn-embed-dim", "256", "--encoder-layers", "1", "--decoder-layers", "1",
+             "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--dropout", "0"]
+    _args, task, model = build("anthe_base", shape, lm=False, extra=extra)
+    if state is not None:
+        model.load_state_dict(state)
+    model.train()
+    g = torch.Generator().manual_seed(0)
+    vocab = len(task.source_dictionary)
+    src = torch.randint(4, vocab, (4, 30), generator=g)
+    prev = torch.randint(4, vocab, (4, 30), generator=g)
+    lengths = torch.full((4,), 30)
+    params = [p for _, p in model.named_parameters()]
+    logits, loss_bytes = saved_bytes(lambda: model(src, lengths, prev)[0], exclude=params)
+    loss = logits.float().logsumexp(-1).mean()
+    grads = torch.autograd.grad(loss, params)
+    return model, loss, dict(zip([n for n, _ in model.named_parameters()], grads)), loss_bytes
+
+
+def test_tc_backward_store_gives_the_same_step_and_keeps_more_for_backward():
+    """``--tc-backward store`` (plain autograd through the chains) trades memory for the
+    recomputation: same loss and gradients as the default, more bytes kept for backward."""
+    lean, loss, grads, lean_bytes = _anthe_step([])
+    stored, loss_s, grads_s, stored_bytes = _anthe_step(["--tc-backward", "store"], lean.state_dict())
+    assert not any(m.recompute_in_backward for m in stored.modules() if isinstance(m, TensorChainLinear))
+    assert all(m.recompute_in_backward for m in lean.modules() if isinstance(m, TensorChainLinear))
+    assert torch.allclose(loss, loss_s, atol=1e-6)
+    for name, g in grads.items():
+        assert torch.allclose(g, grads_s[name], atol=1e-5, rtol=1e-4), name
+    assert stored_bytes > 1.2 * lean_bytes, (stored_bytes, lean_bytes)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--arch", "anthe_base", "--tc-backward", "keep"], "--tc-backward='keep' is not allowed; allowed: recompute|store"),
+    (["--arch", "slim_transformer", "--tc-backward", "store"], "--tc-backward=store has no Tensor Chain to act on"),
+])
+def test_tc_backward_option_errors(argv, message):
+    from helpers import build
+    from slim_fairseq.option_errors import OptionError
+    with pytest.raises(OptionError) as err:
+        build(argv[1], argv[2:], lm=False)
+    assert message in str(err.value)

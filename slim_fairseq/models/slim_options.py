@@ -12,6 +12,7 @@ from slim_fairseq.modules.gated_attention import CROSS_GATE_WHY, CROSS_GATES, GA
 GLU_ACTIVATIONS = ("silu", "gelu")
 SAFE_OUTPUTS = ("linear", "mlp")
 TC_PLACES = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
+TC_BACKWARD_MODES = ("recompute", "store")
 
 
 def add_slim_args(parser):
@@ -43,6 +44,10 @@ def add_slim_args(parser):
                    help="lowest bond dimension of every Tensor Chain; 0 = as the ratio gives (the "
                         "paper). At small widths a ratio like .005 gives bond 2, which all but "
                         "removes the layer; a floor keeps it useful at more parameters than R")
+    g.add_argument("--tc-backward", metavar="MODE",
+                   help="what Tensor-Chain layers keep for backward: recompute (default: the input "
+                        "and the cores; intermediates are recomputed, least memory) or store (plain "
+                        "autograd keeps every intermediate: more memory, fewer matmuls in backward)")
     g.add_argument("--hsoftpos-min-token-dim", type=int, metavar="M",
                    help="H-SoftPOS token-table width of at least M (narrower soft-position slots); "
                         "0 = the paper's d - (2l-1) floor(d/2l), only d/4 at l=2")
@@ -72,7 +77,7 @@ def set_slim_defaults(args):
         self_attn_gate="none", cross_attn_gate="none", no_patt=False,
         ffn_glu=False, glu_activation="silu", hsoftpos_levels=0,
         tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=0.0, tc_output=0.0, tc_length=2,
-        tc_min_bond=0, hsoftpos_min_token_dim=0,
+        tc_min_bond=0, tc_backward="recompute", hsoftpos_min_token_dim=0,
         output_bias=False,
         safe_embed_dim=0, safe_output="linear", sandwich=False, sandwich_dim=0,
         sandwich_ffn_dim=0, sandwich_heads=0, bert_init=False,
@@ -102,6 +107,11 @@ def validate_slim_args(args):
         r = getattr(args, place)
         if not 0.0 <= r <= 1.0:
             _fail("--" + place.replace("_", "-"), r, "a ratio in [0, 1] (0 = dense)")
+    if args.tc_backward not in TC_BACKWARD_MODES:
+        _fail("--tc-backward", args.tc_backward, "|".join(TC_BACKWARD_MODES))
+    if args.tc_backward != "recompute" and not any(getattr(args, place) for place in TC_PLACES):
+        raise ValueError(f"--tc-backward={args.tc_backward} has no Tensor Chain to act on; set one of "
+                         "--tc-ff/--tc-patt/--tc-layer/--tc-emb/--tc-output, or drop --tc-backward")
     if args.tc_length < 2:
         _fail("--tc-length", args.tc_length, "an integer >= 2")
     for flag in ("safe_embed_dim", "sandwich_dim", "sandwich_ffn_dim", "sandwich_heads", "tc_min_bond",

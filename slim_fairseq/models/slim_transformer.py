@@ -220,6 +220,9 @@ def finish_build(model, cfg):
     if getattr(cfg, "bert_init", False):
         from slim_fairseq.modules.sandwich import bert_init_
         bert_init_(model)
+    if getattr(cfg, "tc_backward", "recompute") == "store":
+        from slim_fairseq.modules.tensor_chain import store_intermediates_
+        store_intermediates_(model)
     return model
 
 

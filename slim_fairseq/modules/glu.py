@@ -174,8 +174,11 @@ class GLUProjection(nn.Module):
     def extra_repr(self):
         return f"activation={self.activation}"
 
+    # False (--tc-backward store): plain autograd, which keeps both hidden activations
+    recompute_in_backward = True
+
     def forward(self, x):
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or not self.recompute_in_backward:
             return GLU_ACTIVATIONS[self.activation](self.w1(x)) * self.w3(x)
         rows = x.numel() // self.in_features
         if self._chain_contraction(rows):

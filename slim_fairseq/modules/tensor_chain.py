@@ -180,6 +180,9 @@ class TensorChainLinear(nn.Module):
     # set on a feed-forward's fc1 (the layer does it): in training, the contracted output is
     # marked so that a Tensor-Chain fc2 can rebuild it from this layer's input in backward
     rebuildable_output = False
+    # False (--tc-backward store): plain autograd through the contraction keeps every
+    # intermediate, trading memory for the matmuls that recomputing them costs in backward
+    recompute_in_backward = True
 
     def __init__(self, in_features, out_features, ratio=None, bond=None, length=2, bias=True,
                  init_std=None, forward_mode="auto", min_bond=0):
@@ -260,7 +263,11 @@ class TensorChainLinear(nn.Module):
     def forward(self, x):
         shape = x.shape
         x2d = x.reshape(-1, self.in_features)
-        if self.use_contraction(x2d.shape[0]):
+        if self.use_contraction(x2d.shape[0]) and not self.recompute_in_backward:
+            y = contract_input(x2d, list(self.cores))
+            if self.bias is not None:
+                y = y + self.bias
+        elif self.use_contraction(x2d.shape[0]):
             from slim_fairseq.modules.tc_autograd import chain_contract_input_of
             # keeps only x2d (or what rebuilds it) and the cores for backward
             y = chain_contract_input_of(x, x2d, list(self.cores))
@@ -408,3 +415,16 @@ class TensorChainEmbedding(nn.Module):
         if self.padding_idx is not None:
             rows = rows.masked_fill((flat == self.padding_idx).unsqueeze(-1), 0.0)
         return rows.reshape(*tokens.shape, self.embedding_dim)
+
+
+def store_intermediates_(model):
+    """``--tc-backward store``: every Tensor-Chain layer of ``model`` (and every GLU whose two
+    input projections are chains) trains with plain autograd, which keeps the contraction's
+    intermediates instead of recomputing them in backward (more memory, fewer matmuls; same
+    values). Dense layers keep their memory savings."""
+    from slim_fairseq.modules.glu import GLUProjection
+    for module in model.modules():
+        if isinstance(module, TensorChainLinear) or (
+                isinstance(module, GLUProjection) and isinstance(module.w1, TensorChainLinear)):
+            module.recompute_in_backward = False
+    return model
