@@ -72,12 +72,13 @@ COMPLETION_MARKERS = {"fairseq-train": r"done training in [\d.]+ seconds",
                       "fairseq-generate": r"^Generate \S+ with beam=\d+: "}
 
 
-def run_tool(tool, argv, log_path, threads):
-    """Run a fairseq console script, stream its output to ``log_path``; return the output."""
+def run_tool(tool, argv, log_path, threads, append=False):
+    """Run a fairseq console script, stream its output to ``log_path`` (continued when
+    ``append``); return the whole log."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                PYTHONWARNINGS="ignore")
     cmd = [os.path.join(BIN, tool), *argv]
-    with open(log_path, "w") as f:  # streamed, so progress can be followed in the log
+    with open(log_path, "a" if append else "w") as f:  # streamed: progress can be followed
         f.write(" ".join(cmd) + "\n")
         f.flush()
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, env=env)
@@ -109,12 +110,13 @@ def _json_records(output, kind):
 
 def parse_valid_points(output):
     """Every ``valid`` record of a ``--log-format json`` training log: [(updates, loss, nll, ppl)]."""
-    points = []
+    points = {}  # a resumed run validates again after its last checkpoint: the later record wins
     for record in _json_records(output, "valid"):
         loss = float(record["valid_loss"])
         nll = float(record.get("valid_nll_loss", loss))
-        points.append((int(float(record["valid_num_updates"])), loss, nll, float(record["valid_ppl"])))
-    return points
+        updates = int(float(record["valid_num_updates"]))
+        points[updates] = (updates, loss, nll, float(record["valid_ppl"]))
+    return [points[u] for u in sorted(points)]
 
 
 def parse_train_wps(output):
@@ -145,10 +147,12 @@ def train_argv(corpus, data, arch, overrides, args, seed, save_dir, dim=None, lr
     dim = dim or args.dims[0]
     lr = lr or args.lrs[0]
     argv = [data, "--user-dir", PLUGIN_DIR, "--arch", arch, "--cpu", "--seed", str(seed),
-            "--save-dir", save_dir, "--no-epoch-checkpoints", "--no-last-checkpoints",
+            "--save-dir", save_dir, "--no-epoch-checkpoints",
             "--max-update", str(args.max_update), "--max-tokens", str(args.max_tokens),
             "--validate-interval-updates", str(args.validate_interval),
-            "--save-interval-updates", "0", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+            # checkpoint_last.pt at every validation: an interrupted run resumes from there
+            "--save-interval-updates", str(args.validate_interval), "--keep-interval-updates", "1",
+            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
             "--lr", str(lr), "--lr-scheduler", "inverse_sqrt",
             "--warmup-updates", str(args.warmup or max(1, args.max_update // 10)),
             "--warmup-init-lr", "1e-07", "--clip-norm", "1.0", "--num-workers", "0",
@@ -594,18 +598,31 @@ def run_tag(corpus, label, dim, lr, seed, single_dim, single_lr):
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", "_".join(parts) + f"_s{seed}")
 
 
-def settings_key(argv):
-    """A run's training settings without the paths that differ between machines or clones."""
+# left out of a run's settings: paths that differ between machines or clones, and how often
+# checkpoints are written (which does not change training; earlier versions wrote none)
+_UNKEYED_WITH_VALUE = ("--save-dir", "--user-dir", "--save-interval-updates", "--keep-interval-updates")
+_UNKEYED = ("--no-epoch-checkpoints", "--no-last-checkpoints")
+
+
+def comparable_settings(tokens):
+    """``tokens`` (training options) without the ones a run's identity does not depend on."""
     key, skip = [], False
-    for token in argv[1:]:  # argv[0] is the data-bin
+    for token in tokens:
         if skip:
             skip = False
             continue
-        if token in ("--save-dir", "--user-dir"):
+        if token in _UNKEYED_WITH_VALUE:
             skip = True
             continue
-        key.append(token)
+        if token not in _UNKEYED:
+            key.append(token)
     return key
+
+
+def settings_key(argv):
+    """A run's training settings, for resuming: the options after the data-bin (argv[0]),
+    without paths and checkpoint-writing options (:func:`comparable_settings`)."""
+    return comparable_settings(argv[1:])
 
 
 def execute_run(job, data, args):
@@ -617,12 +634,27 @@ def execute_run(job, data, args):
         with open(done_path) as f:
             run = json.load(f)
         have_checkpoint = not args.keep_checkpoints or os.path.exists(os.path.join(save_dir, "checkpoint_best.pt"))
-        if (run.get("settings") == settings_key(argv) and have_checkpoint
+        if (comparable_settings(run.get("settings") or []) == settings_key(argv) and have_checkpoint
                 and (corpus != "ende" or args.no_bleu or "test_bleu" in run)):
             return run, True
     os.makedirs(save_dir, exist_ok=True)
+    # an interrupted attempt with the same settings left checkpoint_last.pt: fairseq-train goes
+    # on from it and the log is continued; anything else starts afresh
+    started_path = os.path.join(save_dir, "started.json")
+    resume = False
+    if os.path.exists(started_path) and not args.no_resume:
+        with open(started_path) as f:
+            resume = json.load(f).get("settings") == settings_key(argv) and os.path.exists(
+                os.path.join(save_dir, "checkpoint_last.pt"))
+    if not resume:
+        remove_checkpoints(save_dir, keep_best=False)
+        with open(started_path, "w") as f:
+            json.dump({"settings": settings_key(argv)}, f)
+    else:
+        log(f"resuming {save_dir} from its checkpoint_last.pt")
     start = time.time()
-    output = run_tool("fairseq-train", argv, os.path.join(save_dir, "train.log"), args.threads)
+    output = run_tool("fairseq-train", argv, os.path.join(save_dir, "train.log"), args.threads,
+                      append=resume)
     seconds = time.time() - start
     curve = parse_valid_points(output)
     if not curve:
@@ -632,17 +664,27 @@ def execute_run(job, data, args):
            "valid_curve": curve, "updates": curve[-1][0], "valid_nll": curve[-1][2],
            "valid_ppl": curve[-1][3], "train_seconds": seconds, "train_wps": parse_train_wps(output),
            "settings": settings_key(argv)}  # without paths, so a moved or cloned study still resumes
+    if resume:
+        run["resumed"] = True  # train_seconds and train_wps are those of the last attempt
     if corpus == "ende" and not args.no_bleu:
         gen = run_tool("fairseq-generate", generate_argv(data[corpus], save_dir, args, args.bpe_codes),
                        os.path.join(save_dir, "generate.log"), args.threads)
         run["test_bleu"] = parse_bleu(gen)
-    ckpt = os.path.join(save_dir, "checkpoint_best.pt")
-    if os.path.exists(ckpt) and not args.keep_checkpoints:
-        os.remove(ckpt)  # keep the results directory small
     with open(done_path + ".tmp", "w") as f:
         json.dump(run, f, indent=1)
     os.replace(done_path + ".tmp", done_path)
+    remove_checkpoints(save_dir, keep_best=args.keep_checkpoints)  # keep the results small
+    if os.path.exists(started_path):
+        os.remove(started_path)
     return run, False
+
+
+def remove_checkpoints(save_dir, keep_best):
+    """Delete the run's checkpoints (all but checkpoint_best.pt when ``keep_best``)."""
+    for name in os.listdir(save_dir) if os.path.isdir(save_dir) else []:
+        if name.startswith("checkpoint") and name.endswith(".pt") and not (
+                keep_best and name == "checkpoint_best.pt"):
+            os.remove(os.path.join(save_dir, name))
 
 
 def main(argv=None):

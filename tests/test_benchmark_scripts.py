@@ -280,6 +280,52 @@ def test_quality_lr_sweep_at_one_width_extends_edges_and_transfers(tmp_path, mon
             quality.main(argv + bad)
 
 
+def test_quality_run_interrupted_after_a_checkpoint_resumes_from_it(tmp_path, monkeypatch):
+    """A study killed mid-run loses nothing: the run goes on from its checkpoint_last.pt, its
+    log is continued, and the finished run keeps only what was asked for."""
+    argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--dim", "32", "--layers", "1", "--heads", "4",
+            "--lr", "1e-3", "--seeds", "1", "--max-update", "4", "--validate-interval", "2",
+            "--max-tokens", "256", "--tokens-per-sample", "16", "--max-valid-steps", "1",
+            "--lm-data", wikitext_data_bin(), "--threads", "1", "--no-baseline", "--lm-model", "t=transformer_lm"]
+    real_run_tool = quality.run_tool
+
+    def killed_after_two_updates(tool, tool_argv, log_path, threads, append=False):
+        real_run_tool(tool, [*tool_argv, "--max-update", "2"], log_path, threads, append)
+        raise KeyboardInterrupt  # as if the study had been stopped right after update 2
+
+    monkeypatch.setattr(quality, "run_tool", killed_after_two_updates)
+    with pytest.raises(KeyboardInterrupt):
+        quality.main(argv)
+    run_dir = tmp_path / "runs" / "wikitext_t_s1"
+    assert (run_dir / "checkpoint_last.pt").exists() and not (run_dir / "run.json").exists()
+    monkeypatch.setattr(quality, "run_tool", real_run_tool)
+    quality.main(argv)
+    log = (run_dir / "train.log").read_text()
+    assert "Loaded checkpoint" in log and "(epoch 1 @ 2 updates)" in log
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["resumed"] and [p[0] for p in run["valid_curve"]] == [2, 4]
+    assert not list(run_dir.glob("*.pt")) and not (run_dir / "started.json").exists()
+    # a changed setting never continues an old checkpoint
+    monkeypatch.setattr(quality, "run_tool", killed_after_two_updates)
+    with pytest.raises(KeyboardInterrupt):
+        quality.main(argv + ["--dropout", "0"])
+    monkeypatch.setattr(quality, "run_tool", real_run_tool)
+    quality.main(argv + ["--dropout", "0.05"])
+    run = json.loads((run_dir / "run.json").read_text())
+    assert "resumed" not in run and "Loaded checkpoint" not in (run_dir / "train.log").read_text()
+
+
+def test_quality_reuses_runs_recorded_without_checkpoint_options():
+    """Runs recorded by earlier versions (which passed --no-last-checkpoints and
+    --save-interval-updates 0) still match: checkpoint writing is not part of a run's identity."""
+    old = ["--arch", "transformer_lm", "--no-epoch-checkpoints", "--no-last-checkpoints", "--max-update", "3000",
+           "--save-interval-updates", "0", "--optimizer", "adam"]
+    new = ["DATA", "--arch", "transformer_lm", "--save-dir", "/x", "--no-epoch-checkpoints", "--max-update", "3000",
+           "--save-interval-updates", "250", "--keep-interval-updates", "1", "--optimizer", "adam"]
+    assert quality.comparable_settings(old) == quality.settings_key(new)
+    assert quality.settings_key(new) == ["--arch", "transformer_lm", "--max-update", "3000", "--optimizer", "adam"]
+
+
 def test_quality_frontier_and_verdict_helpers():
     assert quality.interpolate([(1.0, 5.0), (2.0, 3.0)], 1.5) == (4.0, False)
     assert quality.interpolate([(1.0, 5.0), (2.0, 3.0)], 3.0) == (1.0, True)  # extrapolated
