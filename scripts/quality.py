@@ -20,9 +20,14 @@ the distance to the frontier of the baseline (``--frontier-baseline``, default f
 ``transformer`` / ``transformer_lm`` run of the plan): the valid-loss difference at equal
 parameters and the baseline's parameters at equal loss, with the seed spread.
 
+``--lr-sweep-dim D`` sweeps the rates at width D only and trains the other widths at each
+model's best rate there; ``--lr-extend N`` tries one more rate beyond the grid (up to N times)
+for a model whose best rate is at the grid's edge.
+
 Runs are independent and **resumable**: each finished run leaves ``runs/<tag>/run.json`` and is
 reused by a later call with the same settings, so a long study can be stopped and restarted,
-or extended by more widths, rates or seeds. ``--jobs N`` trains N runs at a time
+or extended by more widths, rates or seeds; a run stopped half-way goes on from the
+``checkpoint_last.pt`` of its last validation. ``--jobs N`` trains N runs at a time
 (``--threads`` threads each).
 
 Output (``--out``, default ``results/<name>``): ``results.json`` (every run, every valid point),
