@@ -5,7 +5,11 @@
 # --share-all-embeddings, same seed, optimizer, batch size and number of updates.
 #   - subformer:   slim_transformer arch subformer_small shrunk to that shape: SAFE d_e 128,
 #                  sandwich middle d_s 384 / f_s 1024 / 6 heads (d_s = 1.5 d_m as in
-#                  subformer_small), BERT-style init;
+#                  subformer_small), fairseq's default init. The paper's BERT-style init
+#                  (--bert-init, N(0, 0.02)) stalled a width-128 Subformer on this corpus at
+#                  9.9 bits (docs/RESULTS.md, "The Subformer at 6+6 layers"): opt in with
+#                  --bert-init. --pre-ln runs both models pre-LN, which trained the Subformer
+#                  best there;
 #   - transformer: fairseq's own `transformer` at that shape.
 # Reported per model: parameters, valid loss / nll / PPL (fairseq's masked per-token
 # perplexity, 2^nll) after the last update, test BLEU (beam 5, BPE removed, fairseq's default
@@ -14,7 +18,8 @@
 # d_s = d_m, slower when d_s >> d_m: add --same-width to run the subformer with d_s = d_m.
 #
 # usage: subformer_vs_transformer.sh [OUT_DIR] [--max-update N] [--max-tokens N] [--seed S]
-#            [--log-interval N] [--same-width] [--sequential]
+#            [--log-interval N] [--same-width] [--bert-init] [--pre-ln] [--sequential]
+#            [--dry-run]   (--dry-run: print the two fairseq-train commands, run nothing)
 # env:   THREADS (per model, default 1); the two runs go in parallel unless --sequential.
 set -euo pipefail
 
@@ -26,6 +31,9 @@ MAX_TOKENS=4096
 SEED=1
 LOG_INTERVAL=50
 PARALLEL=1
+INIT=()
+DRY_RUN=0
+NORM=()
 MIDDLE=(--sandwich-dim 384 --sandwich-ffn-dim 1024 --sandwich-heads 6)
 THREADS="${THREADS:-1}"
 while [[ $# -gt 0 ]]; do
@@ -35,7 +43,10 @@ while [[ $# -gt 0 ]]; do
         --seed) SEED="$2"; shift 2 ;;
         --log-interval) LOG_INTERVAL="$2"; shift 2 ;;
         --same-width) MIDDLE=(--sandwich-dim 256 --sandwich-ffn-dim 1024 --sandwich-heads 4); shift ;;
+        --bert-init) INIT=(--bert-init); shift ;;
+        --pre-ln) NORM=(--encoder-normalize-before --decoder-normalize-before); shift ;;
         --sequential) PARALLEL=0; shift ;;
+        --dry-run) DRY_RUN=1; shift ;;
         -h | --help)
             # shellcheck source=SCRIPTDIR/../common.sh
             . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
@@ -50,13 +61,18 @@ command -v fairseq-train >/dev/null || { echo "error: fairseq-train not on PATH"
 mkdir -p "$OUT"
 
 # 1. data: Moses tokenization + joint BPE + fairseq-preprocess --joined-dictionary (cached)
-DATA="$("$PYTHON" "$REPO/scripts/binarize_bundled.py" "$OUT/data" --corpus ende | tail -n 1)"
-[[ -f "$DATA/dict.en.txt" ]] || { echo "error: binarization failed ($DATA)" >&2; exit 1; }
+if [[ "$DRY_RUN" == 1 ]]; then
+    DATA="$OUT/data/DATA-BIN"
+else
+    DATA="$("$PYTHON" "$REPO/scripts/binarize_bundled.py" "$OUT/data" --corpus ende | tail -n 1)"
+    [[ -f "$DATA/dict.en.txt" ]] || { echo "error: binarization failed ($DATA)" >&2; exit 1; }
+fi
 
 WARMUP=$(( MAX_UPDATE < 400 ? MAX_UPDATE / 2 : 200 ))
 SHAPE=(--encoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --encoder-layers 4
        --encoder-attention-heads 4 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024
-       --decoder-layers 4 --decoder-attention-heads 4 --dropout 0.1 --share-all-embeddings)
+       --decoder-layers 4 --decoder-attention-heads 4 --dropout 0.1 --share-all-embeddings
+       ${NORM[@]+"${NORM[@]}"})
 COMMON=("$DATA" --task translation --source-lang en --target-lang de --cpu --seed "$SEED"
         --optimizer adam --adam-betas "(0.9, 0.98)" --lr 1e-3 --lr-scheduler inverse_sqrt
         --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1
@@ -66,6 +82,10 @@ COMMON=("$DATA" --task translation --source-lang en --target-lang de --cpu --see
 
 run() {  # name, extra fairseq-train arguments...
     local name="$1"; shift
+    if [[ "$DRY_RUN" == 1 ]]; then
+        echo "$name: fairseq-train ${COMMON[*]} ${SHAPE[*]} $* --save-dir $OUT/$name"
+        return
+    fi
     rm -rf "${OUT:?}/$name"; mkdir -p "$OUT/$name"
     OMP_NUM_THREADS="$THREADS" fairseq-train "${COMMON[@]}" "${SHAPE[@]}" "$@" \
         --save-dir "$OUT/$name" > "$OUT/$name/train.log" 2>&1
@@ -76,9 +96,14 @@ run() {  # name, extra fairseq-train arguments...
 }
 
 SUBFORMER=(--user-dir "$REPO/slim_fairseq" --arch subformer_small --safe-embed-dim 128
-           "${MIDDLE[@]}" --bert-init)
+           "${MIDDLE[@]}" ${INIT[@]+"${INIT[@]}"})
 TRANSFORMER=(--arch transformer)
 start=$(date +%s)
+if [[ "$DRY_RUN" == 1 ]]; then
+    run subformer "${SUBFORMER[@]}"
+    run transformer "${TRANSFORMER[@]}"
+    exit 0
+fi
 if [[ "$PARALLEL" == 1 ]]; then
     run subformer "${SUBFORMER[@]}" & pid_s=$!
     run transformer "${TRANSFORMER[@]}" & pid_t=$!
