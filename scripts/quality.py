@@ -747,9 +747,9 @@ def main(argv=None):
 
     for seed in args.seeds:
         for dim in sweep_dims:
-            for corpus, label, arch, overrides, baseline in plan:
+            for entry in plan:
                 for lr in args.lrs:
-                    jobs.append(job(corpus, label, arch, overrides, baseline, dim, lr, seed))
+                    jobs.append(job(*entry, dim, lr, seed))
 
     def save():
         with open(os.path.join(out_dir, "results.json.tmp"), "w") as f:
@@ -781,7 +781,8 @@ def main(argv=None):
                     + f" ({run['train_seconds']:.0f} s)")
 
     def add_phase(phase_jobs, what):
-        phase_jobs = [j for j in phase_jobs if j[-1] not in {k[-1] for k in jobs}]
+        planned = {j[-1] for j in jobs}
+        phase_jobs = [j for j in phase_jobs if j[-1] not in planned]
         if phase_jobs:
             jobs.extend(phase_jobs)
             log(f"{what}: {len(phase_jobs)} more runs")

@@ -99,12 +99,7 @@ SUBFORMER=(--user-dir "$REPO/slim_fairseq" --arch subformer_small --safe-embed-d
            "${MIDDLE[@]}" ${INIT[@]+"${INIT[@]}"})
 TRANSFORMER=(--arch transformer)
 start=$(date +%s)
-if [[ "$DRY_RUN" == 1 ]]; then
-    run subformer "${SUBFORMER[@]}"
-    run transformer "${TRANSFORMER[@]}"
-    exit 0
-fi
-if [[ "$PARALLEL" == 1 ]]; then
+if [[ "$PARALLEL" == 1 && "$DRY_RUN" == 0 ]]; then
     run subformer "${SUBFORMER[@]}" & pid_s=$!
     run transformer "${TRANSFORMER[@]}" & pid_t=$!
     wait "$pid_s"; wait "$pid_t"
@@ -112,6 +107,7 @@ else
     run subformer "${SUBFORMER[@]}"
     run transformer "${TRANSFORMER[@]}"
 fi
+if [[ "$DRY_RUN" == 1 ]]; then exit 0; fi
 echo "wall time: $(( $(date +%s) - start )) s (updates: $MAX_UPDATE, max tokens: $MAX_TOKENS, seed: $SEED)"
 
 # 2. report

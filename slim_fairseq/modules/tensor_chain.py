@@ -263,17 +263,16 @@ class TensorChainLinear(nn.Module):
     def forward(self, x):
         shape = x.shape
         x2d = x.reshape(-1, self.in_features)
-        if self.use_contraction(x2d.shape[0]) and not self.recompute_in_backward:
-            y = contract_input(x2d, list(self.cores))
+        if self.use_contraction(x2d.shape[0]):
+            if self.recompute_in_backward:
+                from slim_fairseq.modules.tc_autograd import chain_contract_input_of
+                # keeps only x2d (or what rebuilds it) and the cores for backward
+                y = chain_contract_input_of(x, x2d, list(self.cores))
+            else:  # plain autograd keeps every intermediate
+                y = contract_input(x2d, list(self.cores))
             if self.bias is not None:
                 y = y + self.bias
-        elif self.use_contraction(x2d.shape[0]):
-            from slim_fairseq.modules.tc_autograd import chain_contract_input_of
-            # keeps only x2d (or what rebuilds it) and the cores for backward
-            y = chain_contract_input_of(x, x2d, list(self.cores))
-            if self.bias is not None:
-                y = y + self.bias
-            if self.rebuildable_output and torch.is_grad_enabled():
+            if self.recompute_in_backward and self.rebuildable_output and torch.is_grad_enabled():
                 from slim_fairseq.modules.tc_autograd import chain_value, mark_recomputable
                 return mark_recomputable(y.reshape(*shape[:-1], self.out_features), chain_value,
                                          x2d, self.bias, *self.cores)
