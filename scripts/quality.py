@@ -28,11 +28,14 @@ Runs are independent and **resumable**: each finished run leaves ``runs/<tag>/ru
 reused by a later call with the same settings, so a long study can be stopped and restarted,
 or extended by more widths, rates or seeds; a run stopped half-way goes on from the
 ``checkpoint_last.pt`` of its last validation. ``--jobs N`` trains N runs at a time
-(``--threads`` threads each).
+(``--threads`` threads each). ``--dry-run`` trains nothing and lists what the same command would
+train next (finished, resumable, still to run) with the wall time the finished runs suggest.
 
 Output (``--out``, default ``results/<name>``): ``results.json`` (every run, every valid point),
-``table.md``, ``valid_loss_<corpus>.png`` (valid-loss curves of every best point, mean over
-seeds) and ``params_vs_quality.png`` (valid loss, and BLEU for en-de, against parameters on a
+``table.md`` (rewritten after every phase: every run, each best point against the baseline
+frontier, each model's position over its widths, when the ranking of the models settled, and a
+per-width comparison with a seed-spread verdict), ``valid_loss_<corpus>.png`` (valid-loss curves
+of every best point, mean over seeds) and ``params_vs_quality.png`` (valid loss, and BLEU for en-de, against parameters on a
 log axis, one frontier line per model).
 
 Example::
@@ -373,6 +376,96 @@ def compare_to_baseline(runs, baseline_label):
     return out
 
 
+def best_curves(runs, corpus, dim):
+    """{label: {updates: mean valid NLL over seeds}} of each model's best learning rate at one
+    width (the points :func:`best_rows` keeps)."""
+    chosen = {r["label"]: r["lr"] for r in best_rows(summarise(runs))
+              if r["corpus"] == corpus and r["dim"] == dim}
+    curves = {}
+    for run in runs:
+        if run["corpus"] == corpus and run.get("dim") == dim and chosen.get(run["label"]) == run.get("lr"):
+            for updates, _loss, nll, _ppl in run["valid_curve"]:
+                curves.setdefault(run["label"], {}).setdefault(updates, []).append(nll)
+    return {label: {u: statistics.mean(v) for u, v in points.items()} for label, points in curves.items()}
+
+
+def ranking_stability(runs, corpus, dim):
+    """Whether the budget was long enough for the ranking of the models to settle (issue 14): the
+    models at one width (each at its best rate, mean over seeds) ranked by valid NLL at every
+    validation they all share. Returns None for fewer than two models, else a dict: ``updates``
+    (the shared validations), ``final`` (labels, best first), ``settled_at`` (the first validation
+    from which the ranking stayed the final one), and ``last_swap`` (the pair whose order changed
+    last, with their valid-NLL gap at the end) or None when the ranking never changed."""
+    curves = best_curves(runs, corpus, dim)
+    if len(curves) < 2:
+        return None
+    shared = sorted(set.intersection(*(set(c) for c in curves.values())))
+    if not shared:
+        return None
+    ranking = [sorted(curves, key=lambda label: (curves[label][u], label)) for u in shared]
+    final = ranking[-1]
+    settled = len(shared) - 1
+    while settled > 0 and ranking[settled - 1] == final:
+        settled -= 1
+    last_swap = None
+    if settled > 0:
+        before, position = ranking[settled - 1], {label: i for i, label in enumerate(final)}
+        swapped = [(a, b) for i, a in enumerate(before) for b in before[i + 1:] if position[a] > position[b]]
+        a, b = min(swapped, key=lambda pair: abs(curves[pair[0]][shared[-1]] - curves[pair[1]][shared[-1]]))
+        last_swap = {"pair": (b, a), "gap_at_end": abs(curves[a][shared[-1]] - curves[b][shared[-1]])}
+    return {"updates": shared, "final": final, "settled_at": shared[settled], "last_swap": last_swap}
+
+
+def ranking_markdown(runs):
+    """One line per corpus and width: when the ranking of the models stopped changing."""
+    lines = []
+    for corpus, dim in sorted({(r["corpus"], r.get("dim")) for r in runs}, key=lambda k: (k[0], k[1] or 0)):
+        stability = ranking_stability(runs, corpus, dim)
+        if stability is None:
+            continue
+        updates = stability["updates"]
+        text = (f"* {corpus}, d {dim}: final ranking {' < '.join(stability['final'])} (valid NLL, best "
+                f"first); ")
+        if stability["last_swap"] is None:
+            text += f"unchanged at all {len(updates)} validations"
+        else:
+            first, second = stability["last_swap"]["pair"]
+            text += (f"unchanged since update {stability['settled_at']} of {updates[-1]}; the last change "
+                     f"put {first} ahead of {second}, {stability['last_swap']['gap_at_end']:.3f} bits apart "
+                     "at the end")
+        lines.append(text)
+    if not lines:
+        return ""
+    return "\n".join(["**When the ranking settled** (each model at its best rate, mean over seeds, at every "
+                      "validation all of them share)", "", *lines, ""])
+
+
+def family_summary(front):
+    """Per model: where its best points sit against the baseline frontier, over every width.
+    A point is ahead (behind) when its valid-NLL difference is below (above) zero by more than the
+    combined seed spread; with one seed the spread is unknown and the sign alone is reported."""
+    out = []
+    for key in dict.fromkeys((f["corpus"], f["label"]) for f in front):
+        points = sorted((f for f in front if (f["corpus"], f["label"]) == key), key=lambda f: f["params"])
+        one_seed = any(f["delta_std"] == 0.0 for f in points)
+        sides = []
+        for f in points:
+            margin = 0.0 if one_seed else f["delta_std"]
+            sides.append("ahead" if f["delta_nll"] < -margin else "behind" if f["delta_nll"] > margin else "level")
+        if len(set(sides)) == 1:
+            where = {"ahead": "ahead of the frontier", "behind": "behind the frontier",
+                     "level": "on the frontier (within the seed spread)"}[sides[0]]
+            where += " at every width" if len(points) > 1 else " at its only width"
+        else:
+            where = "mixed: " + ", ".join(f"d {f['dim']} {side}" for f, side in zip(points, sides))
+        ratios = [f["params_ratio"] for f in points if f["params_ratio"] is not None]
+        out.append({"corpus": key[0], "label": key[1], "widths": [f["dim"] for f in points],
+                    "deltas": [(f["delta_nll"], f["delta_std"]) for f in points],
+                    "params_ratios": ratios, "where": where + (" (one seed: spread unknown)" if one_seed else ""),
+                    "extrapolated": any(f["extrapolated"] for f in points)})
+    return out
+
+
 def comparison_markdown(runs, baseline_label):
     lines = []
     titles = dict((("ende", "en-de (bundled)"), ("wikitext", "WikiText-2 (bundled)")))
@@ -447,6 +540,21 @@ def markdown(rows, args, baseline_label):
                 cells.append(fmt(*f["test_bleu"]))
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        families = [s for s in family_summary(subset) if s["label"] != baseline_label[corpus]]
+        if families:
+            lines += [f"**{title}: each model against the `{baseline_label[corpus]}` frontier, over its widths**", "",
+                      "| model | widths | Δ NLL vs frontier (bits), smallest width first | params ratio at equal "
+                      "NLL | where it sits |", "|---|---|---|---|---|"]
+            for fam in families:
+                ratios = fam["params_ratios"]
+                lines.append("| " + " | ".join([
+                    fam["label"], ", ".join(map(str, fam["widths"])),
+                    ", ".join(f"{d:+.3f} ± {s:.3f}" for d, s in fam["deltas"])
+                    + (" (some *extrap.*)" if fam["extrapolated"] else ""),
+                    "—" if not ratios else (f"{min(ratios):.2f}" if len(ratios) == 1
+                                            else f"{min(ratios):.2f}–{max(ratios):.2f}"),
+                    fam["where"]]) + " |")
+            lines.append("")
     return "\n".join(lines)
 
 
@@ -559,6 +667,10 @@ def get_parser():
     p.add_argument("--no-bleu", action="store_true")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep each run's checkpoint_best.pt (default: removed once evaluated)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="train nothing: list every run the command would train next (finished, "
+                        "resumable from a checkpoint, or still to run) and the wall time the "
+                        "finished runs suggest it needs")
     p.add_argument("--report-only", action="store_true",
                    help="only re-write table.md and the plots from the runs in <out>/results.json "
                         "(e.g. after stopping a long comparison early)")
@@ -593,6 +705,8 @@ def check_args(p, args):
         p.error("--lr-extend needs a grid of at least two --lr values")
     if args.jobs < 1:
         p.error("--jobs: expected an integer >= 1")
+    if args.dry_run and args.report_only:
+        p.error("--dry-run and --report-only: give one of them")
     if args.threads is None:
         args.threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "2")) // args.jobs)
 
@@ -630,27 +744,46 @@ def settings_key(argv):
     return comparable_settings(argv[1:])
 
 
+def recorded_run(job, argv, args):
+    """The finished run of ``job`` (its run.json) when it was trained with the same settings and
+    has everything asked for; else None."""
+    corpus, save_dir = job[0], job[-1]
+    done_path = os.path.join(save_dir, "run.json")
+    if args.no_resume or not os.path.exists(done_path):
+        return None
+    with open(done_path) as f:
+        run = json.load(f)
+    have_checkpoint = not args.keep_checkpoints or os.path.exists(os.path.join(save_dir, "checkpoint_best.pt"))
+    if (comparable_settings(run.get("settings") or []) == settings_key(argv) and have_checkpoint
+            and (corpus != "ende" or args.no_bleu or "test_bleu" in run)):
+        return run
+    return None
+
+
+def resumable(save_dir, argv, args):
+    """Whether an interrupted attempt with the same settings left a checkpoint_last.pt that
+    fairseq-train can go on from."""
+    started_path = os.path.join(save_dir, "started.json")
+    if args.no_resume or not os.path.exists(started_path):
+        return False
+    with open(started_path) as f:
+        return json.load(f).get("settings") == settings_key(argv) and os.path.exists(
+            os.path.join(save_dir, "checkpoint_last.pt"))
+
+
 def execute_run(job, data, args):
     """Train (and for en-de translate) one run; reuse its run.json when it already finished."""
     corpus, label, arch, overrides, baseline, dim, lr, seed, save_dir = job
-    done_path = os.path.join(save_dir, "run.json")
     argv = train_argv(corpus, data[corpus], arch, overrides, args, seed, save_dir, dim, lr)
-    if not args.no_resume and os.path.exists(done_path):
-        with open(done_path) as f:
-            run = json.load(f)
-        have_checkpoint = not args.keep_checkpoints or os.path.exists(os.path.join(save_dir, "checkpoint_best.pt"))
-        if (comparable_settings(run.get("settings") or []) == settings_key(argv) and have_checkpoint
-                and (corpus != "ende" or args.no_bleu or "test_bleu" in run)):
-            return run, True
+    run = recorded_run(job, argv, args)
+    if run is not None:
+        return run, True
+    done_path = os.path.join(save_dir, "run.json")
     os.makedirs(save_dir, exist_ok=True)
     # an interrupted attempt with the same settings left checkpoint_last.pt: fairseq-train goes
     # on from it and the log is continued; anything else starts afresh
     started_path = os.path.join(save_dir, "started.json")
-    resume = False
-    if os.path.exists(started_path) and not args.no_resume:
-        with open(started_path) as f:
-            resume = json.load(f).get("settings") == settings_key(argv) and os.path.exists(
-                os.path.join(save_dir, "checkpoint_last.pt"))
+    resume = resumable(save_dir, argv, args)
     if not resume:
         remove_checkpoints(save_dir, keep_best=False)
         with open(started_path, "w") as f:
@@ -714,8 +847,9 @@ def main(argv=None):
     baseline_label = {c: args.frontier_baseline or BASELINES[c] for c in ("ende", "wikitext")}
 
     data = {}
-    if args.report_only:
+    if args.report_only or args.dry_run:
         corpora = []
+        data = {corpus: "DATA" for corpus in ("ende", "wikitext")}  # not read: no run trains
     if "ende" in corpora:
         if args.ende_data:
             data["ende"] = args.ende_data
@@ -758,9 +892,19 @@ def main(argv=None):
         os.replace(os.path.join(out_dir, "results.json.tmp"), os.path.join(out_dir, "results.json"))
 
     finished = {}
+    pending = []  # --dry-run: the jobs a real call would train, in order
 
     def execute(phase_jobs):
         nonlocal runs
+        if args.dry_run:
+            for j in phase_jobs:
+                run = recorded_run(j, train_argv(j[0], data[j[0]], j[2], j[3], args, j[7], j[-1], j[5], j[6]), args)
+                if run is None:
+                    pending.append(j)
+                else:
+                    finished[j[-1]] = run
+            runs = [finished[j[-1]] for j in jobs if j[-1] in finished]
+            return
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
             futures = {pool.submit(execute_run, job, data, args): job for job in phase_jobs}
             for future in concurrent.futures.as_completed(futures):
@@ -768,8 +912,8 @@ def main(argv=None):
                 try:
                     run, reused = future.result()
                 except BaseException:
-                    for pending in futures:
-                        pending.cancel()  # finished runs are saved; a re-run resumes from them
+                    for other in futures:
+                        other.cancel()  # finished runs are saved; a re-run resumes from them
                     raise
                 finished[save_dir] = run
                 runs = [finished[j[-1]] for j in jobs if j[-1] in finished]
@@ -780,19 +924,30 @@ def main(argv=None):
                     + (f", BLEU {run['test_bleu']}" if run.get("test_bleu") is not None else "")
                     + f" ({run['train_seconds']:.0f} s)")
 
+    def ready():
+        """The plan entries whose earlier runs have all finished (a dry run cannot plan the
+        later phases of a model that still has runs to train)."""
+        waiting = {(j[0], j[1]) for j in pending}
+        return [entry for entry in plan if (entry[0], entry[1]) not in waiting]
+
     def add_phase(phase_jobs, what):
         planned = {j[-1] for j in jobs}
         phase_jobs = [j for j in phase_jobs if j[-1] not in planned]
         if phase_jobs:
             jobs.extend(phase_jobs)
-            log(f"{what}: {len(phase_jobs)} more runs")
+            if not args.dry_run:
+                log(f"{what}: {len(phase_jobs)} more runs")
             execute(phase_jobs)
+        if not args.dry_run:
+            write_report(runs, args, baseline_label, out_dir)  # a stopped study keeps a current report
 
     execute(jobs)
+    if not args.dry_run and not args.report_only:
+        write_report(runs, args, baseline_label, out_dir)
     for _ in range(args.lr_extend if plan else 0):
         # a best rate at the edge of the grid says the optimum may lie beyond it: try one more step
         add_phase([job(*entry, dim, lr, seed) for seed in args.seeds for dim in sweep_dims
-                   for entry in plan for lr in [edge_rate(runs, entry[0], entry[1], dim, args.lrs)] if lr],
+                   for entry in ready() for lr in [edge_rate(runs, entry[0], entry[1], dim, args.lrs)] if lr],
                   "extending the learning-rate grid where the best rate is at its edge")
 
     def best_rate():
@@ -802,22 +957,71 @@ def main(argv=None):
         best = best_rate()
         add_phase([job(*entry, dim, best[(entry[0], entry[1], args.lr_sweep_dim)], seed)
                    for seed in args.seeds for dim in args.dims if dim != args.lr_sweep_dim
-                   for entry in plan],
+                   for entry in ready()],
                   f"the other widths at each model's best rate at width {args.lr_sweep_dim}")
     if args.confirm_seeds and plan:
         best = best_rate()
         add_phase([job(*entry, dim, best[(entry[0], entry[1], dim)], seed)
-                   for seed in args.confirm_seeds for entry in plan for dim in args.dims],
+                   for seed in args.confirm_seeds for entry in ready() for dim in args.dims],
                   f"confirming the best learning rates with seeds {','.join(map(str, args.confirm_seeds))}")
 
-    rows = summarise(runs)
-    table = markdown(rows, args, baseline_label) + "\n" + comparison_markdown(runs, baseline_label)
-    with open(os.path.join(out_dir, "table.md"), "w") as f:
-        f.write(table)
-    plot(runs, rows, out_dir)
+    if args.dry_run:
+        print(dry_run_report(jobs, pending, plan, runs, args, data))
+        return pending
+    rows, table = write_report(runs, args, baseline_label, out_dir)
     print(table)
     log(f"wrote {out_dir}/results.json, table.md, valid_loss_*.png, params_vs_quality.png")
     return rows
+
+
+def write_report(runs, args, baseline_label, out_dir):
+    """table.md and the plots from the finished runs; returns (rows, table)."""
+    rows = summarise(runs)
+    table = "\n".join(part for part in (markdown(rows, args, baseline_label), ranking_markdown(runs),
+                                         comparison_markdown(runs, baseline_label)) if part)
+    with open(os.path.join(out_dir, "table.md"), "w") as f:
+        f.write(table)
+    if runs:
+        plot(runs, rows, out_dir)
+    return rows, table
+
+
+def dry_run_report(jobs, pending, plan, runs, args, data):
+    """What a real call would do next: each planned run's state and, from the finished runs of the
+    same model and width, the wall time still needed."""
+    waiting = {(j[0], j[1]) for j in pending}
+    lines, seconds, unknown = [], 0.0, 0
+    for j in jobs:
+        corpus, label, _a, _o, _b, dim, lr, seed, save_dir = j
+        name = f"{corpus} {label} d{dim} lr {fmt_lr(lr)} seed {seed}"
+        if j not in pending:
+            run = next(r for r in runs if (r["corpus"], r["label"], r["dim"], r["lr"], r["seed"])
+                       == (corpus, label, dim, lr, seed))
+            lines.append(f"  done       {name}: valid ppl {run['valid_ppl']:.2f}")
+            continue
+        argv = train_argv(corpus, data[corpus], j[2], j[3], args, seed, save_dir, dim, lr)
+        done_updates = 0
+        if resumable(save_dir, argv, args):
+            with open(os.path.join(save_dir, "train.log")) as f:
+                points = parse_valid_points(f.read())
+            done_updates = points[-1][0] if points else 0
+        same = [r["train_seconds"] for r in runs if (r["corpus"], r["label"], r["dim"]) == (corpus, label, dim)]
+        if same:
+            seconds += statistics.mean(same) * (1.0 - done_updates / args.max_update)
+        else:
+            unknown += 1
+        lines.append(f"  {'resumes' if done_updates else 'to run':<10} {name}"
+                     + (f" (from update {done_updates})" if done_updates else ""))
+    hours = seconds / 3600.0 / args.jobs
+    lines.append(f"{len(jobs) - len(pending)} of {len(jobs)} planned runs are done; {len(pending)} to train: "
+                 f"about {hours:.1f} h of wall time at --jobs {args.jobs}"
+                 + (f", plus {unknown} run(s) with no finished run of the same model and width to "
+                    "estimate from" if unknown else ""))
+    later = [entry[1] for entry in plan if (entry[0], entry[1]) in waiting]
+    if later and (args.lr_extend or args.lr_sweep_dim or args.confirm_seeds):
+        lines.append("Later phases (grid extension, other widths, --confirm-seeds) of "
+                     + ", ".join(later) + " depend on these runs' results and are planned once they finish.")
+    return "\n".join(["planned runs (in order):", *lines])
 
 
 if __name__ == "__main__":

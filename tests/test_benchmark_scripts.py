@@ -359,6 +359,107 @@ def test_quality_frontier_and_verdict_helpers():
     assert cmp["delta_nll"] == pytest.approx(0.5) and cmp["verdict"].startswith("worse")
 
 
+def _curve_run(label, dim, lr, seed, curve, params=1000, baseline=False):
+    """A finished study run with the valid NLL ``curve`` [(updates, nll)]."""
+    points = [[u, nll, nll, 2 ** nll] for u, nll in curve]
+    return {"corpus": "wikitext", "label": label, "arch": "transformer_lm", "overrides": [], "dim": dim,
+            "lr": lr, "seed": seed, "baseline": baseline, "params": params, "valid_curve": points,
+            "updates": curve[-1][0], "valid_nll": curve[-1][1], "valid_ppl": 2 ** curve[-1][1],
+            "train_seconds": 600.0, "train_wps": 100.0, "settings": []}
+
+
+def test_quality_ranking_stability_finds_the_last_change():
+    """The report says from which validation on the ranking of the models stayed the final one,
+    and which pair changed order last (issue 14: 'a budget long enough that the ranking has
+    stopped changing')."""
+    runs = [_curve_run("a", 64, 1e-3, 1, [(100, 5.0), (200, 4.0), (300, 3.0)]),
+            _curve_run("b", 64, 1e-3, 1, [(100, 4.5), (200, 4.2), (300, 3.1)]),
+            _curve_run("c", 64, 1e-3, 1, [(100, 6.0), (200, 5.0), (300, 4.0)]),
+            # a worse rate of "c" is not its best point, so it takes no part in the ranking
+            _curve_run("c", 64, 3e-3, 1, [(100, 1.0), (200, 9.0), (300, 9.0)])]
+    stability = quality.ranking_stability(runs, "wikitext", 64)
+    assert stability["final"] == ["a", "b", "c"] and stability["settled_at"] == 200
+    assert stability["last_swap"]["pair"] == ("a", "b")
+    assert stability["last_swap"]["gap_at_end"] == pytest.approx(0.1)
+    text = quality.ranking_markdown(runs)
+    assert "unchanged since update 200 of 300" in text and "put a ahead of b, 0.100 bits apart" in text
+    steady = [_curve_run("a", 32, 1e-3, 1, [(100, 4.0), (200, 3.0)]),
+              _curve_run("b", 32, 1e-3, 1, [(100, 5.0), (200, 4.0)])]
+    assert quality.ranking_stability(steady, "wikitext", 32)["last_swap"] is None
+    assert "unchanged at all 2 validations" in quality.ranking_markdown(steady)
+    assert quality.ranking_stability(steady[:1], "wikitext", 32) is None  # one model: nothing to rank
+
+
+def test_quality_family_summary_says_where_each_model_sits():
+    def point(label, dim, delta, std, ratio=None):
+        return {"corpus": "wikitext", "label": label, "dim": dim, "params": dim * 100, "delta_nll": delta,
+                "delta_std": std, "params_ratio": ratio, "extrapolated": False}
+    front = [point("ahead", 32, -0.2, 0.05, 0.5), point("ahead", 64, -0.1, 0.05, 0.7),
+             point("mixed", 32, -0.2, 0.05), point("mixed", 64, 0.01, 0.05),
+             point("single", 64, 0.3, 0.0)]
+    where = {f["label"]: f for f in quality.family_summary(front)}
+    assert where["ahead"]["where"] == "ahead of the frontier at every width"
+    assert where["ahead"]["params_ratios"] == [0.5, 0.7]
+    assert where["mixed"]["where"] == "mixed: d 32 ahead, d 64 level"
+    assert where["single"]["where"] == "behind the frontier at its only width (one seed: spread unknown)"
+
+
+def test_quality_dry_run_lists_the_next_runs_and_trains_nothing(tmp_path, monkeypatch, capsys):
+    """--dry-run reads what is recorded (finished, resumable) and plans a model's later phases as
+    soon as its own earlier runs are finished, as a real call would; it never trains."""
+    def no_training(*args, **kwargs):
+        raise AssertionError("--dry-run must not train")
+    monkeypatch.setattr(quality, "execute_run", no_training)
+    monkeypatch.setattr(quality, "run_tool", no_training)
+    argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", "unused", "--no-baseline",
+            "--dim", "32,64", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3", "--lr-extend", "1",
+            "--seeds", "1", "--max-update", "300", "--lm-model", "a=transformer_lm",
+            "--lm-model", "b=transformer_lm --decoder-normalize-before", "--dry-run"]
+    pending = quality.main(argv)
+    assert [(j[1], j[5], j[6]) for j in pending] == [(m, 64, lr) for m in "ab" for lr in (1e-3, 3e-3)]
+
+    args = quality.get_parser().parse_args(argv)
+    quality.check_args(quality.get_parser(), args)
+    quality.load_plugin()
+
+    def record(job, nll):  # what a finished run leaves behind
+        corpus, label, arch, overrides, _b, dim, lr, seed, save_dir = job
+        run = _curve_run(label, dim, lr, seed, [(300, nll)])
+        run["settings"] = quality.settings_key(
+            quality.train_argv(corpus, "DATA", arch, overrides, args, seed, save_dir, dim, lr))
+        os.makedirs(save_dir, exist_ok=True)
+        with open(os.path.join(save_dir, "run.json"), "w") as f:
+            json.dump(run, f)
+        return run
+    a1, a3, b1, b3 = pending
+    record(a1, 6.0)
+    record(a3, 5.0)  # a's best rate is the grid's largest: its extension to 9e-3 is planned
+    record(b1, 5.5)
+    # b at 3e-3 was stopped after update 100: it resumes from its checkpoint
+    corpus, label, arch, overrides, _b, dim, lr, seed, save_dir = b3
+    os.makedirs(save_dir)
+    with open(os.path.join(save_dir, "started.json"), "w") as f:
+        json.dump({"settings": quality.settings_key(
+            quality.train_argv(corpus, "DATA", arch, overrides, args, seed, save_dir, dim, lr))}, f)
+    open(os.path.join(save_dir, "checkpoint_last.pt"), "w").close()
+    with open(os.path.join(save_dir, "train.log"), "w") as f:
+        f.write('x | valid | {"valid_loss": "7.0", "valid_nll_loss": "7.0", "valid_ppl": "128", '
+                '"valid_num_updates": "100"}\n')
+    capsys.readouterr()
+    pending = quality.main(argv)
+    assert [(j[1], j[5], round(j[6], 6)) for j in pending] == [("b", 64, 3e-3), ("a", 64, 9e-3)]
+    output = capsys.readouterr().out
+    assert "done       wikitext a d64 lr 0.003 seed 1: valid ppl 32.00" in output
+    assert "resumes    wikitext b d64 lr 0.003 seed 1 (from update 100)" in output
+    # b's remaining 2/3 of a 600 s run, and a's extension: 600 s, at --jobs 1
+    assert "3 of 5 planned runs are done; 2 to train: about 0.3 h" in output
+    # the width-32 runs wait for both: b's sweep and a's extension are not finished
+    assert "Later phases (grid extension, other widths, --confirm-seeds) of a, b depend" in output
+    assert not (tmp_path / "table.md").exists()
+    with pytest.raises(SystemExit):
+        quality.main(argv + ["--report-only"])
+
+
 @pytest.mark.slow
 def test_quality_sweep_resumes(tmp_path):
     out = tmp_path / "sweep"
