@@ -181,6 +181,7 @@ class Entry:
         self.train_tps, self.train_gflops = [], []
         self.peak_bytes = None
         self.saved_by_module = None  # module -> bytes kept for backward (--memory-breakdown)
+        self.time_by_part = []  # per repetition: part -> forward / backward seconds (--time-breakdown)
         self.gen = {}  # (batch, beam) -> [tokens/s per repetition]
 
 
@@ -328,6 +329,146 @@ def saved_activations_by_module(entry, sample, device, dtype):
     return dict(sorted(by_module.items(), key=lambda kv: -kv[1]))
 
 
+# module names (the last part of a module's path) whose forward and backward make up each part of
+# a training step; the outermost match wins (a skipless `ffn` holds its own fc1 / fc2)
+STEP_PARTS = {"self_attn": "attention", "encoder_attn": "attention", "fc1": "feed-forward",
+              "fc2": "feed-forward", "ffn": "feed-forward", "embed_tokens": "embeddings",
+              "embed_positions": "embeddings", "output_projection": "output projection"}
+
+
+def step_part_modules(model):
+    """{module: part} for the outermost modules named in :data:`STEP_PARTS`."""
+    chosen = {}
+    for name, module in model.named_modules():
+        parts = name.split(".")
+        if parts[-1] in STEP_PARTS and not any(".".join(parts[:i]) in chosen.values()
+                                               for i in range(1, len(parts))):
+            chosen[module] = name
+    return {module: STEP_PARTS[name.split(".")[-1]] for module, name in chosen.items()}
+
+
+class _BackwardClock(torch.autograd.Function):
+    """Identity whose backward calls ``tick()`` when the gradient passes through it."""
+
+    @staticmethod
+    def forward(ctx, tick, x):
+        ctx.tick = tick
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.tick()
+        return None, grad
+
+
+def _clocked(value, tick):
+    """``value`` (a tensor, or a tuple / list holding tensors) with :class:`_BackwardClock` on each
+    tensor that needs a gradient."""
+    if isinstance(value, torch.Tensor):
+        return _BackwardClock.apply(tick, value) if value.requires_grad else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_clocked(v, tick) for v in value)
+    return value
+
+
+def time_by_part(entry, sample, device, dtype):
+    """Wall time of one training forward + backward, taken apart by :data:`STEP_PARTS`: a module's
+    forward from its forward pre-hook to its forward hook; its backward from the moment the
+    gradient of its output arrives to the moment the gradients of all its inputs (positional or
+    keyword) are ready, seen through identity functions put around them. A module whose inputs
+    need no gradient (a token table) has no backward time of its own. ``rest`` is what the parts
+    do not cover: norms, residual adds, dropout outside them, the loss and its gradient. Returns
+    {part: {"forward": s, "backward": s}} with ``step`` the whole forward + backward."""
+    model = entry.model
+    parts = step_part_modules(model)
+    forward_start, calls, hooks = {}, [], []
+
+    def now():
+        synchronize(device)
+        return time.perf_counter()
+
+    def before(module, args, kwargs):
+        call = {"part": parts[module], "backward": [None, None]}  # [start, end] of its backward
+        calls.append(call)
+        forward_start.setdefault(module, []).append((now(), call))
+
+        def end_of_backward():
+            call["backward"][1] = now()
+        return _clocked(args, end_of_backward), {k: _clocked(v, end_of_backward) for k, v in kwargs.items()}
+
+    def after(module, args, kwargs, output):
+        begun, call = forward_start[module].pop()
+        call["forward"] = now() - begun
+
+        def start_of_backward():
+            if call["backward"][0] is None:
+                call["backward"][0] = now()
+        return _clocked(output, start_of_backward)
+
+    for module in parts:
+        hooks += [module.register_forward_pre_hook(before, with_kwargs=True),
+                  module.register_forward_hook(after, with_kwargs=True)]
+    model.train()
+    try:
+        start = now()
+        with autocast_context(device, dtype):
+            loss, _, _ = entry.criterion(model, sample)
+        middle = now()
+        loss.backward()
+        end = now()
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.zero_grad(set_to_none=True)
+    spent = {}
+    for call in calls:
+        slot = spent.setdefault(call["part"], {"forward": 0.0, "backward": 0.0})
+        slot["forward"] += call["forward"]
+        begun, done = call["backward"]
+        if begun is not None and done is not None:
+            slot["backward"] += done - begun
+    step = {"forward": middle - start, "backward": end - middle}
+    spent["rest"] = {d: step[d] - sum(v[d] for v in spent.values()) for d in step}
+    spent["step"] = step
+    return spent
+
+
+def model_columns(intro, corner, rows):
+    """The opening lines of a markdown table with one column per model, after ``intro``."""
+    return ["", intro, "", f"| {corner} | " + " | ".join(r["label"] for r in rows) + " |",
+            "|" + "---|" * (len(rows) + 1)]
+
+
+def time_breakdown_table(rows):
+    """Markdown: one training step's forward + backward time by part, per model (ms, median over
+    repetitions), with each part's ratio to the baseline's same part."""
+    rows = [r for r in rows if r.get("time_by_part")]
+    if not rows:
+        return []
+    base = next((r for r in rows if r["baseline"]), rows[0])
+    order = ["embeddings", "attention", "feed-forward", "output projection", "rest", "step"]
+    names = [n for n in order if any(n in r["time_by_part"] for r in rows)]
+    lines = model_columns(
+        "Where the training time goes (`--time-breakdown`): one forward + backward of batch 0, ms "
+        "(median over repetitions; forward / backward in brackets), × the baseline's same part. "
+        "`rest` = norms, residuals, dropout outside the parts, the loss; the hooks themselves add a "
+        "little to every part:", "part", rows)
+    for name in names:
+        cells = []
+        for r in rows:
+            part = r["time_by_part"].get(name)
+            if part is None:
+                cells.append("—")
+                continue
+            total = part["forward"] + part["backward"]
+            base_part = base["time_by_part"].get(name)
+            base_total = base_part and base_part["forward"] + base_part["backward"]
+            cells.append(f"{1e3 * total:,.0f} ({1e3 * part['forward']:,.0f} / {1e3 * part['backward']:,.0f})"
+                         + (f", {total / base_total:.2f}×" if base_total else ""))
+        lines.append(f"| {'**step**' if name == 'step' else name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def breakdown_table(rows):
     """Markdown: the memory of one training step taken apart, one column per model (MiB)."""
     rows = [r for r in rows if r.get("saved_by_module")]
@@ -338,12 +479,11 @@ def breakdown_table(rows):
     for r in rows:
         for name, nbytes in r["saved_by_module"].items():
             modules[name] = max(modules.get(name, 0), nbytes)
-    lines = ["", "Where the training memory goes (MiB; `--memory-breakdown`): weights, their gradients "
-             "and Adam's two moments (4 × fp32 parameters), then the activations autograd keeps "
-             "for backward, by the module that kept them (layers folded to N; modules under 0.5 % "
-             "of the largest total left out):", ""]
-    lines.append("| | " + " | ".join(r["label"] for r in rows) + " |")
-    lines.append("|" + "---|" * (len(rows) + 1))
+    lines = model_columns(
+        "Where the training memory goes (MiB; `--memory-breakdown`): weights, their gradients and "
+        "Adam's two moments (4 × fp32 parameters), then the activations autograd keeps for backward, "
+        "by the module that kept them (layers folded to N; modules under 0.5 % of the largest total "
+        "left out):", "", rows)
     lines.append("| peak of the step | " + " | ".join(mib(r["peak_memory_bytes"]) for r in rows) + " |")
     lines.append("| weights + grads + Adam | " + " | ".join(mib(16 * r["params"]) for r in rows) + " |")
     lines.append("| activations kept for backward | "
@@ -442,6 +582,14 @@ def paired_ratio(values, base_values):
     return ratio(median(values), median(base_values))
 
 
+def median_parts(repetitions):
+    """{part: {direction: median seconds}} over the repetitions of :func:`time_by_part`, or None."""
+    if not repetitions:
+        return None
+    return {part: {d: median([rep[part][d] for rep in repetitions if part in rep]) for d in ("forward", "backward")}
+            for part in dict.fromkeys(p for rep in repetitions for p in rep)}
+
+
 def summarise(entries, args, peaks):
     gen_keys = [(b, k) for b in args.batch_sizes for k in args.beams]
     baselines = {e.lm: e for e in entries if e.baseline}
@@ -460,6 +608,8 @@ def summarise(entries, args, peaks):
             "train_peak_fraction": ratio(gflops, peak_flops),
             "peak_memory_bytes": e.peak_bytes,
             "saved_by_module": e.saved_by_module,
+            "time_by_part": median_parts(e.time_by_part),
+            "time_by_part_all": e.time_by_part,
             "generation_tokens_per_s": {f"b{b}_beam{k}": median(e.gen.get((b, k), [])) for b, k in gen_keys},
             "generation_tokens_per_s_all": {f"b{b}_beam{k}": e.gen.get((b, k), []) for b, k in gen_keys},
             "ratios": {
@@ -513,6 +663,7 @@ def markdown_table(rows, args, peaks, threads=None):
         cells += [fmt_num(r["generation_tokens_per_s"][f"b{b}_beam{k}"]) for b, k in gen_keys]
         lines.append("| " + " | ".join(cells) + " |")
     lines += breakdown_table(rows)
+    lines += time_breakdown_table(rows)
     if args.pair:
         by_label = {r["label"]: r for r in rows}
         lines += ["", "Pairs (speed of A relative to B, same run):", ""]
@@ -613,6 +764,12 @@ def get_parser():
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
     p.add_argument("--memory-breakdown", action="store_true",
                    help="also list the activations each module keeps for backward (table.md)")
+    p.add_argument("--time-breakdown", action="store_true",
+                   help="also time one training forward + backward by part (attention, feed-forward, "
+                        "embeddings, output projection, rest), --repeats times (table.md)")
+    p.add_argument("--tc-one-pass", action="store_true",
+                   help="run every Tensor-Chain contraction over the whole batch at once, as before "
+                        "the CPU row blocks (to measure what the blocks bring)")
     p.add_argument("--memory-only", action="store_true",
                    help="peak training memory only: no FLOP count, timing, matmul peak or generation "
                         "(tensor storages on the CPU, so it is exact on a busy machine)")
@@ -631,6 +788,7 @@ def entries_from_results(rows):
                   export_of=r["dense_export_of"])
         e.params, e.non_embedding, e.peak_bytes = r["params"], r["non_embedding_params"], r["peak_memory_bytes"]
         e.saved_by_module = r.get("saved_by_module")
+        e.time_by_part = r.get("time_by_part_all") or []
         e.train_tps = r["train_tokens_per_s_all"]
         e.train_gflops = r.get("train_gflops_all") or ([r["train_gflops"]] if r["train_gflops"] else [])
         for key, values in r["generation_tokens_per_s_all"].items():
@@ -688,6 +846,9 @@ def main(argv=None):
                                  f"--{flag.replace('_', '-')}")
         args.no_generation = True
         args.batch_sizes, args.beams = [], []
+    if args.time_breakdown and (args.no_training or args.memory_only):
+        raise SystemExit("benchmark.py: --time-breakdown times training steps (not with "
+                         "--no-training or --memory-only)")
     if args.memory_breakdown and (args.no_memory or args.no_training):
         raise SystemExit("benchmark.py: --memory-breakdown needs the memory step (not with "
                          "--no-memory or --no-training)")
@@ -701,7 +862,18 @@ def main(argv=None):
     out_dir = args.out or os.path.join(REPO_ROOT, "results", args.name)
     os.makedirs(out_dir, exist_ok=True)
     load_plugin()
+    import slim_fairseq.modules.tensor_chain as tensor_chain
+    block_floats = tensor_chain.BLOCK_FLOATS
+    if args.tc_one_pass:
+        tensor_chain.BLOCK_FLOATS = float("inf")  # row_block() then never splits a batch
+    try:
+        return measure(args, command_line, threads, device, dtype, out_dir)
+    finally:
+        tensor_chain.BLOCK_FLOATS = block_floats
 
+
+def measure(args, command_line, threads, device, dtype, out_dir):
+    """Every measurement of :func:`main`, in order; writes and returns the rows."""
     specs = [parse_model_spec(s) for s in args.model]
     kinds = sorted({is_language_model(arch) for _, arch, _ in specs})
     if any(lm for lm in kinds) and not args.lm_data:
@@ -771,6 +943,13 @@ def main(argv=None):
             e.train_tps.append(tps)
             e.train_gflops.append(gflops)
             log(f"train rep {rep + 1}/{args.repeats} {e.label}: {tps:,.0f} tok/s, {gflops:.1f} GFLOP/s")
+
+    # training time by part, interleaved (after the timed steps, whose numbers the hooks would slow)
+    for rep in range(args.repeats if args.time_breakdown else 0):
+        for e in entries:
+            e.time_by_part.append(time_by_part(e, batches_of[e.lm][0], device, dtype))
+        log(f"time breakdown rep {rep + 1}/{args.repeats}: " + "; ".join(
+            f"{e.label} {1e3 * sum(e.time_by_part[-1]['step'].values()):,.0f} ms" for e in entries))
 
     # generation, interleaved
     if not args.no_generation:

@@ -113,6 +113,36 @@ def test_two_core_contraction_both_orders_match_dense_with_gradients(n_in, n_out
         assert torch.allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.parametrize("n_in,n_out", [(512, 1365), (1365, 512)])
+def test_two_core_contraction_in_row_blocks_equals_one_pass(n_in, n_out):
+    """On the CPU the chain's forward and its backward run over blocks of rows (the Anthe
+    feed-forward shapes, both core orders, a last block shorter than the others): same output and
+    gradients as one pass, and the autocast dtype of one pass."""
+    from slim_fairseq.modules.tc_autograd import ChainContraction, pair_backward, pair_backward_rows
+    from slim_fairseq.modules.tensor_chain import contract_pair, contract_pair_rows, row_block
+    torch.manual_seed(0)
+    first, last = TensorChainLinear(n_in, n_out, bond=2).cores
+    x = torch.randn(700, n_in)
+    grad = torch.randn(700, n_out)
+    with torch.no_grad():
+        rows = row_block(x, first, last)
+        assert rows is not None and 700 % rows and 700 // rows >= 2  # several blocks, a short last one
+        assert torch.allclose(contract_pair(x, first, last), contract_pair_rows(x, first, last), atol=1e-5)
+        for got, want in zip(pair_backward(x, first, last, grad), pair_backward_rows(x, first, last, grad)):
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+        assert row_block(x[:rows], first, last) is None  # one block: one pass
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert contract_pair(x, first, last).dtype == torch.bfloat16
+            assert pair_backward(x, first, last, grad.bfloat16())[1].dtype == torch.bfloat16
+    # recorded by autograd (--tc-backward store), the contraction runs in one pass ...
+    leaf = x.clone().requires_grad_()
+    assert row_block(leaf, first, last) is None
+    # ... and through the memory-lean function, forward and backward run in blocks
+    y = ChainContraction.apply(leaf, first, last)
+    y.backward(grad)
+    assert torch.allclose(leaf.grad, pair_backward_rows(x, first.detach(), last.detach(), grad)[0], atol=1e-4)
+
+
 @pytest.mark.parametrize("shape,ratio", [((512, 512), 0.07), ((512, 1365), 0.005),
                                          ((1365, 512), 0.005)])
 def test_materialised_std_matches_dense_init(shape, ratio):

@@ -164,6 +164,43 @@ def test_benchmark_memory_only(tmp_path):
         benchmark.main(["--memory-breakdown", "--no-memory", "--model", "anthe_base"])
 
 
+def test_benchmark_time_breakdown(tmp_path, monkeypatch):
+    """--time-breakdown: one training step's time by part, for translation and LM models. The
+    attention's backward is seen although fairseq passes its inputs as keyword arguments (module
+    full-backward hooks see positional ones only, and timed it as 0), and no part is counted
+    twice (a skipless `ffn` holds fc1 and fc2)."""
+    out = tmp_path / "parts"
+    rows = benchmark.main([
+        "--out", str(out), *TINY_SHAPE, "--threads", "1", "--max-tokens", "128", "--num-batches", "1",
+        "--steps", "1", "--repeats", "2", "--no-generation", "--no-memory", "--time-breakdown",
+        "--tokens-per-sample", "16", "--gemm-size", "128", "--ende-data", ende_data_bin(),
+        "--lm-data", wikitext_data_bin(), "--model", "anthe_base", "--model", "skipless_lm",
+        "--model", "stlm_tied"])
+    for row in rows:
+        parts = row["time_by_part"]
+        assert len(row["time_by_part_all"]) == 2
+        for name in ("attention", "feed-forward"):
+            assert parts[name]["forward"] > 0 and parts[name]["backward"] > 0, (row["label"], name)
+        covered = sum(v["forward"] for k, v in parts.items() if k not in ("rest", "step"))
+        assert covered <= parts["step"]["forward"], row["label"]  # nothing counted twice
+        assert ("output projection" in parts) == (row["label"] != "stlm_tied")  # stlm ties its output
+    assert "Where the training time goes" in (out / "table.md").read_text()
+    # --tc-one-pass: the whole batch in one contraction for this run only
+    from slim_fairseq.modules import tensor_chain
+    seen = []
+    real_time_by_part = benchmark.time_by_part
+    monkeypatch.setattr(benchmark, "time_by_part", lambda *a: (seen.append(tensor_chain.BLOCK_FLOATS),
+                                                               real_time_by_part(*a))[1])
+    block_floats = tensor_chain.BLOCK_FLOATS
+    benchmark.main(["--out", str(tmp_path / "one_pass"), *TINY_SHAPE, "--threads", "1", "--max-tokens", "128",
+                    "--num-batches", "1", "--steps", "1", "--repeats", "1", "--no-generation", "--no-memory",
+                    "--time-breakdown", "--gemm-size", "128", "--ende-data", ende_data_bin(),
+                    "--model", "anthe_base", "--tc-one-pass"])
+    assert seen and all(v == float("inf") for v in seen) and tensor_chain.BLOCK_FLOATS == block_floats
+    with pytest.raises(SystemExit, match="--time-breakdown times training steps"):
+        benchmark.main(["--time-breakdown", "--no-training", "--model", "anthe_base"])
+
+
 @pytest.mark.slow
 def test_benchmark_bf16_autocast_training_and_cast_generation(tmp_path):
     """--dtype bf16: autocast training and a bf16-cast model (and its dense export) in generation."""

@@ -19,7 +19,7 @@ import functools
 
 import torch
 
-from slim_fairseq.modules.tensor_chain import contract_input, first_core_first
+from slim_fairseq.modules.tensor_chain import contract_input, first_core_first, row_block
 
 
 def _autocast_state(device_type):
@@ -81,7 +81,29 @@ def chain_backward(x2d, cores, grad_out, needs):
 
 def pair_backward(x2d, first, last, grad_out, needs=(True, True, True)):
     """Gradients (x2d, first, last) of ``contract_pair(x2d, first, last)`` for ``grad_out``
-    [m, c1 c2], recomputing the one intermediate of the order the forward used."""
+    [m, c1 c2], over the same blocks of rows as the forward on the CPU (the core gradients are
+    summed over the blocks)."""
+    rows = row_block(x2d, first, last)
+    if rows is None:
+        return pair_backward_rows(x2d, first, last, grad_out, needs)
+    grads = list(pair_backward_rows(x2d[:rows], first, last, grad_out[:rows], needs))
+    grad_x = None
+    if grads[0] is not None:
+        grad_x = grads[0].new_empty(x2d.shape)
+        grad_x[:rows] = grads[0]
+    for start in range(rows, x2d.shape[0], rows):
+        block = pair_backward_rows(x2d[start:start + rows], first, last, grad_out[start:start + rows], needs)
+        if grad_x is not None:
+            grad_x[start:start + rows] = block[0]
+        for i in (1, 2):
+            if grads[i] is not None:
+                grads[i] += block[i]
+    return grad_x, grads[1], grads[2]
+
+
+def pair_backward_rows(x2d, first, last, grad_out, needs=(True, True, True)):
+    """:func:`pair_backward` in one pass, recomputing the one intermediate of the order the
+    forward used."""
     m = x2d.shape[0]
     a1, bond, c1 = first.shape
     a2, _, c2 = last.shape
