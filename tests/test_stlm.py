@@ -370,3 +370,45 @@ def test_gpt2_small_shaped_lm_with_ffn_tying(gpt2_task):
 
     ffn = 2 * 768 * 3072 + 3072 + 768
     assert count() - count(tie_ffn=0) == 10 * ffn
+
+
+def test_encoder_decoder_ties_each_stack_separately():
+    """STLM tying in slim_transformer: the encoder and the decoder each tie their own layers (never
+    to each other), on dense and on GLU + Tensor-Chain feed-forwards; the count drops by exactly
+    the shared weights, decoding step by step still equals the full pass, a saved state loads
+    back with the sharing intact, and --sandwich is refused."""
+    from helpers import assert_incremental_equals_full
+    shape = []
+    for side in ("encoder", "decoder"):
+        shape += [f"--{side}-embed-dim", "32", f"--{side}-ffn-embed-dim", "48",
+                  f"--{side}-attention-heads", "4", f"--{side}-layers", "4"]
+    _, _, plain = build("slim_transformer", shape, False)
+    _, _, tied = build("slim_transformer", shape, False, ["--tie-ffn", "0"])
+    for stack in (tied.encoder, tied.decoder):
+        layers = stack.layers
+        assert layers[3].fc1.weight is layers[1].fc1.weight and layers[2].fc2.bias is layers[1].fc2.bias
+        assert layers[0].fc1.weight is not layers[1].fc1.weight
+        assert layers[2].self_attn.out_proj.weight is not layers[1].self_attn.out_proj.weight
+    assert tied.encoder.layers[1].fc1.weight is not tied.decoder.layers[1].fc1.weight
+    ffn = 2 * 32 * 48 + 48 + 32
+    assert _count(plain) - _count(tied) == 2 * 2 * ffn  # layers 2 and 3 of each stack reuse layer 1's
+    _, _, proj = build("slim_transformer", shape, False, ["--tie-attn-proj", "0"])
+    assert proj.decoder.layers[3].self_attn.out_proj.weight is proj.decoder.layers[1].self_attn.out_proj.weight
+
+    args, task, anthe = build("anthe_base", shape, False, ["--tie-ffn", "0", "--tc-min-bond", "4"])
+    layers = anthe.encoder.layers
+    assert layers[2].fc1.w1.cores[0] is layers[1].fc1.w1.cores[0]
+    assert layers[3].fc2.cores[1] is layers[1].fc2.cores[1]
+    anthe.eval()
+    assert_incremental_equals_full(task, anthe)
+    _, _, again = build("anthe_base", shape, False, ["--tie-ffn", "0", "--tc-min-bond", "4"])
+    again.load_state_dict(anthe.state_dict())
+    assert again.decoder.layers[3].fc1.w3.cores[0] is again.decoder.layers[1].fc1.w3.cores[0]
+    assert torch.equal(again.decoder.layers[3].fc1.w3.cores[0], anthe.decoder.layers[1].fc1.w3.cores[0])
+
+    sandwich = ["--sandwich", "--sandwich-dim", "32", "--sandwich-ffn-dim", "48", "--sandwich-heads", "4"]
+    for model, extra in (("slim_transformer", shape), ("slim_lm", ["--decoder-layers", "4"])):
+        with pytest.raises(ValueError, match="cannot be combined with --sandwich"):
+            build(model, extra, model == "slim_lm", ["--tie-ffn", "0", *sandwich])
+    with pytest.raises((ValueError, SystemExit), match="K <= 0"):  # 1+1 .. 4-1-1 is one layer
+        build("slim_transformer", shape, False, ["--tie-attn-proj", "1"])

@@ -90,9 +90,6 @@ class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
                                          task.target_dictionary, table, no_encoder_attn=True)
         model = finish_build(cls(decoder), args)
         if tying_enabled(args):  # STLM FFN / attention-projection tying + LoRA (arXiv:2405.14159)
-            if getattr(args, "sandwich", False):
-                raise ValueError("--tie-ffn/--tie-attn-proj/--ffn-lora-rank cannot be combined "
-                                 "with --sandwich (it already shares the middle layers)")
             apply_weight_tying(decoder.layers, args)
         return model
 

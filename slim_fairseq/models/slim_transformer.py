@@ -26,6 +26,12 @@ from fairseq import utils
 
 from slim_fairseq.models.slim_layers import SlimDecoderLayer, SlimEncoderLayer
 from slim_fairseq.models.slim_options import add_slim_args, set_slim_defaults, validate_slim_args
+from slim_fairseq.modules.weight_tying import (
+    add_tying_args,
+    apply_weight_tying,
+    tying_enabled,
+    validate_tying,
+)
 from slim_fairseq.modules.dropout import slim_dropouts
 from slim_fairseq.option_errors import check_task, one_line_option_errors
 from slim_fairseq.modules.input_embedding import (
@@ -262,11 +268,14 @@ class SlimTransformerModel(ContractOverridesMixin, TransformerModel):
     def add_args(cls, parser):
         TransformerModel.add_args(parser)
         add_slim_args(parser)
+        add_tying_args(parser)  # STLM tying, within the encoder and within the decoder
 
     @classmethod
     def check_args(cls, args, task=None):
         """Option checks that need no data (run right after parsing and again at build)."""
         validate_slim_args(args)
+        for layers in (args.encoder_layers, args.decoder_layers):
+            validate_tying(args, layers)
         check_task(False, getattr(args, "arch", "slim_transformer"),
                    task if task is not None else getattr(args, "task", None))
 
@@ -276,6 +285,9 @@ class SlimTransformerModel(ContractOverridesMixin, TransformerModel):
         with one_line_option_errors():
             cls.check_args(args, task)
             model = super().build_model(args, task)
+            if tying_enabled(args):  # STLM FFN / attention-projection tying + LoRA (arXiv:2405.14159)
+                apply_weight_tying(model.encoder.layers, args)
+                apply_weight_tying(model.decoder.layers, args)
         return finish_build(model, args)
 
     @classmethod

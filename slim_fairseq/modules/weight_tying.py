@@ -121,6 +121,9 @@ def validate_tying(cfg, num_layers: int):
     if alpha is not None and float(alpha) <= 0:
         raise ValueError(f"--ffn-lora-alpha: must be > 0, got {alpha}")
     alpha = float(alpha) if alpha is not None else float(rank)
+    if (ffn_k is not None or proj_k is not None or rank > 0) and _option(cfg, "sandwich", False):
+        raise ValueError("--tie-ffn/--tie-attn-proj/--ffn-lora-rank cannot be combined with "
+                         "--sandwich (it already shares the middle layers)")
     if ffn_k is not None or proj_k is not None:
         _check_training_setup(cfg)
     return ffn_k, proj_k, rank, alpha
