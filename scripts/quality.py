@@ -64,7 +64,13 @@ PLUGIN_DIR = os.path.join(REPO_ROOT, "slim_fairseq")
 BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
 
-from benchmark import accepted_flags, load_plugin, parse_model_spec, shape_overrides  # noqa: E402
+from benchmark import (  # noqa: E402
+    accepted_flags,
+    load_plugin,
+    parse_fairseq_args,
+    parse_model_spec,
+    shape_overrides,
+)
 
 BASELINES = {"ende": "transformer", "wikitext": "transformer_lm"}
 _LOG_LOCK = threading.Lock()
@@ -825,7 +831,28 @@ def remove_checkpoints(save_dir, keep_best):
             os.remove(os.path.join(save_dir, name))
 
 
+def check_specs(plan, args):
+    """Parse every model spec at every width with fairseq's parser and the plugin's option checks
+    before anything trains, so that a bad spec stops the study with one line at once rather
+    than hours later, when its first run starts."""
+    import contextlib
+    import io
+    for corpus, label, arch, overrides, _baseline in plan:
+        for dim in args.dims:
+            messages = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(messages):
+                    parse_fairseq_args(train_argv(corpus, "DATA", arch, overrides, args, 1, "UNUSED", dim,
+                                                  args.lrs[0]))
+            except (SystemExit, ValueError) as error:
+                said = [line for line in messages.getvalue().splitlines() if "error:" in line]
+                reason = said[-1].split("error:", 1)[1].strip() if said else str(error)
+                raise SystemExit(f"quality.py: {'--model' if corpus == 'ende' else '--lm-model'} "
+                                 f"{label} at --dim {dim}: {reason}")
+
+
 def main(argv=None):
+    command_line = list(sys.argv) if argv is None else ["scripts/quality.py", *argv]
     parser = get_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
@@ -846,6 +873,8 @@ def main(argv=None):
         raise SystemExit("quality.py: nothing to run (give --model / --lm-model, or drop --no-baseline)")
     baseline_label = {c: args.frontier_baseline or BASELINES[c] for c in ("ende", "wikitext")}
 
+    if not args.report_only:
+        check_specs(plan, args)
     data = {}
     if args.report_only or args.dry_run:
         corpora = []
@@ -887,7 +916,7 @@ def main(argv=None):
 
     def save():
         with open(os.path.join(out_dir, "results.json.tmp"), "w") as f:
-            json.dump({"argv": sys.argv if argv is None else ["scripts/quality.py", *argv], "runs": runs,
+            json.dump({"argv": command_line, "runs": runs,
                        "rows": summarise(runs)}, f, indent=1)
         os.replace(os.path.join(out_dir, "results.json.tmp"), os.path.join(out_dir, "results.json"))
 

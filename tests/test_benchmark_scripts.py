@@ -495,6 +495,13 @@ def test_quality_dry_run_lists_the_next_runs_and_trains_nothing(tmp_path, monkey
     assert not (tmp_path / "table.md").exists()
     with pytest.raises(SystemExit):
         quality.main(argv + ["--report-only"])
+    # every spec is checked at every width before anything trains: one line naming the model
+    for spec, message in (("bad=slim_lm --sandwich --tie-ffn 0", "bad at --dim 32: --tie-ffn"),
+                          ("typo=slim_lm --no-such-flag", "typo at --dim 32: unrecognized arguments"),
+                          ("odd=slim_lm --safe-embed-dim {d/3}", "odd at --dim 32: width template"),
+                          ("gone=no_such_arch", "gone at --dim 32: .*unknown architecture")):
+        with pytest.raises(SystemExit, match=message):
+            quality.main([a for a in argv if a != "--dry-run"] + ["--lm-model", spec])
 
 
 @pytest.mark.slow
