@@ -1041,11 +1041,13 @@ def dry_run_report(jobs, pending, plan, runs, args, data):
             unknown += 1
         lines.append(f"  {'resumes' if done_updates else 'to run':<10} {name}"
                      + (f" (from update {done_updates})" if done_updates else ""))
-    hours = seconds / 3600.0 / args.jobs
-    lines.append(f"{len(jobs) - len(pending)} of {len(jobs)} planned runs are done; {len(pending)} to train: "
-                 f"about {hours:.1f} h of wall time at --jobs {args.jobs}"
-                 + (f", plus {unknown} run(s) with no finished run of the same model and width to "
-                    "estimate from" if unknown else ""))
+    summary = f"{len(jobs) - len(pending)} of {len(jobs)} planned runs are done; {len(pending)} to train"
+    if unknown < len(pending):
+        summary += f": about {seconds / 3600.0 / args.jobs:.1f} h of wall time at --jobs {args.jobs}"
+    if unknown:
+        summary += (f"{', plus' if unknown < len(pending) else ';'} {unknown} run(s) with no finished run "
+                    "of the same model and width to estimate the time from")
+    lines.append(summary)
     later = [entry[1] for entry in plan if (entry[0], entry[1]) in waiting]
     if later and (args.lr_extend or args.lr_sweep_dim or args.confirm_seeds):
         lines.append("Later phases (grid extension, other widths, --confirm-seeds) of "

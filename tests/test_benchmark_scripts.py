@@ -454,6 +454,8 @@ def test_quality_dry_run_lists_the_next_runs_and_trains_nothing(tmp_path, monkey
             "--lm-model", "b=transformer_lm --decoder-normalize-before", "--dry-run"]
     pending = quality.main(argv)
     assert [(j[1], j[5], j[6]) for j in pending] == [(m, 64, lr) for m in "ab" for lr in (1e-3, 3e-3)]
+    assert ("0 of 4 planned runs are done; 4 to train; 4 run(s) with no finished run of the same model "
+            "and width to estimate the time from") in capsys.readouterr().out
 
     args = quality.get_parser().parse_args(argv)
     quality.check_args(quality.get_parser(), args)
