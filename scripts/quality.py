@@ -499,7 +499,12 @@ def markdown(rows, args, baseline_label):
     lines = [f"Equal budget: {args.max_update} updates of ≤{args.max_tokens} tokens"
              + (f", ≤{args.time_budget:.0f} s" if args.time_budget else "")
              + f"; shape d={dims}, L={args.layers}, heads={args.heads}, ffn={args.ffn_mult} d; "
-             f"lr {','.join(map(fmt_lr, args.lrs))}; seeds {','.join(map(str, args.seeds))}; "
+             f"lr {','.join(map(fmt_lr, args.lrs))}"
+             + (f" at d {args.lr_sweep_dim}" if args.lr_sweep_dim else "")
+             + (f" (and up to {args.lr_extend} more beyond an edge)" if args.lr_extend else "")
+             + f"; seeds {','.join(map(str, args.seeds))}"
+             + (f" (and {','.join(map(str, args.confirm_seeds))} at each best rate)" if args.confirm_seeds else "")
+             + "; "
              "mean ± std over seeds.", ""]
     titles = (("ende", "en-de (bundled)"), ("wikitext", "WikiText-2 (bundled)"))
     for corpus, title in titles:
@@ -897,8 +902,16 @@ def main(argv=None):
     runs = []
     if args.report_only:
         with open(os.path.join(out_dir, "results.json")) as f:
-            runs = json.load(f)["runs"]
-        plan = []
+            saved = json.load(f)
+        runs, plan = saved["runs"], []
+        # the report describes the study as it was run, not this command's defaults
+        recorded = parser.parse_args(saved["argv"][1:])
+        check_args(parser, recorded)
+        for name in ("max_update", "max_tokens", "time_budget", "dims", "layers", "heads", "ffn_mult",
+                     "lrs", "lr_sweep_dim", "lr_extend", "seeds", "confirm_seeds"):
+            setattr(args, name, getattr(recorded, name))
+        if not args.frontier_baseline and recorded.frontier_baseline:
+            baseline_label = {c: recorded.frontier_baseline for c in ("ende", "wikitext")}
     sweep_dims = [args.lr_sweep_dim] if args.lr_sweep_dim else args.dims
     # seed-major, then width (small first), then model, then rate: a partial result already has
     # every model's best rate at the smaller widths

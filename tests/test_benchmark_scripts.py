@@ -311,6 +311,13 @@ def test_quality_lr_sweep_at_one_width_extends_edges_and_transfers(tmp_path, mon
             (m, lr, seed) for m, lr in best for seed in (1, 2)}
     assert {(r["label"], round(r["lr"], 6)) for r in runs if r["dim"] == 64 and r["seed"] == 2} == best
     assert quality.edge_rate(runs, "wikitext", "a", 64, [1e-4, 3e-4, 1e-3, 3e-3]) is None
+    # --report-only re-renders the same report from results.json: the settings come from the
+    # recorded command line, not from this one's defaults
+    table = (tmp_path / "table.md").read_text()
+    assert "lr 0.0001,0.0003,0.001,0.003 at d 64 (and up to 3 more beyond an edge); seeds 1 (and 2 at each" in table
+    (tmp_path / "table.md").unlink()
+    quality.main(["--out", str(tmp_path), "--report-only"])
+    assert (tmp_path / "table.md").read_text() == table
     for bad, message in ((["--lr-sweep-dim", "48"], "expected one of the --dim widths"),
                          (["--lr", "1e-3", "--lr-extend", "1"], "at least two --lr values")):
         with pytest.raises(SystemExit):
