@@ -5,6 +5,7 @@ tiny by its model's ``contract_overrides``, plus fairseq's own ``transformer`` a
 a. builds through fairseq's own parser;  b. finite loss, every parameter gets a gradient;
 c. incremental decoding == full forward, also after a beam reorder;  d. no future leak;
 e. padding invariance;  f. checkpoint round trip with ``weights_only=True``;
+i. the training-time breakdown of scripts/benchmark.py works on it;
 g. fairseq-train + fairseq-generate / fairseq-eval-lm on the bundled data (slow);
 h. 2 CPU ranks end with bit-identical parameters (slow).
 g and h run once per model class and arch family (name prefix) to keep the suite fast.
@@ -127,10 +128,10 @@ def test_a_builds_through_fairseq_parser(built):
     assert n > 0 and all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_b_every_parameter_gets_a_gradient(built):
-    arch, lm, args, task, model = built
+def _training_sample(task, lm):
+    """A training sample whose targets sweep the vocabulary geometrically, so that every band of
+    an adaptive input/softmax is used."""
     net_input, target = _batch(task, lm, tgt_lens=(12, 9))
-    # geometric sweep over the vocabulary, so every band of adaptive input/softmax is used
     d = task.target_dictionary
     sweep, k = [], d.nspecial
     while k < len(d) and len(sweep) < 11:
@@ -141,8 +142,13 @@ def test_b_every_parameter_gets_a_gradient(built):
     _prefix(net_input, lm)[0, 1: len(sweep) + 1] = sweep
     target[0, : len(sweep)] = sweep
     pad = task.target_dictionary.pad()
-    sample = {"id": torch.arange(target.size(0)), "nsentences": target.size(0),
-              "ntokens": int(target.ne(pad).sum()), "net_input": net_input, "target": target}
+    return {"id": torch.arange(target.size(0)), "nsentences": target.size(0),
+            "ntokens": int(target.ne(pad).sum()), "net_input": net_input, "target": target}
+
+
+def test_b_every_parameter_gets_a_gradient(built):
+    arch, lm, args, task, model = built
+    sample = _training_sample(task, lm)
     criterion = task.build_criterion(args)  # the criterion fairseq-train would use
     model.train()
     model.zero_grad()
@@ -234,6 +240,21 @@ def test_f_checkpoint_round_trip_weights_only(built, tmp_path):
     loaded = models[0].eval()
     net_input, _ = _batch(task, lm, seed=4)
     assert torch.equal(_log_probs(model, net_input), _log_probs(loaded, net_input))
+
+
+def test_i_training_time_breakdown(built):
+    """scripts/benchmark.py --time-breakdown on every arch: its hooks around module inputs and
+    outputs leave the model trainable, the attention and the feed-forward are found with a
+    backward of their own, and no part is counted twice."""
+    import benchmark  # scripts/ is on sys.path (tests/helpers.py)
+    arch, lm, args, task, model = built
+    entry = benchmark.Entry(arch, arch, [], lm)
+    entry.model, entry.criterion = model, task.build_criterion(args)
+    parts = benchmark.time_by_part(entry, _training_sample(task, lm), torch.device("cpu"), torch.float32)
+    for name in ("attention", "feed-forward"):
+        assert parts[name]["backward"] > 0, f"{arch}: no backward time for {name}"
+    covered = sum(v["forward"] for k, v in parts.items() if k not in ("rest", "step"))
+    assert covered <= parts["step"]["forward"], f"{arch}: a part was counted twice"
 
 
 # ---------------------------------------------------------------------------- g-h (CLI)
