@@ -35,8 +35,8 @@ Output (``--out``, default ``results/<name>``): ``results.json`` (every run, eve
 ``table.md`` (rewritten after every phase: every run, each best point against the baseline
 frontier, each model's position over its widths, when the ranking of the models settled, and a
 per-width comparison with a seed-spread verdict), ``valid_loss_<corpus>.png`` (valid-loss curves
-of every best point, mean over seeds) and ``params_vs_quality.png`` (valid loss, and BLEU for en-de, against parameters on a
-log axis, one frontier line per model).
+of every best point, mean over seeds) and ``params_vs_quality.png`` (valid loss, and BLEU for
+en-de, against parameters on a log axis, one frontier line per model).
 
 Example::
 
