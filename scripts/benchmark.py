@@ -338,13 +338,14 @@ STEP_PARTS = {"self_attn": "attention", "encoder_attn": "attention", "fc1": "fee
 
 def step_part_modules(model):
     """{module: part} for the outermost modules named in :data:`STEP_PARTS`."""
-    chosen = {}
+    chosen, chosen_names = {}, set()
     for name, module in model.named_modules():
         parts = name.split(".")
-        if parts[-1] in STEP_PARTS and not any(".".join(parts[:i]) in chosen.values()
+        if parts[-1] in STEP_PARTS and not any(".".join(parts[:i]) in chosen_names
                                                for i in range(1, len(parts))):
-            chosen[module] = name
-    return {module: STEP_PARTS[name.split(".")[-1]] for module, name in chosen.items()}
+            chosen[module] = STEP_PARTS[parts[-1]]
+            chosen_names.add(name)
+    return chosen
 
 
 class _BackwardClock(torch.autograd.Function):
