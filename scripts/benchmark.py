@@ -794,7 +794,8 @@ def entries_from_results(rows):
         e.train_gflops = r.get("train_gflops_all") or ([r["train_gflops"]] if r["train_gflops"] else [])
         for key, values in r["generation_tokens_per_s_all"].items():
             batch, beam = key[1:].split("_beam")
-            e.gen[(int(batch), int(beam))] = values
+            if values:  # runs with --no-generation before it dropped the columns recorded []
+                e.gen[(int(batch), int(beam))] = values
         entries.append(e)
     return entries
 
@@ -846,6 +847,7 @@ def main(argv=None):
                 raise SystemExit(f"benchmark.py: --memory-only cannot be combined with "
                                  f"--{flag.replace('_', '-')}")
         args.no_generation = True
+    if args.no_generation:  # no generation columns in the tables and plots
         args.batch_sizes, args.beams = [], []
     if args.time_breakdown and (args.no_training or args.memory_only):
         raise SystemExit("benchmark.py: --time-breakdown times training steps (not with "

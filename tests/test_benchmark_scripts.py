@@ -184,7 +184,12 @@ def test_benchmark_time_breakdown(tmp_path, monkeypatch):
         covered = sum(v["forward"] for k, v in parts.items() if k not in ("rest", "step"))
         assert covered <= parts["step"]["forward"], row["label"]  # nothing counted twice
         assert ("output projection" in parts) == (row["label"] != "stlm_tied")  # stlm ties its output
-    assert "Where the training time goes" in (out / "table.md").read_text()
+    table = (out / "table.md").read_text()
+    assert "Where the training time goes" in table
+    # --no-generation: no generation columns (they printed as "—"), in the report-only table too
+    assert "gen b" not in table and all(row["generation_tokens_per_s"] == {} for row in rows)
+    benchmark.main(["--out", str(out), "--report-only"])
+    assert "gen b" not in (out / "table.md").read_text()
     # --tc-one-pass: the whole batch in one contraction for this run only
     from slim_fairseq.modules import tensor_chain
     seen = []
