@@ -4,6 +4,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.slim-setup-done
+# e.g. https://download.pytorch.org/whl/cpu: where torch comes from, where pip would otherwise
+# find only PyPI's Linux wheel, which is the CUDA build
+TORCH_INDEX ?=
 
 .PHONY: setup test test-fast demo clean
 
@@ -13,7 +16,7 @@ setup: $(STAMP)
 # CUDA build) is kept. fairseq comes from the ve-fairseq wheel without its torchaudio requirement.
 $(STAMP): constraints.txt requirements.txt setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -c "import torch" 2>/dev/null || { echo "[setup] installing torch==2.13.0"; $(PIP) install -c constraints.txt torch==2.13.0; }
+	@$(PY) -c "import torch" 2>/dev/null || { echo "[setup] installing torch==2.13.0"; $(PIP) install -c constraints.txt $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0; }
 	@$(PY) -c "import fairseq" 2>/dev/null || { echo "[setup] installing ve-fairseq (prebuilt fairseq for Python 3.11)"; $(PIP) install --no-deps -c constraints.txt ve-fairseq; }
 	@echo "[setup] installing requirements"; $(PIP) install -c constraints.txt -r requirements.txt
 	@$(PIP) install --no-deps --no-build-isolation -e .

@@ -91,6 +91,23 @@ def test_console_script_prints_user_dir():
     assert out.stderr == ""
 
 
+def test_setup_installs_pinned_torch_from_the_index_asked_for():
+    """`make setup TORCH_INDEX=URL` installs torch==2.13.0 from that index only (PyPI's Linux
+    wheel is the CUDA build); without it, from pip's own configuration. `make -n -B` prints the
+    commands without running them."""
+    def torch_install(*extra):
+        out = subprocess.run(["make", "-n", "-B", "setup", *extra], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout
+        lines = [line for line in out.splitlines() if "install" in line and "torch==2.13.0" in line]
+        assert len(lines) == 1, out
+        return lines[0]
+    cpu = "https://download.pytorch.org/whl/cpu"
+    assert f"--index-url {cpu} torch==2.13.0" in torch_install(f"TORCH_INDEX={cpu}")
+    assert "--index-url" not in torch_install()
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        assert f"make setup TORCH_INDEX={cpu}" in f.read()
+
+
 def test_bad_option_fails_before_training_with_one_line_error(tmp_path):
     proc = subprocess.run(
         [os.path.join(BIN, "fairseq-train"), ende_data_bin(), "--task", "translation",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train the Anthe language model (the Anthe paper, arXiv 2024, App. C; arch
+# Train the Anthe language model (the Anthe paper, arXiv:2305.10991, App. C; arch
 # anthe_lm_gpt2_small, and its baseline slim_lm_gpt2_small: GPT-2 small shape, 12 layers,
 # width 768, 1024 positions).
 #
