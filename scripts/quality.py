@@ -960,6 +960,9 @@ def main(argv=None):
                 finished[save_dir] = run
                 runs = [finished[j[-1]] for j in jobs if j[-1] in finished]
                 save()
+                # a study stopped between phases keeps a table of every finished run (the plots
+                # are redrawn at the end of each phase)
+                write_report(runs, args, baseline_label, out_dir, plots=False)
                 log(f"[{len(finished)}/{len(jobs)}] {corpus} {label} d{dim} lr {fmt_lr(lr)} seed {seed}: "
                     + ("reused, " if reused else "")
                     + f"valid ppl {run['valid_ppl']:.2f} after {run['updates']} updates"
@@ -1016,14 +1019,16 @@ def main(argv=None):
     return rows
 
 
-def write_report(runs, args, baseline_label, out_dir):
-    """table.md and the plots from the finished runs; returns (rows, table)."""
+def write_report(runs, args, baseline_label, out_dir, plots=True):
+    """table.md (and the plots, unless ``plots`` is False) from the finished runs; returns
+    (rows, table)."""
     rows = summarise(runs)
     table = "\n".join(part for part in (markdown(rows, args, baseline_label), ranking_markdown(runs),
                                          comparison_markdown(runs, baseline_label)) if part)
-    with open(os.path.join(out_dir, "table.md"), "w") as f:
+    with open(os.path.join(out_dir, "table.md.tmp"), "w") as f:
         f.write(table)
-    if runs:
+    os.replace(os.path.join(out_dir, "table.md.tmp"), os.path.join(out_dir, "table.md"))
+    if runs and plots:
         plot(runs, rows, out_dir)
     return rows, table
 

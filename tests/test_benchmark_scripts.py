@@ -329,6 +329,29 @@ def test_quality_lr_sweep_at_one_width_extends_edges_and_transfers(tmp_path, mon
             quality.main(argv + bad)
 
 
+def test_quality_table_lists_every_finished_run_when_a_phase_is_stopped(tmp_path, monkeypatch):
+    """table.md is rewritten after every finished run, not only at the end of a phase: a study
+    stopped in its second phase reports the runs of that phase that finished."""
+    def fake_run(job, data, args):
+        corpus, label, arch, overrides, baseline, dim, lr, seed, save_dir = job
+        if (label, dim) == ("b", 32):
+            raise KeyboardInterrupt
+        loss = 5.0 + lr + 1.0 / dim
+        return {"corpus": corpus, "label": label, "arch": arch, "overrides": overrides, "seed": seed,
+                "dim": dim, "lr": lr, "baseline": baseline, "params": dim * 1000,
+                "valid_curve": [[1, loss, loss, 2 ** loss]], "updates": 1, "valid_nll": loss,
+                "valid_ppl": 2 ** loss, "train_seconds": 0.0, "train_wps": 1.0, "settings": []}, False
+
+    monkeypatch.setattr(quality, "execute_run", fake_run)
+    with pytest.raises(KeyboardInterrupt):
+        quality.main(["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path),
+                      "--no-baseline", "--dim", "32,64", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3",
+                      "--seeds", "1", "--lm-model", "a=transformer_lm", "--lm-model", "b=transformer_lm"])
+    table = (tmp_path / "table.md").read_text()
+    assert "| a | 32 | 0.001 |" in table  # finished in the widths phase, before b stopped it
+    assert "| b | 64 | 0.003 |" in table and "| b | 32 |" not in table
+
+
 def test_quality_run_interrupted_after_a_checkpoint_resumes_from_it(tmp_path, monkeypatch):
     """A study killed mid-run loses nothing: the run goes on from its checkpoint_last.pt, its
     log is continued, and the finished run keeps only what was asked for."""
