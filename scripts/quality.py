@@ -578,9 +578,14 @@ def plot(runs, rows, out_dir):
 
     best = best_rows(rows)
     chosen = {(r["corpus"], r["label"], r["dim"], r["lr"]) for r in best}
+    # one colour per model in both figures; in the curves, one line style per width (widest solid)
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"] + list(plt.cm.tab20.colors[1::2])
+    colour = {label: cycle[i % len(cycle)] for i, label in enumerate(sorted({r["label"] for r in runs}))}
     for corpus in sorted({r["corpus"] for r in runs}):
-        fig, ax = plt.subplots(figsize=(6.0, 4.0))
+        fig, ax = plt.subplots(figsize=(7.0, 4.5))
         keys = dict.fromkeys((r["label"], r.get("dim"), r.get("lr")) for r in runs if r["corpus"] == corpus)
+        widths = sorted({k[1] for k in keys if k[1] is not None}, reverse=True)
+        style = {dim: ("-", "--", ":", "-.")[i % 4] for i, dim in enumerate(widths)}
         for label, dim, lr in keys:
             if (corpus, label, dim, lr) not in chosen:
                 continue
@@ -590,12 +595,17 @@ def plot(runs, rows, out_dir):
                     for updates, _loss, nll, _ppl in run["valid_curve"]:
                         by_update.setdefault(updates, []).append(nll)
             xs = sorted(by_update)
-            name = label if len({k[1] for k in keys}) == 1 else f"{label} d{dim}"
-            ax.plot(xs, [statistics.mean(by_update[x]) for x in xs], marker="o", markersize=2, label=name)
+            ax.plot(xs, [statistics.mean(by_update[x]) for x in xs], marker="o", markersize=2,
+                    color=colour[label], linestyle=style.get(dim, "-"))
+        from matplotlib.lines import Line2D
+        handles = [Line2D([], [], color=colour[label], label=label)
+                   for label in sorted({k[0] for k in keys})]
+        if len(widths) > 1:
+            handles += [Line2D([], [], color="black", linestyle=style[dim], label=f"d {dim}") for dim in widths]
         ax.set_xlabel("updates")
         ax.set_ylabel("valid NLL (bits/token)")
         ax.set_title(f"{corpus}: valid loss of each best point (mean over seeds)", fontsize=9)
-        ax.legend(fontsize=5, ncol=2)
+        ax.legend(handles=handles, fontsize=6, ncol=2)
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, f"valid_loss_{corpus}.png"), dpi=90)
         plt.close(fig)
@@ -612,7 +622,7 @@ def plot(runs, rows, out_dir):
                 continue
             ax.errorbar([r["params"] for r in pts], [r[metric][0] for r in pts],
                         yerr=[r[metric][1] for r in pts], marker="s" if pts[0]["baseline"] else "o",
-                        markersize=4, capsize=2, label=label)
+                        markersize=4, capsize=2, label=label, color=colour.get(label))
         ax.set_xscale("log")
         ax.set_xlabel("parameters (log scale)")
         ax.set_ylabel("test BLEU" if metric == "test_bleu" else "valid NLL (bits/token)")
