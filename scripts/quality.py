@@ -22,7 +22,8 @@ parameters and the baseline's parameters at equal loss, with the seed spread.
 
 ``--lr-sweep-dim D`` sweeps the rates at width D only and trains the other widths at each
 model's best rate there; ``--lr-extend N`` tries one more rate beyond the grid (up to N times)
-for a model whose best rate is at the grid's edge.
+for a model whose best rate is at the grid's edge; ``--lr-width-check`` also trains a wider
+width one grid step lower when, at the carried-over rate, it did not beat the narrower width.
 
 Runs are independent and **resumable**: each finished run leaves ``runs/<tag>/run.json`` and is
 reused by a later call with the same settings, so a long study can be stopped and restarted,
@@ -290,6 +291,29 @@ def edge_rate(runs, corpus, label, dim, grid):
     return None
 
 
+def lower_rate_where_wider_is_worse(runs, corpus, label, dims, sweep_dim, grid):
+    """{width: rate} for the widths above ``sweep_dim`` where the model, at its best rate so far,
+    is not better than at the next narrower width: the rate carried over from ``sweep_dim`` is
+    then probably too high there (Adam's best rate falls as width grows), so one grid step lower
+    (the grid's step at its low end) is worth a run. Widths with a run at that rate already, or
+    with a missing point, are left out."""
+    best = {r["dim"]: r for r in best_rows(summarise(runs))
+            if (r["corpus"], r["label"]) == (corpus, label) and r["valid_nll"][0] is not None}
+    tried = {(r["dim"], round(r["lr"], 12)) for r in summarise(runs)
+             if (r["corpus"], r["label"]) == (corpus, label)}
+    grid = sorted(grid)
+    widths = sorted(dims)
+    out = {}
+    for narrow, wide in zip(widths, widths[1:]):
+        if wide <= sweep_dim or narrow not in best or wide not in best:
+            continue
+        if _loss(best[wide]) >= _loss(best[narrow]):
+            lr = best[wide]["lr"] * grid[0] / grid[1]
+            if (wide, round(lr, 12)) not in tried:
+                out[wide] = lr
+    return out
+
+
 def interpolate(points, x):
     """Piecewise-linear value at ``x`` through ``points`` [(x, y)] sorted by x; outside the range
     the two nearest points extrapolate. Returns (y, extrapolated)."""
@@ -502,6 +526,8 @@ def markdown(rows, args, baseline_label):
              f"lr {','.join(map(fmt_lr, args.lrs))}"
              + (f" at d {args.lr_sweep_dim}" if args.lr_sweep_dim else "")
              + (f" (and up to {args.lr_extend} more beyond an edge)" if args.lr_extend else "")
+             + ("; one step lower at a wider width that did not beat the narrower one"
+                if getattr(args, "lr_width_check", False) else "")
              + f"; seeds {','.join(map(str, args.seeds))}"
              + (f" (and {','.join(map(str, args.confirm_seeds))} at each best rate)" if args.confirm_seeds else "")
              + "; "
@@ -680,6 +706,10 @@ def get_parser():
     p.add_argument("--lr-extend", type=int, default=0, metavar="N",
                    help="up to N times, add one rate beyond the grid (by the grid's step) for every "
                         "model whose best rate is the grid's largest or smallest (default 0)")
+    p.add_argument("--lr-width-check", action="store_true",
+                   help="with --lr-sweep-dim: where a width above the sweep width, at the carried-over "
+                        "rate, is not better than the next narrower width, also train it one grid "
+                        "step lower (the better of the two is kept)")
     p.add_argument("--warmup", type=int, help="warm-up updates (default max-update / 10)")
     p.add_argument("--tokens-per-sample", type=int, default=128, help="LM block length")
     p.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
@@ -724,6 +754,8 @@ def check_args(p, args):
         p.error("--lr-extend: expected an integer >= 0")
     if args.lr_extend and len(args.lrs) < 2:
         p.error("--lr-extend needs a grid of at least two --lr values")
+    if args.lr_width_check and (not args.lr_sweep_dim or len(args.lrs) < 2):
+        p.error("--lr-width-check needs --lr-sweep-dim and a grid of at least two --lr values")
     if args.jobs < 1:
         p.error("--jobs: expected an integer >= 1")
     if args.dry_run and args.report_only:
@@ -918,7 +950,7 @@ def main(argv=None):
         recorded = parser.parse_args(saved["argv"][1:])
         check_args(parser, recorded)
         for name in ("max_update", "max_tokens", "time_budget", "dims", "layers", "heads", "ffn_mult",
-                     "lrs", "lr_sweep_dim", "lr_extend", "seeds", "confirm_seeds"):
+                     "lrs", "lr_sweep_dim", "lr_extend", "lr_width_check", "seeds", "confirm_seeds"):
             setattr(args, name, getattr(recorded, name))
         if not args.frontier_baseline and recorded.frontier_baseline:
             baseline_label = {c: recorded.frontier_baseline for c in ("ende", "wikitext")}
@@ -1014,6 +1046,11 @@ def main(argv=None):
                    for seed in args.seeds for dim in args.dims if dim != args.lr_sweep_dim
                    for entry in ready()],
                   f"the other widths at each model's best rate at width {args.lr_sweep_dim}")
+    if args.lr_width_check and args.lr_sweep_dim and plan:
+        add_phase([job(*entry, dim, lr, seed) for seed in args.seeds for entry in ready()
+                   for dim, lr in lower_rate_where_wider_is_worse(
+                       runs, entry[0], entry[1], args.dims, args.lr_sweep_dim, args.lrs).items()],
+                  "one rate lower where a wider model did not beat the narrower one")
     if args.confirm_seeds and plan:
         best = best_rate()
         add_phase([job(*entry, dim, best[(entry[0], entry[1], dim)], seed)
@@ -1078,7 +1115,7 @@ def dry_run_report(jobs, pending, plan, runs, args, data):
     lines.append(summary)
     later = [entry[1] for entry in plan if (entry[0], entry[1]) in waiting]
     if later and (args.lr_extend or args.lr_sweep_dim or args.confirm_seeds):
-        lines.append("Later phases (grid extension, other widths, --confirm-seeds) of "
+        lines.append("Later phases (grid extension, other widths, width check, --confirm-seeds) of "
                      + ", ".join(later) + " depend on these runs' results and are planned once they finish.")
     return "\n".join(["planned runs (in order):", *lines])
 

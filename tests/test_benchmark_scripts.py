@@ -329,6 +329,36 @@ def test_quality_lr_sweep_at_one_width_extends_edges_and_transfers(tmp_path, mon
             quality.main(argv + bad)
 
 
+def test_quality_lr_width_check_tries_a_lower_rate_where_the_wider_model_is_worse(tmp_path, monkeypatch):
+    """--lr-width-check: model "a" wants a lower rate as it widens, so at width 128 the rate
+    carried over from width 64 is worse than width 64 itself; one grid step lower is then
+    trained there, kept as the best, and used for the second seed. Model "b" (same optimum at
+    every width) and the widths at or below the sweep width get no extra run."""
+    def fake_run(job, data, args):
+        corpus, label, arch, overrides, baseline, dim, lr, seed, save_dir = job
+        optimum = 1e-2 * (64 / dim if label == "a" else 1)
+        loss = 3 * abs(math.log10(lr / optimum)) + 50.0 / dim + 0.001 * seed
+        return {"corpus": corpus, "label": label, "arch": arch, "overrides": overrides, "seed": seed,
+                "dim": dim, "lr": lr, "baseline": baseline, "params": dim * 1000,
+                "valid_curve": [[1, loss, loss, 2 ** loss]], "updates": 1, "valid_nll": loss,
+                "valid_ppl": 2 ** loss, "train_seconds": 0.0, "train_wps": 1.0, "settings": []}, False
+
+    monkeypatch.setattr(quality, "execute_run", fake_run)
+    argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
+            "--dim", "32,64,128", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3,1e-2", "--lr-width-check",
+            "--seeds", "1", "--confirm-seeds", "2", "--lm-model", "a=transformer_lm",
+            "--lm-model", "b=transformer_lm", "--frontier-baseline", "b"]
+    quality.main(argv)
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    extra = {(r["label"], r["dim"], round(r["lr"], 6), r["seed"]) for r in runs if r["dim"] != 64}
+    assert extra == {("a", 32, 0.01, 1), ("a", 32, 0.01, 2), ("b", 32, 0.01, 1), ("b", 32, 0.01, 2),
+                     ("a", 128, 0.01, 1), ("a", 128, 0.003333, 1), ("a", 128, 0.003333, 2),
+                     ("b", 128, 0.01, 1), ("b", 128, 0.01, 2)}
+    assert "one step lower at a wider width" in (tmp_path / "table.md").read_text()
+    with pytest.raises(SystemExit):
+        quality.main(["--out", str(tmp_path), "--lr", "1e-3,1e-2", "--lr-width-check", "--lm-model", "a=transformer_lm"])
+
+
 def test_quality_table_lists_every_finished_run_when_a_phase_is_stopped(tmp_path, monkeypatch):
     """table.md is rewritten after every finished run, not only at the end of a phase: a study
     stopped in its second phase reports the runs of that phase that finished."""
