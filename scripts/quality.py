@@ -856,7 +856,13 @@ def execute_run(job, data, args):
            "valid_ppl": curve[-1][3], "train_seconds": seconds, "train_wps": parse_train_wps(output),
            "settings": settings_key(argv)}  # without paths, so a moved or cloned study still resumes
     if resume:
-        run["resumed"] = True  # train_seconds and train_wps are those of the last attempt
+        # this attempt trained from the checkpoint's update on: its time, scaled to the whole run
+        # (what --dry-run estimates from); train_wps is this attempt's
+        loaded = re.findall(r"\(epoch \d+ @ (\d+) updates\)", output)
+        first = int(loaded[-1]) if loaded else 0
+        if 0 < first < run["updates"]:
+            run["train_seconds"] = seconds * run["updates"] / (run["updates"] - first)
+        run["resumed"] = True
     if corpus == "ende" and not args.no_bleu:
         gen = run_tool("fairseq-generate", generate_argv(data[corpus], save_dir, args, args.bpe_codes),
                        os.path.join(save_dir, "generate.log"), args.threads)

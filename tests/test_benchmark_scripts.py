@@ -3,6 +3,8 @@ steps; the tables, JSON and PNG plots must be produced and consistent with the b
 import json
 import math
 import os
+import time
+import types
 
 import pytest
 import torch
@@ -401,11 +403,15 @@ def test_quality_run_interrupted_after_a_checkpoint_resumes_from_it(tmp_path, mo
     run_dir = tmp_path / "runs" / "wikitext_t_s1"
     assert (run_dir / "checkpoint_last.pt").exists() and not (run_dir / "run.json").exists()
     monkeypatch.setattr(quality, "run_tool", real_run_tool)
+    clock = iter([100.0, 130.0])  # the resumed attempt takes 30 s for updates 3-4
+    monkeypatch.setattr(quality, "time", types.SimpleNamespace(time=lambda: next(clock)))
     quality.main(argv)
+    monkeypatch.setattr(quality, "time", time)
     log = (run_dir / "train.log").read_text()
     assert "Loaded checkpoint" in log and "(epoch 1 @ 2 updates)" in log
     run = json.loads((run_dir / "run.json").read_text())
     assert run["resumed"] and [p[0] for p in run["valid_curve"]] == [2, 4]
+    assert run["train_seconds"] == pytest.approx(60.0)  # scaled to the whole run's 4 updates
     assert not list(run_dir.glob("*.pt")) and not (run_dir / "started.json").exists()
     # a changed setting never continues an old checkpoint
     monkeypatch.setattr(quality, "run_tool", killed_after_two_updates)
