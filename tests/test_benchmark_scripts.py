@@ -564,7 +564,7 @@ def test_quality_dry_run_lists_the_next_runs_and_trains_nothing(tmp_path, monkey
     # b's remaining 2/3 of a 600 s run, and a's extension: 600 s, at --jobs 1
     assert "3 of 5 planned runs are done; 2 to train: about 0.3 h" in output
     # the width-32 runs wait for both: b's sweep and a's extension are not finished
-    assert "Later phases (grid extension, other widths, --confirm-seeds) of a, b depend" in output
+    assert "Later phases (grid extension, other widths, width check, --confirm-seeds) of a, b depend" in output
     assert not (tmp_path / "table.md").exists()
     with pytest.raises(SystemExit):
         quality.main(argv + ["--report-only"])
