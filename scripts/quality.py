@@ -297,10 +297,9 @@ def lower_rate_where_wider_is_worse(runs, corpus, label, dims, sweep_dim, grid):
     then probably too high there (Adam's best rate falls as width grows), so one grid step lower
     (the grid's step at its low end) is worth a run. Widths with a run at that rate already, or
     with a missing point, are left out."""
-    best = {r["dim"]: r for r in best_rows(summarise(runs))
-            if (r["corpus"], r["label"]) == (corpus, label) and r["valid_nll"][0] is not None}
-    tried = {(r["dim"], round(r["lr"], 12)) for r in summarise(runs)
-             if (r["corpus"], r["label"]) == (corpus, label)}
+    rows = [r for r in summarise(runs) if (r["corpus"], r["label"]) == (corpus, label)]
+    best = {r["dim"]: r for r in best_rows(rows)}
+    tried = {(r["dim"], round(r["lr"], 12)) for r in rows}
     grid = sorted(grid)
     widths = sorted(dims)
     out = {}
@@ -527,7 +526,7 @@ def markdown(rows, args, baseline_label):
              + (f" at d {args.lr_sweep_dim}" if args.lr_sweep_dim else "")
              + (f" (and up to {args.lr_extend} more beyond an edge)" if args.lr_extend else "")
              + ("; one step lower at a wider width that did not beat the narrower one"
-                if getattr(args, "lr_width_check", False) else "")
+                if args.lr_width_check else "")
              + f"; seeds {','.join(map(str, args.seeds))}"
              + (f" (and {','.join(map(str, args.confirm_seeds))} at each best rate)" if args.confirm_seeds else "")
              + "; "

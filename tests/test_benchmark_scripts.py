@@ -286,21 +286,29 @@ def test_run_tool_keeps_work_finished_before_a_crash_at_exit(tmp_path, monkeypat
         quality.run_tool("fairseq-train", [], str(tmp_path / "train3.log"), 1)
 
 
+def fake_study_run(loss_of):
+    """An ``execute_run`` stand-in: the record of a one-validation run of ``job`` whose valid NLL is
+    ``loss_of(label, dim, lr, seed)`` (it may raise to stop the study there)."""
+    def run(job, data, args):
+        corpus, label, arch, overrides, baseline, dim, lr, seed, save_dir = job
+        loss = loss_of(label, dim, lr, seed)
+        return {"corpus": corpus, "label": label, "arch": arch, "overrides": overrides, "seed": seed,
+                "dim": dim, "lr": lr, "baseline": baseline, "params": dim * 1000,
+                "valid_curve": [[1, loss, loss, 2 ** loss]], "updates": 1, "valid_nll": loss,
+                "valid_ppl": 2 ** loss, "train_seconds": 0.0, "train_wps": 1.0, "settings": []}, False
+    return run
+
+
 def test_quality_lr_sweep_at_one_width_extends_edges_and_transfers(tmp_path, monkeypatch):
     """--lr-sweep-dim sweeps the rates at one width only and trains the other widths at each
     model's best rate there; --lr-extend adds a rate beyond the grid when the best is at its edge
     (and a diverged run counts as worst)."""
     optimum = {"a": 3e-2, "b": 1e-3}  # model "a" wants a rate above the grid's top, "b" is inside
 
-    def fake_run(job, data, args):
-        corpus, label, arch, overrides, baseline, dim, lr, seed, save_dir = job
-        loss = math.nan if lr > 5e-2 else abs(math.log10(lr / optimum[label])) + 100.0 / dim + 0.01 * seed
-        return {"corpus": corpus, "label": label, "arch": arch, "overrides": overrides, "seed": seed,
-                "dim": dim, "lr": lr, "baseline": baseline, "params": dim * 1000, "valid_curve": [[1, loss, loss, 2 ** loss]],
-                "updates": 1, "valid_nll": loss, "valid_ppl": 2 ** loss, "train_seconds": 0.0,
-                "train_wps": 1.0, "settings": []}, False
+    def loss(label, dim, lr, seed):
+        return math.nan if lr > 5e-2 else abs(math.log10(lr / optimum[label])) + 100.0 / dim + 0.01 * seed
 
-    monkeypatch.setattr(quality, "execute_run", fake_run)
+    monkeypatch.setattr(quality, "execute_run", fake_study_run(loss))
     monkeypatch.setattr(quality, "binarize_wikitext", None, raising=False)
     argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
             "--dim", "32,64,128", "--lr-sweep-dim", "64", "--lr", "1e-4,3e-4,1e-3,3e-3", "--lr-extend", "3",
@@ -336,16 +344,11 @@ def test_quality_lr_width_check_tries_a_lower_rate_where_the_wider_model_is_wors
     carried over from width 64 is worse than width 64 itself; one grid step lower is then
     trained there, kept as the best, and used for the second seed. Model "b" (same optimum at
     every width) and the widths at or below the sweep width get no extra run."""
-    def fake_run(job, data, args):
-        corpus, label, arch, overrides, baseline, dim, lr, seed, save_dir = job
+    def loss(label, dim, lr, seed):
         optimum = 1e-2 * (64 / dim if label == "a" else 1)
-        loss = 3 * abs(math.log10(lr / optimum)) + 50.0 / dim + 0.001 * seed
-        return {"corpus": corpus, "label": label, "arch": arch, "overrides": overrides, "seed": seed,
-                "dim": dim, "lr": lr, "baseline": baseline, "params": dim * 1000,
-                "valid_curve": [[1, loss, loss, 2 ** loss]], "updates": 1, "valid_nll": loss,
-                "valid_ppl": 2 ** loss, "train_seconds": 0.0, "train_wps": 1.0, "settings": []}, False
+        return 3 * abs(math.log10(lr / optimum)) + 50.0 / dim + 0.001 * seed
 
-    monkeypatch.setattr(quality, "execute_run", fake_run)
+    monkeypatch.setattr(quality, "execute_run", fake_study_run(loss))
     argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
             "--dim", "32,64,128", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3,1e-2", "--lr-width-check",
             "--seeds", "1", "--confirm-seeds", "2", "--lm-model", "a=transformer_lm",
@@ -364,17 +367,12 @@ def test_quality_lr_width_check_tries_a_lower_rate_where_the_wider_model_is_wors
 def test_quality_table_lists_every_finished_run_when_a_phase_is_stopped(tmp_path, monkeypatch):
     """table.md is rewritten after every finished run, not only at the end of a phase: a study
     stopped in its second phase reports the runs of that phase that finished."""
-    def fake_run(job, data, args):
-        corpus, label, arch, overrides, baseline, dim, lr, seed, save_dir = job
+    def loss(label, dim, lr, seed):
         if (label, dim) == ("b", 32):
             raise KeyboardInterrupt
-        loss = 5.0 + lr + 1.0 / dim
-        return {"corpus": corpus, "label": label, "arch": arch, "overrides": overrides, "seed": seed,
-                "dim": dim, "lr": lr, "baseline": baseline, "params": dim * 1000,
-                "valid_curve": [[1, loss, loss, 2 ** loss]], "updates": 1, "valid_nll": loss,
-                "valid_ppl": 2 ** loss, "train_seconds": 0.0, "train_wps": 1.0, "settings": []}, False
+        return 5.0 + lr + 1.0 / dim
 
-    monkeypatch.setattr(quality, "execute_run", fake_run)
+    monkeypatch.setattr(quality, "execute_run", fake_study_run(loss))
     with pytest.raises(KeyboardInterrupt):
         quality.main(["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path),
                       "--no-baseline", "--dim", "32,64", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3",
