@@ -1059,7 +1059,7 @@ def main(argv=None):
     if args.confirm_seeds and plan:
         best = best_rate()
         add_phase([job(*entry, dim, best[(entry[0], entry[1], dim)], seed)
-                   for seed in args.confirm_seeds for entry in ready() for dim in args.dims],
+                   for seed in args.confirm_seeds for dim in args.dims for entry in ready()],
                   f"confirming the best learning rates with seeds {','.join(map(str, args.confirm_seeds))}")
 
     if args.dry_run:

@@ -364,6 +364,25 @@ def test_quality_lr_width_check_tries_a_lower_rate_where_the_wider_model_is_wors
         quality.main(["--out", str(tmp_path), "--lr", "1e-3,1e-2", "--lr-width-check", "--lm-model", "a=transformer_lm"])
 
 
+def test_quality_second_seed_goes_width_by_width_narrowest_first(tmp_path, monkeypatch):
+    """--confirm-seeds trains every model at the narrowest width before any model at the next
+    one, so a study stopped in that phase has a seed spread for whole widths (and the cheap runs
+    come first)."""
+    order = []
+    record = fake_study_run(lambda label, dim, lr, seed: 5.0 + lr + 1.0 / dim)
+
+    def run(job, data, args):
+        order.append((job[1], job[5], job[7]))
+        return record(job, data, args)
+
+    monkeypatch.setattr(quality, "execute_run", run)
+    quality.main(["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
+                  "--dim", "32,64,128", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3", "--seeds", "1",
+                  "--confirm-seeds", "2", "--lm-model", "a=transformer_lm", "--lm-model", "b=transformer_lm"])
+    assert [(label, dim) for label, dim, seed in order if seed == 2] == [
+        ("a", 32), ("b", 32), ("a", 64), ("b", 64), ("a", 128), ("b", 128)]
+
+
 def test_quality_table_lists_every_finished_run_when_a_phase_is_stopped(tmp_path, monkeypatch):
     """table.md is rewritten after every finished run, not only at the end of a phase: a study
     stopped in its second phase reports the runs of that phase that finished."""
