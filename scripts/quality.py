@@ -24,7 +24,8 @@ parameters and the baseline's parameters at equal loss, with the seed spread.
 model's best rate there; ``--lr-extend N`` tries one more rate beyond the grid (up to N times)
 for a model whose best rate is at the grid's edge; ``--lr-width-check`` also trains a wider
 width one grid step lower when, at the carried-over rate, it did not beat the narrower width or
-gained less than half of what the frontier baseline gained.
+gained less than half of what the frontier baseline gained (the baseline itself always gets
+that run: everything is measured against it).
 
 Runs are independent and **resumable**: each finished run leaves ``runs/<tag>/run.json`` and is
 reused by a later call with the same settings, so a long study can be stopped and restarted,
@@ -297,8 +298,9 @@ def lower_rate_where_widening_gains_little(runs, corpus, label, dims, sweep_dim,
     is not better than at the next narrower width, or gained less than half of what the
     ``baseline`` model (the frontier's) gained between the same two widths: the rate carried over
     from ``sweep_dim`` is then probably too high there (Adam's best rate falls as width grows), so
-    one grid step (the grid's step at its low end) below that rate is worth a run. Widths with a
-    run at that rate already, or with a missing point, are left out."""
+    one grid step (the grid's step at its low end) below that rate is worth a run. The baseline
+    itself gets that run at every such width, since every other model is measured against it.
+    Widths with a run at that rate already, or with a missing point, are left out."""
     summary = summarise(runs)
 
     def best_loss_by_width(of):
@@ -316,7 +318,7 @@ def lower_rate_where_widening_gains_little(runs, corpus, label, dims, sweep_dim,
             continue
         gain = _loss(best[narrow]) - _loss(best[wide])
         reference_gain = reference[narrow] - reference[wide] if narrow in reference and wide in reference else 0.0
-        if not gain > 0 or gain < reference_gain / 2:
+        if label == baseline or not gain > 0 or gain < reference_gain / 2:
             lr = best[sweep_dim]["lr"] * grid[0] / grid[1]
             if (wide, round(lr, 12)) not in tried:
                 out[wide] = lr
@@ -535,7 +537,7 @@ def markdown(rows, args, baseline_label):
              f"lr {','.join(map(fmt_lr, args.lrs))}"
              + (f" at d {args.lr_sweep_dim}" if args.lr_sweep_dim else "")
              + (f" (and up to {args.lr_extend} more beyond an edge)" if args.lr_extend else "")
-             + ("; one step lower at a wider width that did not beat the narrower one or gained less than half of what the frontier baseline gained"
+             + ("; one step lower at a wider width that did not beat the narrower one or gained less than half of what the frontier baseline gained, and for the baseline itself"
                 if args.lr_width_check else "")
              + f"; seeds {','.join(map(str, args.seeds))}"
              + (f" (and {','.join(map(str, args.confirm_seeds))} at each best rate)" if args.confirm_seeds else "")
@@ -719,7 +721,7 @@ def get_parser():
                    help="with --lr-sweep-dim: where a width above the sweep width, at the carried-over "
                         "rate, is not better than the next narrower width, or gained less than half "
                         "of what the frontier baseline gained, also train it one grid step lower "
-                        "(the better of the two is kept)")
+                        "(the better of the two is kept); the baseline always gets that run")
     p.add_argument("--warmup", type=int, help="warm-up updates (default max-update / 10)")
     p.add_argument("--tokens-per-sample", type=int, default=128, help="LM block length")
     p.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
