@@ -22,10 +22,8 @@ parameters and the baseline's parameters at equal loss, with the seed spread.
 
 ``--lr-sweep-dim D`` sweeps the rates at width D only and trains the other widths at each
 model's best rate there; ``--lr-extend N`` tries one more rate beyond the grid (up to N times)
-for a model whose best rate is at the grid's edge; ``--lr-width-check`` also trains a wider
-width one grid step lower when, at the carried-over rate, it did not beat the narrower width or
-gained less than half of what the frontier baseline gained (the baseline itself always gets
-that run: everything is measured against it).
+for a model whose best rate is at the grid's edge; ``--lr-width-check`` also trains every
+width above the sweep width one grid step below the carried-over rate and keeps the better.
 
 Runs are independent and **resumable**: each finished run leaves ``runs/<tag>/run.json`` and is
 reused by a later call with the same settings, so a long study can be stopped and restarted,
@@ -293,32 +291,20 @@ def edge_rate(runs, corpus, label, dim, grid):
     return None
 
 
-def lower_rate_where_widening_gains_little(runs, corpus, label, dims, sweep_dim, grid, baseline=None):
-    """{width: rate} for the widths above ``sweep_dim`` where the model, at its best rate so far,
-    is not better than at the next narrower width, or gained less than half of what the
-    ``baseline`` model (the frontier's) gained between the same two widths: the rate carried over
-    from ``sweep_dim`` is then probably too high there (Adam's best rate falls as width grows), so
-    one grid step (the grid's step at its low end) below that rate is worth a run. The baseline
-    itself gets that run at every such width, since every other model is measured against it.
-    Widths with a run at that rate already, or with a missing point, are left out."""
-    summary = summarise(runs)
-
-    def best_loss_by_width(of):
-        return {r["dim"]: _loss(r) for r in best_rows([r for r in summary if (r["corpus"], r["label"]) == (corpus, of)])}
-
-    rows = [r for r in summary if (r["corpus"], r["label"]) == (corpus, label)]
+def lower_rate_at_wider_widths(runs, corpus, label, dims, sweep_dim, grid):
+    """{width: rate} for the widths above ``sweep_dim``: one grid step (the grid's step at its
+    low end) below the model's best rate at ``sweep_dim``. Adam's best rate falls as width grows,
+    so the rate carried over from the sweep may be too high for a wider model; training both and
+    keeping the better puts every model, the frontier baseline included, at the better of two
+    rates there. Widths with a run at that rate already, or without a best rate at ``sweep_dim``,
+    are left out."""
+    rows = [r for r in summarise(runs) if (r["corpus"], r["label"]) == (corpus, label)]
     best = {r["dim"]: r for r in best_rows(rows)}
     tried = {(r["dim"], round(r["lr"], 12)) for r in rows}
-    reference = best_loss_by_width(baseline) if baseline else {}
     grid = sorted(grid)
-    widths = sorted(dims)
     out = {}
-    for narrow, wide in zip(widths, widths[1:]):
-        if wide <= sweep_dim or narrow not in best or wide not in best or sweep_dim not in best:
-            continue
-        gain = _loss(best[narrow]) - _loss(best[wide])
-        reference_gain = reference[narrow] - reference[wide] if narrow in reference and wide in reference else 0.0
-        if label == baseline or not gain > 0 or gain < reference_gain / 2:
+    for wide in sorted(dims):
+        if wide > sweep_dim and sweep_dim in best:
             lr = best[sweep_dim]["lr"] * grid[0] / grid[1]
             if (wide, round(lr, 12)) not in tried:
                 out[wide] = lr
@@ -537,7 +523,7 @@ def markdown(rows, args, baseline_label):
              f"lr {','.join(map(fmt_lr, args.lrs))}"
              + (f" at d {args.lr_sweep_dim}" if args.lr_sweep_dim else "")
              + (f" (and up to {args.lr_extend} more beyond an edge)" if args.lr_extend else "")
-             + ("; one step lower at a wider width that did not beat the narrower one or gained less than half of what the frontier baseline gained, and for the baseline itself"
+             + ("; wider widths also one step lower"
                 if args.lr_width_check else "")
              + f"; seeds {','.join(map(str, args.seeds))}"
              + (f" (and {','.join(map(str, args.confirm_seeds))} at each best rate)" if args.confirm_seeds else "")
@@ -718,10 +704,8 @@ def get_parser():
                    help="up to N times, add one rate beyond the grid (by the grid's step) for every "
                         "model whose best rate is the grid's largest or smallest (default 0)")
     p.add_argument("--lr-width-check", action="store_true",
-                   help="with --lr-sweep-dim: where a width above the sweep width, at the carried-over "
-                        "rate, is not better than the next narrower width, or gained less than half "
-                        "of what the frontier baseline gained, also train it one grid step lower "
-                        "(the better of the two is kept); the baseline always gets that run")
+                   help="with --lr-sweep-dim: also train every width above the sweep width one grid "
+                        "step below the rate carried over from it (the better of the two is kept)")
     p.add_argument("--warmup", type=int, help="warm-up updates (default max-update / 10)")
     p.add_argument("--tokens-per-sample", type=int, default=128, help="LM block length")
     p.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
@@ -1066,10 +1050,9 @@ def main(argv=None):
                   f"the other widths at each model's best rate at width {args.lr_sweep_dim}")
     if args.lr_width_check and args.lr_sweep_dim and plan:
         add_phase([job(*entry, dim, lr, seed) for seed in args.seeds for entry in ready()
-                   for dim, lr in lower_rate_where_widening_gains_little(
-                       runs, entry[0], entry[1], args.dims, args.lr_sweep_dim, args.lrs,
-                       baseline_label[entry[0]]).items()],
-                  "one rate lower where a wider model did not beat the narrower one by enough")
+                   for dim, lr in lower_rate_at_wider_widths(
+                       runs, entry[0], entry[1], args.dims, args.lr_sweep_dim, args.lrs).items()],
+                  "the widths above the sweep width one rate lower")
     if args.confirm_seeds and plan:
         best = best_rate()
         add_phase([job(*entry, dim, best[(entry[0], entry[1], dim)], seed)

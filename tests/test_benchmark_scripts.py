@@ -339,32 +339,29 @@ def test_quality_lr_sweep_at_one_width_extends_edges_and_transfers(tmp_path, mon
             quality.main(argv + bad)
 
 
-def test_quality_lr_width_check_tries_a_lower_rate_where_the_wider_model_gains_too_little(tmp_path, monkeypatch):
-    """--lr-width-check: model "a" wants a lower rate as it widens, so at width 128 the rate
-    carried over from width 64 is worse than width 64 itself; one grid step lower is then
-    trained there, kept as the best, and used for the second seed. Model "c" is better at width
-    128 than at 64, but by less than half of what the frontier baseline "b" gained, so it gets
-    the lower rate too (and keeps the carried-over one, which stays better). "b" gets it because
-    everything is measured against it (and keeps its rate, the same at every width). The widths
-    at or below the sweep width get no extra run, and running the study again adds nothing."""
+def test_quality_lr_width_check_trains_wider_widths_one_rate_lower(tmp_path, monkeypatch):
+    """--lr-width-check: every model also trains the width above the sweep width one grid step
+    below the rate carried over from the sweep. Model "a" wants a lower rate as it widens, so it
+    keeps the lower rate at width 128 and trains its second seed there; "b" (the same optimum at
+    every width) keeps the carried-over rate. The widths at or below the sweep width get no extra
+    run, and running the study again adds nothing."""
     def loss(label, dim, lr, seed):
-        optimum = 1e-2 * {"a": 64 / dim, "b": 1, "c": (64 / dim) ** 0.5}[label]
-        return 3 * abs(math.log10(lr / optimum)) + (60.0 if label == "c" else 50.0) / dim + 0.001 * seed
+        optimum = 1e-2 * (64 / dim if label == "a" else 1)
+        return 3 * abs(math.log10(lr / optimum)) + 50.0 / dim + 0.001 * seed
 
     monkeypatch.setattr(quality, "execute_run", fake_study_run(loss))
     argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
             "--dim", "32,64,128", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3,1e-2", "--lr-width-check",
             "--seeds", "1", "--confirm-seeds", "2", "--lm-model", "a=transformer_lm",
-            "--lm-model", "b=transformer_lm", "--lm-model", "c=transformer_lm", "--frontier-baseline", "b"]
+            "--lm-model", "b=transformer_lm", "--frontier-baseline", "b"]
     quality.main(argv)
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
     extra = {(r["label"], r["dim"], round(r["lr"], 6), r["seed"]) for r in runs if r["dim"] != 64}
-    assert extra == {(m, 32, 0.01, seed) for m in "abc" for seed in (1, 2)} | {
+    assert extra == {(m, 32, 0.01, seed) for m in "ab" for seed in (1, 2)} | {
         ("a", 128, 0.01, 1), ("a", 128, 0.003333, 1), ("a", 128, 0.003333, 2),
-        ("b", 128, 0.01, 1), ("b", 128, 0.003333, 1), ("b", 128, 0.01, 2),
-        ("c", 128, 0.01, 1), ("c", 128, 0.003333, 1), ("c", 128, 0.01, 2)}
-    assert "one step lower at a wider width" in (tmp_path / "table.md").read_text()
-    quality.main(argv)  # everything is reused: "a" at width 128 is still worse, but its step was tried
+        ("b", 128, 0.01, 1), ("b", 128, 0.003333, 1), ("b", 128, 0.01, 2)}
+    assert "wider widths also one step lower" in (tmp_path / "table.md").read_text()
+    quality.main(argv)
     assert len(json.loads((tmp_path / "results.json").read_text())["runs"]) == len(runs)
     with pytest.raises(SystemExit):
         quality.main(["--out", str(tmp_path), "--lr", "1e-3,1e-2", "--lr-width-check", "--lm-model", "a=transformer_lm"])
