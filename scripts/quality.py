@@ -523,8 +523,7 @@ def markdown(rows, args, baseline_label):
              f"lr {','.join(map(fmt_lr, args.lrs))}"
              + (f" at d {args.lr_sweep_dim}" if args.lr_sweep_dim else "")
              + (f" (and up to {args.lr_extend} more beyond an edge)" if args.lr_extend else "")
-             + ("; wider widths also one step lower"
-                if args.lr_width_check else "")
+             + ("; wider widths also one step lower" if args.lr_width_check else "")
              + f"; seeds {','.join(map(str, args.seeds))}"
              + (f" (and {','.join(map(str, args.confirm_seeds))} at each best rate)" if args.confirm_seeds else "")
              + "; "
