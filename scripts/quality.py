@@ -23,7 +23,9 @@ parameters and the baseline's parameters at equal loss, with the seed spread.
 ``--lr-sweep-dim D`` sweeps the rates at width D only and trains the other widths at each
 model's best rate there; ``--lr-extend N`` tries one more rate beyond the grid (up to N times)
 for a model whose best rate is at the grid's edge; ``--lr-width-check`` also trains every
-width above the sweep width one grid step below the carried-over rate and keeps the better.
+other width one grid step from the carried-over rate, lower at a wider width and higher at a
+narrower one (Adam's best rate falls as width grows), further while that step keeps winning (up
+to ``--lr-extend`` more), and keeps the best.
 
 Runs are independent and **resumable**: each finished run leaves ``runs/<tag>/run.json`` and is
 reused by a later call with the same settings, so a long study can be stopped and restarted,
@@ -291,24 +293,24 @@ def edge_rate(runs, corpus, label, dim, grid):
     return None
 
 
-def lower_rate_at_wider_widths(runs, corpus, label, dims, sweep_dim, grid):
-    """{width: rate} for the widths above ``sweep_dim``: one grid step (the grid's step at its
-    low end) below the model's best rate at ``sweep_dim``. Adam's best rate falls as width grows,
-    so the rate carried over from the sweep may be too high for a wider model; training both and
-    keeping the better puts every model, the frontier baseline included, at the better of two
-    rates there. Widths with a run at that rate already, or without a best rate at ``sweep_dim``,
-    are left out."""
-    rows = [r for r in summarise(runs) if (r["corpus"], r["label"]) == (corpus, label)]
-    best = {r["dim"]: r for r in best_rows(rows)}
-    tried = {(r["dim"], round(r["lr"], 12)) for r in rows}
+def rate_step_with_width(runs, corpus, label, dim, sweep_dim, grid):
+    """The next rate to try for one model at a width other than ``sweep_dim``, where it trained at
+    the rate carried over from the sweep: Adam's best rate falls as width grows, so one grid step
+    lower at a wider width and one step higher at a narrower one (the step being the ratio of the
+    two grid values nearest that end, as in ``edge_rate``); then one step further only while the
+    furthest rate tried that way is the best. None when nothing has finished at ``dim``, or
+    when the best rate is not the furthest one tried in that direction."""
+    rows = [r for r in summarise(runs) if (r["corpus"], r["label"], r["dim"]) == (corpus, label, dim)
+            and r["valid_nll"][0] is not None]
+    if dim == sweep_dim or not rows:
+        return None
     grid = sorted(grid)
-    out = {}
-    for wide in sorted(dims):
-        if wide > sweep_dim and sweep_dim in best:
-            lr = best[sweep_dim]["lr"] * grid[0] / grid[1]
-            if (wide, round(lr, 12)) not in tried:
-                out[wide] = lr
-    return out
+    lower = dim > sweep_dim
+    furthest = (min if lower else max)(r["lr"] for r in rows)
+    if min(rows, key=_loss)["lr"] != furthest:
+        return None
+    # the same float arithmetic as edge_rate, so a rate matches the settings of a run recorded before
+    return furthest * grid[0] / grid[1] if lower else furthest * grid[-1] / grid[-2]
 
 
 def interpolate(points, x):
@@ -523,7 +525,7 @@ def markdown(rows, args, baseline_label):
              f"lr {','.join(map(fmt_lr, args.lrs))}"
              + (f" at d {args.lr_sweep_dim}" if args.lr_sweep_dim else "")
              + (f" (and up to {args.lr_extend} more beyond an edge)" if args.lr_extend else "")
-             + ("; wider widths also one step lower" if args.lr_width_check else "")
+             + ("; other widths also a step lower (wider) or higher (narrower)" if args.lr_width_check else "")
              + f"; seeds {','.join(map(str, args.seeds))}"
              + (f" (and {','.join(map(str, args.confirm_seeds))} at each best rate)" if args.confirm_seeds else "")
              + "; "
@@ -703,8 +705,10 @@ def get_parser():
                    help="up to N times, add one rate beyond the grid (by the grid's step) for every "
                         "model whose best rate is the grid's largest or smallest (default 0)")
     p.add_argument("--lr-width-check", action="store_true",
-                   help="with --lr-sweep-dim: also train every width above the sweep width one grid "
-                        "step below the rate carried over from it (the better of the two is kept)")
+                   help="with --lr-sweep-dim: also train every other width one grid step from the "
+                        "rate carried over from the sweep width, lower when wider and higher when "
+                        "narrower, and further (up to --lr-extend more) while that keeps winning; "
+                        "the best is kept")
     p.add_argument("--warmup", type=int, help="warm-up updates (default max-update / 10)")
     p.add_argument("--tokens-per-sample", type=int, default=128, help="LM block length")
     p.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
@@ -981,6 +985,8 @@ def main(argv=None):
 
     def execute(phase_jobs):
         nonlocal runs
+        # a run stopped half-way goes first, so a restarted study does not leave it waiting
+        phase_jobs = sorted(phase_jobs, key=lambda j: not os.path.exists(os.path.join(j[-1], "checkpoint_last.pt")))
         if args.dry_run:
             for j in phase_jobs:
                 run = recorded_run(j, train_argv(j[0], data[j[0]], j[2], j[3], args, j[7], j[-1], j[5], j[6]), args)
@@ -1047,11 +1053,13 @@ def main(argv=None):
                    for seed in args.seeds for dim in args.dims if dim != args.lr_sweep_dim
                    for entry in ready()],
                   f"the other widths at each model's best rate at width {args.lr_sweep_dim}")
-    if args.lr_width_check and args.lr_sweep_dim and plan:
-        add_phase([job(*entry, dim, lr, seed) for seed in args.seeds for entry in ready()
-                   for dim, lr in lower_rate_at_wider_widths(
-                       runs, entry[0], entry[1], args.dims, args.lr_sweep_dim, args.lrs).items()],
-                  "the widths above the sweep width one rate lower")
+    for _ in range(1 + args.lr_extend if args.lr_width_check and args.lr_sweep_dim and plan else 0):
+        # widest first: a carried-over rate too high for a wider model is the costlier error
+        add_phase([job(*entry, dim, lr, seed) for seed in args.seeds for dim in sorted(args.dims, reverse=True)
+                   for entry in ready()
+                   for lr in [rate_step_with_width(runs, entry[0], entry[1], dim, args.lr_sweep_dim, args.lrs)]
+                   if lr],
+                  "one rate step at the other widths: lower when wider, higher when narrower")
     if args.confirm_seeds and plan:
         best = best_rate()
         add_phase([job(*entry, dim, best[(entry[0], entry[1], dim)], seed)
@@ -1118,7 +1126,7 @@ def dry_run_report(jobs, pending, plan, runs, args, data):
     if later and (args.lr_extend or args.lr_sweep_dim or args.confirm_seeds):
         lines.append("Later phases (grid extension, other widths, width check, --confirm-seeds) of "
                      + ", ".join(later) + " depend on these runs' results and are planned once they finish.")
-    return "\n".join(["planned runs (in order):", *lines])
+    return "\n".join(["planned runs (in order; within a phase, the ones that resume go first):", *lines])
 
 
 if __name__ == "__main__":

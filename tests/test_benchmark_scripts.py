@@ -339,28 +339,32 @@ def test_quality_lr_sweep_at_one_width_extends_edges_and_transfers(tmp_path, mon
             quality.main(argv + bad)
 
 
-def test_quality_lr_width_check_trains_wider_widths_one_rate_lower(tmp_path, monkeypatch):
-    """--lr-width-check: every model also trains the width above the sweep width one grid step
-    below the rate carried over from the sweep. Model "a" wants a lower rate as it widens, so it
-    keeps the lower rate at width 128 and trains its second seed there; "b" (the same optimum at
-    every width) keeps the carried-over rate. The widths at or below the sweep width get no extra
-    run, and running the study again adds nothing."""
+def test_quality_lr_width_check_steps_the_rate_with_width(tmp_path, monkeypatch):
+    """--lr-width-check: every model also trains the other widths one grid step from the rate
+    carried over from the sweep, lower at width 128 and higher at width 32, and one step further
+    (--lr-extend 1) where that step won. Model "a" wants a rate inversely proportional to width,
+    so it keeps the stepped rates at both widths and trains its second seed there; "b" (the same
+    optimum at every width) keeps the carried-over rate. Running the study again adds nothing."""
     def loss(label, dim, lr, seed):
         optimum = 1e-2 * (64 / dim if label == "a" else 1)
         return 3 * abs(math.log10(lr / optimum)) + 50.0 / dim + 0.001 * seed
 
     monkeypatch.setattr(quality, "execute_run", fake_study_run(loss))
     argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
-            "--dim", "32,64,128", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3,1e-2", "--lr-width-check",
-            "--seeds", "1", "--confirm-seeds", "2", "--lm-model", "a=transformer_lm",
+            "--dim", "32,64,128", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3,1e-2", "--lr-extend", "1",
+            "--lr-width-check", "--seeds", "1", "--confirm-seeds", "2", "--lm-model", "a=transformer_lm",
             "--lm-model", "b=transformer_lm", "--frontier-baseline", "b"]
     quality.main(argv)
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
-    extra = {(r["label"], r["dim"], round(r["lr"], 6), r["seed"]) for r in runs if r["dim"] != 64}
-    assert extra == {(m, 32, 0.01, seed) for m in "ab" for seed in (1, 2)} | {
-        ("a", 128, 0.01, 1), ("a", 128, 0.003333, 1), ("a", 128, 0.003333, 2),
+    other = {(r["label"], r["dim"], round(r["lr"], 6), r["seed"]) for r in runs if r["dim"] != 64}
+    assert other == {
+        ("a", 32, 0.01, 1), ("a", 32, 0.033333, 1), ("a", 32, 0.111111, 1), ("a", 32, 0.033333, 2),
+        ("b", 32, 0.01, 1), ("b", 32, 0.033333, 1), ("b", 32, 0.01, 2),
+        ("a", 128, 0.01, 1), ("a", 128, 0.003333, 1), ("a", 128, 0.001111, 1), ("a", 128, 0.003333, 2),
         ("b", 128, 0.01, 1), ("b", 128, 0.003333, 1), ("b", 128, 0.01, 2)}
-    assert "wider widths also one step lower" in (tmp_path / "table.md").read_text()
+    assert "other widths also a step lower (wider) or higher (narrower)" in (tmp_path / "table.md").read_text()
+    # the same float as the grid arithmetic of earlier versions, so their recorded runs are reused
+    assert 0.01 * 1e-3 / 3e-3 in {r["lr"] for r in runs if r["dim"] == 128}
     quality.main(argv)
     assert len(json.loads((tmp_path / "results.json").read_text())["runs"]) == len(runs)
     with pytest.raises(SystemExit):
@@ -384,6 +388,25 @@ def test_quality_second_seed_goes_width_by_width_narrowest_first(tmp_path, monke
                   "--confirm-seeds", "2", "--lm-model", "a=transformer_lm", "--lm-model", "b=transformer_lm"])
     assert [(label, dim) for label, dim, seed in order if seed == 2] == [
         ("a", 32), ("b", 32), ("a", 64), ("b", 64), ("a", 128), ("b", 128)]
+
+
+def test_quality_run_stopped_half_way_goes_first(tmp_path, monkeypatch):
+    """A restarted study trains the runs that left a checkpoint before the others of the phase,
+    instead of leaving a half-done run waiting behind new ones."""
+    order = []
+    record = fake_study_run(lambda label, dim, lr, seed: 5.0)
+
+    def run(job, data, args):
+        order.append(job[1])
+        return record(job, data, args)
+
+    monkeypatch.setattr(quality, "execute_run", run)
+    (tmp_path / "runs" / "wikitext_c_s1").mkdir(parents=True)
+    (tmp_path / "runs" / "wikitext_c_s1" / "checkpoint_last.pt").write_bytes(b"")
+    quality.main(["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
+                  "--dim", "32", "--lr", "1e-3", "--seeds", "1",
+                  *[a for m in "abcd" for a in ("--lm-model", f"{m}=transformer_lm")]])
+    assert order == ["c", "a", "b", "d"]
 
 
 def test_quality_table_lists_every_finished_run_when_a_phase_is_stopped(tmp_path, monkeypatch):
