@@ -273,44 +273,44 @@ def best_rows(rows):
     return sorted(best.values(), key=lambda r: (r["corpus"], r["label"], r["params"] or 0))
 
 
+def _finished_rows(runs, corpus, label, dim):
+    """The summary rows (one per rate) of one model and width that have a valid loss."""
+    return [r for r in summarise(runs) if (r["corpus"], r["label"], r["dim"]) == (corpus, label, dim)
+            and r["valid_nll"][0] is not None]
+
+
+def _grid_step(lr, grid, down):
+    """One step of the sorted ``grid`` below or above ``lr``: the ratio of the two grid values
+    nearest that end of the grid."""
+    return lr * grid[0] / grid[1] if down else lr * grid[-1] / grid[-2]
+
+
 def edge_rate(runs, corpus, label, dim, grid):
     """The next rate to try for one model and width when its best rate so far is the largest or
-    smallest tried (one grid step further, the step being the ratio of the two grid values nearest
-    that edge); None when the best rate is inside the tried range or nothing has finished."""
-    rows = [r for r in summarise(runs) if (r["corpus"], r["label"], r["dim"]) == (corpus, label, dim)
-            and r["valid_nll"][0] is not None]
-    if len(rows) < 2:
+    smallest tried (one grid step further); None when the best rate is inside the tried range or
+    nothing has finished."""
+    rows = _finished_rows(runs, corpus, label, dim)
+    if len(rows) < 2 or all(_loss(r) == math.inf for r in rows):
         return None
     tried = sorted(r["lr"] for r in rows)
-    if all(_loss(r) == math.inf for r in rows):
-        return None
     best = min(rows, key=_loss)["lr"]
-    grid = sorted(grid)
-    if best == tried[-1]:
-        return best * grid[-1] / grid[-2]
-    if best == tried[0]:
-        return best * grid[0] / grid[1]
+    if best in (tried[0], tried[-1]):
+        return _grid_step(best, sorted(grid), down=best == tried[0])
     return None
 
 
 def rate_step_with_width(runs, corpus, label, dim, sweep_dim, grid):
     """The next rate to try for one model at a width other than ``sweep_dim``, where it trained at
     the rate carried over from the sweep: Adam's best rate falls as width grows, so one grid step
-    lower at a wider width and one step higher at a narrower one (the step being the ratio of the
-    two grid values nearest that end, as in ``edge_rate``); then one step further only while the
-    furthest rate tried that way is the best. None when nothing has finished at ``dim``, or
-    when the best rate is not the furthest one tried in that direction."""
-    rows = [r for r in summarise(runs) if (r["corpus"], r["label"], r["dim"]) == (corpus, label, dim)
-            and r["valid_nll"][0] is not None]
+    lower at a wider width and one step higher at a narrower one; then one step further only
+    while the furthest rate tried that way is the best. None when nothing has finished at
+    ``dim``, or when the best rate is not the furthest one tried in that direction."""
+    rows = _finished_rows(runs, corpus, label, dim)
     if dim == sweep_dim or not rows:
         return None
-    grid = sorted(grid)
-    lower = dim > sweep_dim
-    furthest = (min if lower else max)(r["lr"] for r in rows)
-    if min(rows, key=_loss)["lr"] != furthest:
-        return None
-    # the same float arithmetic as edge_rate, so a rate matches the settings of a run recorded before
-    return furthest * grid[0] / grid[1] if lower else furthest * grid[-1] / grid[-2]
+    down = dim > sweep_dim
+    furthest = (min if down else max)(r["lr"] for r in rows)
+    return _grid_step(furthest, sorted(grid), down) if min(rows, key=_loss)["lr"] == furthest else None
 
 
 def interpolate(points, x):
