@@ -286,10 +286,13 @@ def test_run_tool_keeps_work_finished_before_a_crash_at_exit(tmp_path, monkeypat
         quality.run_tool("fairseq-train", [], str(tmp_path / "train3.log"), 1)
 
 
-def fake_study_run(loss_of):
+def fake_study_run(loss_of, calls=None):
     """An ``execute_run`` stand-in: the record of a one-validation run of ``job`` whose valid NLL is
-    ``loss_of(label, dim, lr, seed)`` (it may raise to stop the study there)."""
+    ``loss_of(label, dim, lr, seed)`` (it may raise to stop the study there); each job is also
+    appended to ``calls`` when given, in the order the study ran them."""
     def run(job, data, args):
+        if calls is not None:
+            calls.append(job)
         corpus, label, arch, overrides, baseline, dim, lr, seed, save_dir = job
         loss = loss_of(label, dim, lr, seed)
         return {"corpus": corpus, "label": label, "arch": arch, "overrides": overrides, "seed": seed,
@@ -375,38 +378,26 @@ def test_quality_second_seed_goes_width_by_width_narrowest_first(tmp_path, monke
     """--confirm-seeds trains every model at the narrowest width before any model at the next
     one, so a study stopped in that phase has a seed spread for whole widths (and the cheap runs
     come first)."""
-    order = []
-    record = fake_study_run(lambda label, dim, lr, seed: 5.0 + lr + 1.0 / dim)
-
-    def run(job, data, args):
-        order.append((job[1], job[5], job[7]))
-        return record(job, data, args)
-
-    monkeypatch.setattr(quality, "execute_run", run)
+    calls = []
+    monkeypatch.setattr(quality, "execute_run", fake_study_run(lambda label, dim, lr, seed: 5.0 + lr + 1.0 / dim, calls))
     quality.main(["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
                   "--dim", "32,64,128", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3", "--seeds", "1",
                   "--confirm-seeds", "2", "--lm-model", "a=transformer_lm", "--lm-model", "b=transformer_lm"])
-    assert [(label, dim) for label, dim, seed in order if seed == 2] == [
+    assert [(job[1], job[5]) for job in calls if job[7] == 2] == [
         ("a", 32), ("b", 32), ("a", 64), ("b", 64), ("a", 128), ("b", 128)]
 
 
 def test_quality_run_stopped_half_way_goes_first(tmp_path, monkeypatch):
     """A restarted study trains the runs that left a checkpoint before the others of the phase,
     instead of leaving a half-done run waiting behind new ones."""
-    order = []
-    record = fake_study_run(lambda label, dim, lr, seed: 5.0)
-
-    def run(job, data, args):
-        order.append(job[1])
-        return record(job, data, args)
-
-    monkeypatch.setattr(quality, "execute_run", run)
+    calls = []
+    monkeypatch.setattr(quality, "execute_run", fake_study_run(lambda label, dim, lr, seed: 5.0, calls))
     (tmp_path / "runs" / "wikitext_c_s1").mkdir(parents=True)
     (tmp_path / "runs" / "wikitext_c_s1" / "checkpoint_last.pt").write_bytes(b"")
     quality.main(["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
                   "--dim", "32", "--lr", "1e-3", "--seeds", "1",
                   *[a for m in "abcd" for a in ("--lm-model", f"{m}=transformer_lm")]])
-    assert order == ["c", "a", "b", "d"]
+    assert [job[1] for job in calls] == ["c", "a", "b", "d"]
 
 
 def test_quality_table_lists_every_finished_run_when_a_phase_is_stopped(tmp_path, monkeypatch):
