@@ -51,6 +51,7 @@ Example::
 ``[LABEL=]ARCH [fairseq overrides...]``, as in scripts/benchmark.py.
 """
 import argparse
+import collections
 import concurrent.futures
 import json
 import math
@@ -157,6 +158,17 @@ def parse_params(output):
 def parse_bleu(output):
     match = re.search(r"BLEU\s*=\s*([\d.]+)", output.split("Generate test with beam")[-1])
     return float(match.group(1)) if match else None
+
+
+#: one planned training run of the study: a model spec (corpus, label, arch, overrides, whether it
+#: is the corpus's baseline) at one width, rate and seed, and the directory it trains in
+Job = collections.namedtuple("Job", "corpus label arch overrides baseline dim lr seed save_dir")
+
+
+def job_argv(job, data, args):
+    """fairseq-train's arguments for ``job``; ``data`` maps each corpus to its data-bin."""
+    return train_argv(job.corpus, data[job.corpus], job.arch, job.overrides, args, job.seed, job.save_dir,
+                      job.dim, job.lr)
 
 
 def train_argv(corpus, data, arch, overrides, args, seed, save_dir, dim=None, lr=None):
@@ -799,7 +811,7 @@ def settings_key(argv):
 def recorded_run(job, argv, args):
     """The finished run of ``job`` (its run.json) when it was trained with the same settings and
     has everything asked for; else None."""
-    corpus, save_dir = job[0], job[-1]
+    corpus, save_dir = job.corpus, job.save_dir
     done_path = os.path.join(save_dir, "run.json")
     if args.no_resume or not os.path.exists(done_path):
         return None
@@ -823,10 +835,16 @@ def resumable(save_dir, argv, args):
             os.path.join(save_dir, "checkpoint_last.pt"))
 
 
+def resumable_first(jobs, data, args):
+    """``jobs`` with those that resume an interrupted attempt first (in order otherwise), so that a
+    restarted study does not leave a half-done run waiting behind fresh ones."""
+    return sorted(jobs, key=lambda job: not resumable(job.save_dir, job_argv(job, data, args), args))
+
+
 def execute_run(job, data, args):
     """Train (and for en-de translate) one run; reuse its run.json when it already finished."""
     corpus, label, arch, overrides, baseline, dim, lr, seed, save_dir = job
-    argv = train_argv(corpus, data[corpus], arch, overrides, args, seed, save_dir, dim, lr)
+    argv = job_argv(job, data, args)
     run = recorded_run(job, argv, args)
     if run is not None:
         return run, True
@@ -966,7 +984,7 @@ def main(argv=None):
 
     def job(corpus, label, arch, overrides, baseline, dim, lr, seed):
         tag = run_tag(corpus, label, dim, lr, seed, len(args.dims) == 1, len(args.lrs) == 1)
-        return (corpus, label, arch, overrides, baseline, dim, lr, seed, os.path.join(out_dir, "runs", tag))
+        return Job(corpus, label, arch, overrides, baseline, dim, lr, seed, os.path.join(out_dir, "runs", tag))
 
     for seed in args.seeds:
         for dim in sweep_dims:
@@ -985,16 +1003,15 @@ def main(argv=None):
 
     def execute(phase_jobs):
         nonlocal runs
-        # a run stopped half-way goes first, so a restarted study does not leave it waiting
-        phase_jobs = sorted(phase_jobs, key=lambda j: not os.path.exists(os.path.join(j[-1], "checkpoint_last.pt")))
+        phase_jobs = resumable_first(phase_jobs, data, args)
         if args.dry_run:
             for j in phase_jobs:
-                run = recorded_run(j, train_argv(j[0], data[j[0]], j[2], j[3], args, j[7], j[-1], j[5], j[6]), args)
+                run = recorded_run(j, job_argv(j, data, args), args)
                 if run is None:
                     pending.append(j)
                 else:
-                    finished[j[-1]] = run
-            runs = [finished[j[-1]] for j in jobs if j[-1] in finished]
+                    finished[j.save_dir] = run
+            runs = [finished[j.save_dir] for j in jobs if j.save_dir in finished]
             return
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
             futures = {pool.submit(execute_run, job, data, args): job for job in phase_jobs}
@@ -1007,7 +1024,7 @@ def main(argv=None):
                         other.cancel()  # finished runs are saved; a re-run resumes from them
                     raise
                 finished[save_dir] = run
-                runs = [finished[j[-1]] for j in jobs if j[-1] in finished]
+                runs = [finished[j.save_dir] for j in jobs if j.save_dir in finished]
                 save()
                 # a study stopped between phases keeps a table of every finished run (the plots
                 # are redrawn at the end of each phase)
@@ -1021,12 +1038,12 @@ def main(argv=None):
     def ready():
         """The plan entries whose earlier runs have all finished (a dry run cannot plan the
         later phases of a model that still has runs to train)."""
-        waiting = {(j[0], j[1]) for j in pending}
+        waiting = {(j.corpus, j.label) for j in pending}
         return [entry for entry in plan if (entry[0], entry[1]) not in waiting]
 
     def add_phase(phase_jobs, what):
-        planned = {j[-1] for j in jobs}
-        phase_jobs = [j for j in phase_jobs if j[-1] not in planned]
+        planned = {j.save_dir for j in jobs}
+        phase_jobs = [j for j in phase_jobs if j.save_dir not in planned]
         if phase_jobs:
             jobs.extend(phase_jobs)
             if not args.dry_run:
@@ -1092,7 +1109,7 @@ def write_report(runs, args, baseline_label, out_dir, plots=True):
 def dry_run_report(jobs, pending, plan, runs, args, data):
     """What a real call would do next: each planned run's state and, from the finished runs of the
     same model and width, the wall time still needed."""
-    waiting = {(j[0], j[1]) for j in pending}
+    waiting = {(j.corpus, j.label) for j in pending}
     lines, seconds, unknown = [], 0.0, 0
     for j in jobs:
         corpus, label, _a, _o, _b, dim, lr, seed, save_dir = j
@@ -1102,7 +1119,7 @@ def dry_run_report(jobs, pending, plan, runs, args, data):
                        == (corpus, label, dim, lr, seed))
             lines.append(f"  done       {name}: valid ppl {run['valid_ppl']:.2f}")
             continue
-        argv = train_argv(corpus, data[corpus], j[2], j[3], args, seed, save_dir, dim, lr)
+        argv = job_argv(j, data, args)
         done_updates = 0
         if resumable(save_dir, argv, args):
             with open(os.path.join(save_dir, "train.log")) as f:

@@ -1,5 +1,6 @@
 """Smoke tests of scripts/benchmark.py and scripts/quality.py (issue 8): tiny shapes, one or two
 steps; the tables, JSON and PNG plots must be produced and consistent with the built models."""
+import argparse
 import json
 import math
 import os
@@ -392,12 +393,19 @@ def test_quality_run_stopped_half_way_goes_first(tmp_path, monkeypatch):
     instead of leaving a half-done run waiting behind new ones."""
     calls = []
     monkeypatch.setattr(quality, "execute_run", fake_study_run(lambda label, dim, lr, seed: 5.0, calls))
-    (tmp_path / "runs" / "wikitext_c_s1").mkdir(parents=True)
-    (tmp_path / "runs" / "wikitext_c_s1" / "checkpoint_last.pt").write_bytes(b"")
-    quality.main(["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
-                  "--dim", "32", "--lr", "1e-3", "--seeds", "1",
-                  *[a for m in "abcd" for a in ("--lm-model", f"{m}=transformer_lm")]])
-    assert [job[1] for job in calls] == ["c", "a", "b", "d"]
+    argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
+            "--dim", "32", "--lr", "1e-3", "--seeds", "1",
+            *[a for m in "abcd" for a in ("--lm-model", f"{m}=transformer_lm")]]
+    args = quality.get_parser().parse_args(argv)
+    quality.check_args(quality.get_parser(), args)
+    save_dir = tmp_path / "runs" / "wikitext_c_s1"
+    save_dir.mkdir(parents=True)
+    c = quality.Job("wikitext", "c", "transformer_lm", [], False, 32, 1e-3, 1, str(save_dir))
+    settings = quality.settings_key(quality.job_argv(c, {"wikitext": str(tmp_path)}, args))
+    (save_dir / "started.json").write_text(json.dumps({"settings": settings}))
+    (save_dir / "checkpoint_last.pt").write_bytes(b"")
+    quality.main(argv)
+    assert [job.label for job in calls] == ["c", "a", "b", "d"]
 
 
 def test_quality_table_lists_every_finished_run_when_a_phase_is_stopped(tmp_path, monkeypatch):
@@ -609,6 +617,28 @@ def test_quality_dry_run_lists_the_next_runs_and_trains_nothing(tmp_path, monkey
                           ("gone=no_such_arch", "gone at --dim 32: .*unknown architecture")):
         with pytest.raises(SystemExit, match=message):
             quality.main([a for a in argv if a != "--dry-run"] + ["--lm-model", spec])
+
+
+def test_quality_resumes_only_a_matching_attempt_first(tmp_path):
+    """A phase trains first the runs an interrupted attempt with the same settings can go on from;
+    a checkpoint_last.pt left by other settings (it will be deleted, the run starts afresh) does
+    not jump the queue."""
+    args = quality.get_parser().parse_args(["--corpus", "wikitext", "--lm-data", "unused", "--dim", "32",
+                                            "--lr", "1e-3,3e-3,1e-2", "--max-update", "300"])
+    quality.check_args(quality.get_parser(), args)
+    quality.load_plugin()
+    data = {"wikitext": "DATA"}
+    fresh, stale, matching = (quality.Job("wikitext", "a", "transformer_lm", [], False, 32, lr, 1,
+                                          str(tmp_path / name))
+                              for lr, name in ((1e-3, "fresh"), (3e-3, "stale"), (1e-2, "matching")))
+    for job, settings_of in ((stale, fresh), (matching, matching)):
+        os.makedirs(job.save_dir)
+        with open(os.path.join(job.save_dir, "started.json"), "w") as f:
+            json.dump({"settings": quality.settings_key(quality.job_argv(settings_of, data, args))}, f)
+        open(os.path.join(job.save_dir, "checkpoint_last.pt"), "w").close()
+    assert quality.resumable_first([fresh, stale, matching], data, args) == [matching, fresh, stale]
+    assert quality.resumable_first([fresh, stale, matching], data,
+                                   argparse.Namespace(**{**vars(args), "no_resume": True})) == [fresh, stale, matching]
 
 
 @pytest.mark.slow
