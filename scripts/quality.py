@@ -230,14 +230,23 @@ def generate_argv(data, save_dir, args, bpe_codes):
 
 
 def mean_std(values):
+    """Mean and sample standard deviation; the deviation is None for a single value (one seed
+    has no spread, and reporting 0 for it would read as a measured one)."""
     values = [v for v in values if v is not None]
     if not values:
         return None, None
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
 def fmt(mean, std, digits=2):
-    return "—" if mean is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
+    if mean is None:
+        return "—"
+    return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
+
+
+def fmt_delta(delta, std):
+    """A valid-NLL difference with its spread, or with "one seed" where either side has one."""
+    return f"{delta:+.3f} " + ("(one seed)" if std is None else f"± {std:.3f}")
 
 
 def fmt_lr(lr):
@@ -342,7 +351,7 @@ def frontier_rows(best, baseline_label):
 
     ``delta_nll``: the point's valid NLL minus the baseline frontier's at the same parameter count
     (negative = better), with the spread ``sqrt(std_point^2 + std_baseline^2)`` (baseline std taken
-    from its nearest point). ``params_ratio``: the point's parameters over those the baseline
+    from its nearest point; None when either has one seed only). ``params_ratio``: the point's parameters over those the baseline
     needs for the same valid NLL (< 1 = fewer parameters for equal quality), when that loss lies
     on or between the baseline's points.
     """
@@ -372,7 +381,8 @@ def frontier_rows(best, baseline_label):
             out.append({"corpus": corpus, "label": r["label"], "dim": r["dim"], "lr": r["lr"],
                         "params": r["params"], "valid_nll": r["valid_nll"],
                         "delta_nll": r["valid_nll"][0] - y_base,
-                        "delta_std": math.hypot(r["valid_nll"][1], std_base),
+                        "delta_std": (None if r["valid_nll"][1] is None or std_base is None
+                                      else math.hypot(r["valid_nll"][1], std_base)),
                         "extrapolated": extrapolated, "params_ratio": ratio,
                         "test_bleu": r["test_bleu"]})
     return out
@@ -488,7 +498,7 @@ def family_summary(front):
     out = []
     for key in dict.fromkeys((f["corpus"], f["label"]) for f in front):
         points = sorted((f for f in front if (f["corpus"], f["label"]) == key), key=lambda f: f["params"])
-        one_seed = any(f["delta_std"] == 0.0 for f in points)
+        one_seed = any(f["delta_std"] is None for f in points)
         sides = []
         for f in points:
             margin = 0.0 if one_seed else f["delta_std"]
@@ -581,7 +591,7 @@ def markdown(rows, args, baseline_label):
         for f in sorted(subset, key=lambda f: (f["label"], f["params"])):
             cells = [f["label"], str(f["dim"]), fmt_lr(f["lr"]) if f["lr"] else "—", f"{f['params']:,}",
                      fmt(*f["valid_nll"], digits=3),
-                     f"{f['delta_nll']:+.3f} ± {f['delta_std']:.3f}" + (" *extrap.*" if f["extrapolated"] else ""),
+                     fmt_delta(f["delta_nll"], f["delta_std"]) + (" *extrap.*" if f["extrapolated"] else ""),
                      "—" if f["params_ratio"] is None else f"{f['params_ratio']:.2f}"]
             if corpus == "ende":
                 cells.append(fmt(*f["test_bleu"]))
@@ -596,7 +606,7 @@ def markdown(rows, args, baseline_label):
                 ratios = fam["params_ratios"]
                 lines.append("| " + " | ".join([
                     fam["label"], ", ".join(map(str, fam["widths"])),
-                    ", ".join(f"{d:+.3f} ± {s:.3f}" for d, s in fam["deltas"])
+                    ", ".join(f"{d:+.3f}" + ("" if s is None else f" ± {s:.3f}") for d, s in fam["deltas"])
                     + (" (some *extrap.*)" if fam["extrapolated"] else ""),
                     "—" if not ratios else (f"{min(ratios):.2f}" if len(ratios) == 1
                                             else f"{min(ratios):.2f}–{max(ratios):.2f}"),
@@ -657,7 +667,7 @@ def plot(runs, rows, out_dir):
             if not pts:
                 continue
             ax.errorbar([r["params"] for r in pts], [r[metric][0] for r in pts],
-                        yerr=[r[metric][1] for r in pts], marker="s" if pts[0]["baseline"] else "o",
+                        yerr=[r[metric][1] or 0.0 for r in pts], marker="s" if pts[0]["baseline"] else "o",
                         markersize=4, capsize=2, label=label, color=colour.get(label))
         ax.set_xscale("log")
         ax.set_xlabel("parameters (log scale)")

@@ -540,13 +540,39 @@ def test_quality_ranking_stability_finds_the_last_change():
     assert quality.ranking_stability(steady[:1], "wikitext", 32) is None  # one model: nothing to rank
 
 
+def test_quality_report_gives_no_spread_for_one_seed():
+    """One seed has no spread: the report prints the value alone, not "± 0.000", and a frontier
+    difference where the model or the baseline has one seed is marked as such, even when the
+    other side has two (a study stopped in its second-seed phase)."""
+    args = quality.get_parser().parse_args(["--corpus", "wikitext", "--lm-data", "unused", "--dim", "32,64"])
+    runs = [_curve_run("base", 32, 1e-3, 1, [(100, 6.0)], params=1000, baseline=True),
+            _curve_run("base", 32, 1e-3, 2, [(100, 6.2)], params=1000, baseline=True),
+            _curve_run("base", 64, 1e-3, 1, [(100, 5.0)], params=4000, baseline=True),
+            _curve_run("slim", 32, 1e-3, 1, [(100, 5.8)], params=1000),
+            _curve_run("slim", 32, 1e-3, 2, [(100, 5.9)], params=1000),
+            _curve_run("slim", 64, 1e-3, 1, [(100, 4.9)], params=4000)]
+    assert quality.mean_std([5.0]) == (5.0, None)
+    front = {f["dim"]: f for f in quality.frontier_rows(quality.best_rows(quality.summarise(runs)),
+                                                          {"wikitext": "base"}) if f["label"] == "slim"}
+    assert front[32]["delta_std"] == pytest.approx(math.hypot(quality.mean_std([5.8, 5.9])[1],
+                                                              quality.mean_std([6.0, 6.2])[1]))
+    assert front[64]["delta_std"] is None
+    table = quality.markdown(quality.summarise(runs), args, {"wikitext": "base"})
+    assert "| slim | 64 | 0.001 | 4,000 | 1 | 29.86 | 4.900 |" in table
+    assert "| 5.850 ± 0.071 | -0.250 ± 0.158 |" in table
+    assert "| 4.900 | -0.100 (one seed) |" in table
+    assert "± 0.000" not in table
+    (fam,) = [f for f in quality.family_summary(list(front.values()))]
+    assert fam["where"].endswith("(one seed: spread unknown)")
+
+
 def test_quality_family_summary_says_where_each_model_sits():
     def point(label, dim, delta, std, ratio=None):
         return {"corpus": "wikitext", "label": label, "dim": dim, "params": dim * 100, "delta_nll": delta,
                 "delta_std": std, "params_ratio": ratio, "extrapolated": False}
     front = [point("ahead", 32, -0.2, 0.05, 0.5), point("ahead", 64, -0.1, 0.05, 0.7),
              point("mixed", 32, -0.2, 0.05), point("mixed", 64, 0.01, 0.05),
-             point("single", 64, 0.3, 0.0)]
+             point("single", 64, 0.3, None)]
     where = {f["label"]: f for f in quality.family_summary(front)}
     assert where["ahead"]["where"] == "ahead of the frontier at every width"
     assert where["ahead"]["params_ratios"] == [0.5, 0.7]
