@@ -684,3 +684,22 @@ def test_subformer_comparison_uses_default_init_unless_asked(tmp_path):
     for line in asked:
         assert "--encoder-normalize-before --decoder-normalize-before" in line
     assert not (tmp_path / "subformer").exists()  # nothing ran
+
+
+@pytest.mark.parametrize("name,slim,flag", [("anthe_vs_transformer.sh", "anthe", "--anthe-lr"),
+                                            ("subformer_vs_transformer.sh", "subformer", "--subformer-lr")])
+def test_comparison_scripts_take_a_rate_per_model(name, slim, flag, tmp_path):
+    """The bundled-corpus comparisons train each model at a rate of its own (docs/TRAINING.md:
+    the slim models' best rates differ from the transformer's): --lr sets both, the model's own
+    flag the slim one alone; --dry-run trains nothing."""
+    script = EXAMPLES / "translation" / name
+
+    def rates(*argv):
+        lines = run(script, str(tmp_path), "--dry-run", *argv, cwd=tmp_path).stdout.splitlines()
+        assert [line.split(":")[0] for line in lines] == [slim, "transformer"]
+        return [line.split(" --lr ")[1].split()[0] for line in lines if line.count(" --lr ") == 1]
+
+    assert rates() == ["1e-3", "1e-3"]
+    assert rates("--lr", "3e-3") == ["3e-3", "3e-3"]
+    assert rates("--lr", "3e-3", flag, "1e-2") == ["1e-2", "3e-3"]
+    assert not (tmp_path / slim).exists()

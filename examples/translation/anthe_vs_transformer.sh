@@ -12,8 +12,12 @@
 # tokenized BLEU on the Moses-tokenized references), and training tokens/s (fairseq's wps).
 #
 # usage: anthe_vs_transformer.sh [OUT_DIR] [--max-update N] [--max-tokens N] [--warmup N]
-#            [--seed S] [--sequential] [--eval-only]
+#            [--seed S] [--lr LR] [--anthe-lr LR] [--sequential] [--eval-only] [--dry-run]
+#        --lr sets both models' Adam rate (default 1e-3), --anthe-lr Anthe's alone (default: --lr):
+#        docs/TRAINING.md ("Learning rate") found Anthe gaining more from a higher rate than the
+#        transformer does, so compare each at its own best rate, not at one shared low one.
 #        --eval-only reuses the checkpoints of an earlier run (translate + report only).
+#        --dry-run prints the two fairseq-train commands and runs nothing.
 # env:   THREADS (per model, default 1); the two runs go in parallel unless --sequential.
 set -euo pipefail
 
@@ -26,6 +30,9 @@ WARMUP=200
 SEED=1
 PARALLEL=1
 EVAL_ONLY=0
+DRY_RUN=0
+LR=1e-3
+ANTHE_LR=
 THREADS="${THREADS:-1}"
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -33,6 +40,9 @@ while [[ $# -gt 0 ]]; do
         --max-tokens) MAX_TOKENS="$2"; shift 2 ;;
         --warmup) WARMUP="$2"; shift 2 ;;
         --seed) SEED="$2"; shift 2 ;;
+        --lr) LR="$2"; shift 2 ;;
+        --anthe-lr) ANTHE_LR="$2"; shift 2 ;;
+        --dry-run) DRY_RUN=1; shift ;;
         --sequential) PARALLEL=0; shift ;;
         --eval-only) EVAL_ONLY=1; shift ;;
         -h | --help)
@@ -49,14 +59,18 @@ command -v fairseq-train >/dev/null || { echo "error: fairseq-train not on PATH"
 mkdir -p "$OUT"
 
 # 1. data: Moses tokenization + joint BPE (8000 merges) + fairseq-preprocess (cached)
-DATA="$("$PYTHON" "$REPO/scripts/binarize_bundled.py" "$OUT/data" --corpus ende | tail -n 1)"
-[[ -f "$DATA/dict.en.txt" ]] || { echo "error: binarization failed ($DATA)" >&2; exit 1; }
+if [[ "$DRY_RUN" == 1 ]]; then
+    DATA="$OUT/data/DATA-BIN"
+else
+    DATA="$("$PYTHON" "$REPO/scripts/binarize_bundled.py" "$OUT/data" --corpus ende | tail -n 1)"
+    [[ -f "$DATA/dict.en.txt" ]] || { echo "error: binarization failed ($DATA)" >&2; exit 1; }
+fi
 
 SHAPE=(--encoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --encoder-layers 3
        --encoder-attention-heads 4 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024
        --decoder-layers 3 --decoder-attention-heads 4 --dropout 0.1)
 COMMON=("$DATA" --task translation --source-lang en --target-lang de --cpu --seed "$SEED"
-        --optimizer adam --adam-betas "(0.9, 0.98)" --lr 1e-3 --lr-scheduler inverse_sqrt
+        --optimizer adam --adam-betas "(0.9, 0.98)" --lr-scheduler inverse_sqrt
         --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1
         --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --no-epoch-checkpoints
         --save-interval-updates "$MAX_UPDATE" --keep-interval-updates 1
@@ -64,6 +78,10 @@ COMMON=("$DATA" --task translation --source-lang en --target-lang de --cpu --see
 
 train() {  # name, extra fairseq-train arguments...
     local name="$1"; shift
+    if [[ "$DRY_RUN" == 1 ]]; then
+        echo "$name: fairseq-train ${COMMON[*]} ${SHAPE[*]} $* --save-dir $OUT/$name"
+        return
+    fi
     if [[ "$EVAL_ONLY" == 0 ]]; then
         rm -rf "${OUT:?}/$name"; mkdir -p "$OUT/$name"
         OMP_NUM_THREADS="$THREADS" fairseq-train "${COMMON[@]}" "${SHAPE[@]}" "$@" \
@@ -77,10 +95,10 @@ train() {  # name, extra fairseq-train arguments...
         --beam 5 --batch-size 64 --required-batch-size-multiple 1 --remove-bpe --quiet > "$OUT/$name/generate.log" 2>&1
 }
 
-ANTHE=(--user-dir "$REPO/slim_fairseq" --arch anthe_base)
-TRANSFORMER=(--arch transformer --share-all-embeddings)
+ANTHE=(--user-dir "$REPO/slim_fairseq" --arch anthe_base --lr "${ANTHE_LR:-$LR}")
+TRANSFORMER=(--arch transformer --share-all-embeddings --lr "$LR")
 start=$(date +%s)
-if [[ "$PARALLEL" == 1 ]]; then
+if [[ "$PARALLEL" == 1 && "$DRY_RUN" == 0 ]]; then
     train anthe "${ANTHE[@]}" & pid_a=$!
     train transformer "${TRANSFORMER[@]}" & pid_t=$!
     wait "$pid_a"; wait "$pid_t"
@@ -88,8 +106,10 @@ else
     train anthe "${ANTHE[@]}"
     train transformer "${TRANSFORMER[@]}"
 fi
+if [[ "$DRY_RUN" == 1 ]]; then exit 0; fi
 echo "wall time: $(( $(date +%s) - start )) s (updates: $MAX_UPDATE, max tokens: $MAX_TOKENS," \
-     "warmup: $WARMUP, seed: $SEED, threads per model: $THREADS)"
+     "warmup: $WARMUP, lr: ${ANTHE_LR:-$LR} (anthe) / $LR (transformer), seed: $SEED," \
+     "threads per model: $THREADS)"
 
 # 2. report
 "$PYTHON" "$REPO/examples/summarize_runs.py" "$OUT" anthe transformer
