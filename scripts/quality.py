@@ -615,7 +615,22 @@ def markdown(rows, args, baseline_label):
     return "\n".join(lines)
 
 
-def plot(runs, rows, out_dir):
+def params_axis(ax):
+    """A log parameter axis labelled 100K, 200K, 500K, 1M, ... (matplotlib's minor labels of a
+    log axis spanning less than a decade overlap)."""
+    from matplotlib import ticker
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_minor_locator(ticker.LogLocator(base=10, subs=tuple(range(1, 10))))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(
+        lambda x, _pos: f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1e3:g}K" if x >= 1e3 else f"{x:g}"))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+def plot(runs, rows, out_dir, baseline_label=None):
+    """valid_loss_<corpus>.png (the curves of each best point) and params_vs_quality.png (each
+    model's best points against parameters; the frontier baseline of ``baseline_label`` drawn as a
+    thick dashed black line)."""
     import logging
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib
@@ -628,30 +643,30 @@ def plot(runs, rows, out_dir):
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"] + list(plt.cm.tab20.colors[1::2])
     colour = {label: cycle[i % len(cycle)] for i, label in enumerate(sorted({r["label"] for r in runs}))}
     for corpus in sorted({r["corpus"] for r in runs}):
-        fig, ax = plt.subplots(figsize=(7.0, 4.5))
+        frontier = (baseline_label or {}).get(corpus)
         keys = dict.fromkeys((r["label"], r.get("dim"), r.get("lr")) for r in runs if r["corpus"] == corpus)
-        widths = sorted({k[1] for k in keys if k[1] is not None}, reverse=True)
-        style = {dim: ("-", "--", ":", "-.")[i % 4] for i, dim in enumerate(widths)}
-        for label, dim, lr in keys:
-            if (corpus, label, dim, lr) not in chosen:
-                continue
-            by_update = {}
-            for run in runs:
-                if (run["corpus"], run["label"], run.get("dim"), run.get("lr")) == (corpus, label, dim, lr):
-                    for updates, _loss, nll, _ppl in run["valid_curve"]:
-                        by_update.setdefault(updates, []).append(nll)
-            xs = sorted(by_update)
-            ax.plot(xs, [statistics.mean(by_update[x]) for x in xs], marker="o", markersize=2,
-                    color=colour[label], linestyle=style.get(dim, "-"))
-        from matplotlib.lines import Line2D
-        handles = [Line2D([], [], color=colour[label], label=label)
-                   for label in sorted({k[0] for k in keys})]
-        if len(widths) > 1:
-            handles += [Line2D([], [], color="black", linestyle=style[dim], label=f"d {dim}") for dim in widths]
-        ax.set_xlabel("updates")
-        ax.set_ylabel("valid NLL (bits/token)")
-        ax.set_title(f"{corpus}: valid loss of each best point (mean over seeds)", fontsize=9)
-        ax.legend(handles=handles, fontsize=6, ncol=2)
+        widths = sorted({k[1] for k in keys}, key=lambda d: d or 0)
+        # one panel per width, so that the models' curves at one width can be told apart
+        fig, axes = plt.subplots(1, len(widths), figsize=(4.6 * len(widths), 4.4), squeeze=False, sharey=True)
+        for ax, width in zip(axes[0], widths):
+            for label, dim, lr in keys:
+                if dim != width or (corpus, label, dim, lr) not in chosen:
+                    continue
+                by_update = {}
+                for run in runs:
+                    if (run["corpus"], run["label"], run.get("dim"), run.get("lr")) == (corpus, label, dim, lr):
+                        for updates, _loss, nll, _ppl in run["valid_curve"]:
+                            by_update.setdefault(updates, []).append(nll)
+                xs = sorted(by_update)
+                look = (dict(color="black", linestyle="--", linewidth=2.0, label=f"{label} (frontier)")
+                        if label == frontier else dict(color=colour[label], label=label))
+                ax.plot(xs, [statistics.mean(by_update[x]) for x in xs], marker="o", markersize=2, **look)
+            ax.set_xlabel("updates")
+            ax.set_title(f"{corpus}" + ("" if width is None else f", d {width}") + ": best lr, mean over seeds",
+                         fontsize=9)
+            ax.grid(True, alpha=0.3)
+        axes[0][0].set_ylabel("valid NLL (bits/token)")
+        axes[0][0].legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, f"valid_loss_{corpus}.png"), dpi=90)
         plt.close(fig)
@@ -659,23 +674,28 @@ def plot(runs, rows, out_dir):
     panels = [(c, "valid_nll") for c in sorted({r["corpus"] for r in best})]
     panels += [("ende", "test_bleu")] if any(r["corpus"] == "ende" and r["test_bleu"][0] is not None
                                              for r in best) else []
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.0), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.0 * len(panels), 4.8), squeeze=False)
     for ax, (corpus, metric) in zip(axes[0], panels):
+        frontier = (baseline_label or {}).get(corpus)
         for label in dict.fromkeys(r["label"] for r in best if r["corpus"] == corpus):
             pts = [r for r in best if r["corpus"] == corpus and r["label"] == label
                    and r["params"] and r[metric][0] is not None]
             if not pts:
                 continue
+            look = (dict(color="black", linestyle="--", linewidth=2.2, label=f"{label} (frontier)", zorder=3)
+                    if label == frontier else dict(color=colour.get(label), label=label))
             ax.errorbar([r["params"] for r in pts], [r[metric][0] for r in pts],
                         yerr=[r[metric][1] or 0.0 for r in pts], marker="s" if pts[0]["baseline"] else "o",
-                        markersize=4, capsize=2, label=label, color=colour.get(label))
-        ax.set_xscale("log")
+                        markersize=4, capsize=2, **look)
+        params_axis(ax)
         ax.set_xlabel("parameters (log scale)")
         ax.set_ylabel("test BLEU" if metric == "test_bleu" else "valid NLL (bits/token)")
-        ax.set_title(f"{corpus}: best lr per point", fontsize=9)
-        ax.legend(fontsize=5)
+        ax.set_title(f"{corpus}: best lr per point (error bars: seed std where there are two or more seeds)",
+                     fontsize=9)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "params_vs_quality.png"), dpi=90)
+    fig.savefig(os.path.join(out_dir, "params_vs_quality.png"), dpi=100)
     plt.close(fig)
 
 
@@ -1112,7 +1132,7 @@ def write_report(runs, args, baseline_label, out_dir, plots=True):
         f.write(table)
     os.replace(os.path.join(out_dir, "table.md.tmp"), os.path.join(out_dir, "table.md"))
     if runs and plots:
-        plot(runs, rows, out_dir)
+        plot(runs, rows, out_dir, baseline_label)
     return rows, table
 
 
