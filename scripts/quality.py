@@ -238,15 +238,16 @@ def mean_std(values):
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
-def fmt(mean, std, digits=2):
+def fmt(mean, std, digits=2, signed=False):
+    """``mean ± std``; the mean alone where there is no spread (one seed)."""
     if mean is None:
         return "—"
-    return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
+    return f"{mean:{'+' if signed else ''}.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
 
 
 def fmt_delta(delta, std):
     """A valid-NLL difference with its spread, or with "one seed" where either side has one."""
-    return f"{delta:+.3f} " + ("(one seed)" if std is None else f"± {std:.3f}")
+    return fmt(delta, std, digits=3, signed=True) + (" (one seed)" if std is None else "")
 
 
 def fmt_lr(lr):
@@ -606,7 +607,7 @@ def markdown(rows, args, baseline_label):
                 ratios = fam["params_ratios"]
                 lines.append("| " + " | ".join([
                     fam["label"], ", ".join(map(str, fam["widths"])),
-                    ", ".join(f"{d:+.3f}" + ("" if s is None else f" ± {s:.3f}") for d, s in fam["deltas"])
+                    ", ".join(fmt(d, s, digits=3, signed=True) for d, s in fam["deltas"])
                     + (" (some *extrap.*)" if fam["extrapolated"] else ""),
                     "—" if not ratios else (f"{min(ratios):.2f}" if len(ratios) == 1
                                             else f"{min(ratios):.2f}–{max(ratios):.2f}"),
@@ -642,6 +643,12 @@ def plot(runs, rows, out_dir, baseline_label=None):
     # one colour per model in both figures; in the curves, one line style per width (widest solid)
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"] + list(plt.cm.tab20.colors[1::2])
     colour = {label: cycle[i % len(cycle)] for i, label in enumerate(sorted({r["label"] for r in runs}))}
+
+    def look(label, frontier):
+        """The line of ``label``: its colour, or a thick dashed black line for the frontier baseline."""
+        if label == frontier:
+            return dict(color="black", linestyle="--", linewidth=2.2, label=f"{label} (frontier)", zorder=3)
+        return dict(color=colour[label], label=label)
     for corpus in sorted({r["corpus"] for r in runs}):
         frontier = (baseline_label or {}).get(corpus)
         keys = dict.fromkeys((r["label"], r.get("dim"), r.get("lr")) for r in runs if r["corpus"] == corpus)
@@ -658,9 +665,8 @@ def plot(runs, rows, out_dir, baseline_label=None):
                         for updates, _loss, nll, _ppl in run["valid_curve"]:
                             by_update.setdefault(updates, []).append(nll)
                 xs = sorted(by_update)
-                look = (dict(color="black", linestyle="--", linewidth=2.0, label=f"{label} (frontier)")
-                        if label == frontier else dict(color=colour[label], label=label))
-                ax.plot(xs, [statistics.mean(by_update[x]) for x in xs], marker="o", markersize=2, **look)
+                ax.plot(xs, [statistics.mean(by_update[x]) for x in xs], marker="o", markersize=2,
+                        **look(label, frontier))
             ax.set_xlabel("updates")
             ax.set_title(f"{corpus}" + ("" if width is None else f", d {width}") + ": best lr, mean over seeds",
                          fontsize=9)
@@ -682,11 +688,9 @@ def plot(runs, rows, out_dir, baseline_label=None):
                    and r["params"] and r[metric][0] is not None]
             if not pts:
                 continue
-            look = (dict(color="black", linestyle="--", linewidth=2.2, label=f"{label} (frontier)", zorder=3)
-                    if label == frontier else dict(color=colour.get(label), label=label))
             ax.errorbar([r["params"] for r in pts], [r[metric][0] for r in pts],
                         yerr=[r[metric][1] or 0.0 for r in pts], marker="s" if pts[0]["baseline"] else "o",
-                        markersize=4, capsize=2, **look)
+                        markersize=4, capsize=2, **look(label, frontier))
         params_axis(ax)
         ax.set_xlabel("parameters (log scale)")
         ax.set_ylabel("test BLEU" if metric == "test_bleu" else "valid NLL (bits/token)")
