@@ -784,3 +784,70 @@ PY
     fi
     run_or_print "${cmd[@]}" "${extra[@]}"
 }
+
+# ---------------------------------------------------------------------------------------------
+# two models side by side on the bundled en-de corpus (translation/*_vs_transformer.sh)
+
+# compare_on_bundled_ende NAME_A ARGS_A... -- NAME_B ARGS_B...
+# Binarizes the bundled en-de corpus under $OUT/data (cached), trains both models with the same
+# seed, optimizer, schedule and batches ($SHAPE plus each model's own fairseq-train arguments),
+# translates the test set (beam 5, BPE removed, plus $GENERATE_ARGS) and prints the table of
+# examples/summarize_runs.py. The calling script sets OUT, SHAPE and GENERATE_ARGS (arrays),
+# SEED, MAX_UPDATE, MAX_TOKENS, WARMUP, LOG_INTERVAL, THREADS (per model), PARALLEL (1: both at
+# once), DRY_RUN (1: print the two fairseq-train commands, run nothing), EVAL_ONLY (1: reuse the
+# checkpoints of an earlier run) and RUN_NOTE (added to the wall-time line).
+compare_on_bundled_ende() {
+    local name_a="$1" args_a=() name_b args_b=() data common start pid_a pid_b
+    shift
+    while [[ $# -gt 0 && "$1" != -- ]]; do args_a+=("$1"); shift; done
+    [[ $# -gt 1 ]] || die "compare_on_bundled_ende: no '-- NAME_B' after the first model"
+    name_b="$2"; shift 2; args_b=("$@")
+    if [[ "$DRY_RUN" == 1 ]]; then
+        data="$OUT/data/DATA-BIN"
+    else
+        need_cmd fairseq-train fairseq-generate
+        mkdir -p "$OUT"
+        data="$("$PYTHON" "$REPO_ROOT/scripts/binarize_bundled.py" "$OUT/data" --corpus ende | tail -n 1)"
+        [[ -f "$data/dict.en.txt" ]] || die "binarization failed ($data)"
+    fi
+    common=("$data" --task translation --source-lang en --target-lang de --cpu --seed "$SEED"
+            --optimizer adam --adam-betas "(0.9, 0.98)" --lr-scheduler inverse_sqrt
+            --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+            --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --no-epoch-checkpoints
+            --save-interval-updates "$MAX_UPDATE" --keep-interval-updates 1 --log-format simple
+            --log-interval "$LOG_INTERVAL" --num-workers 0 --skip-invalid-size-inputs-valid-test)
+    start=$(date +%s)
+    if [[ "$PARALLEL" == 1 && "$DRY_RUN" == 0 ]]; then
+        _train_and_translate "$name_a" "${args_a[@]}" & pid_a=$!
+        _train_and_translate "$name_b" "${args_b[@]}" & pid_b=$!
+        wait "$pid_a"; wait "$pid_b"
+    else
+        _train_and_translate "$name_a" "${args_a[@]}"
+        _train_and_translate "$name_b" "${args_b[@]}"
+    fi
+    [[ "$DRY_RUN" == 1 ]] && return 0
+    echo "wall time: $(( $(date +%s) - start )) s (updates: $MAX_UPDATE, max tokens: $MAX_TOKENS," \
+         "warmup: $WARMUP, seed: $SEED, threads per model: $THREADS${RUN_NOTE:+, $RUN_NOTE})"
+    "$PYTHON" "$REPO_ROOT/examples/summarize_runs.py" "$OUT" "$name_a" "$name_b"
+}
+
+# _train_and_translate NAME ARGS...: one model of compare_on_bundled_ende (its `data`, `common`)
+_train_and_translate() {
+    local name="$1"; shift
+    if [[ "$DRY_RUN" == 1 ]]; then
+        echo "$name: fairseq-train ${common[*]} ${SHAPE[*]} $* --save-dir $OUT/$name"
+        return
+    fi
+    if [[ "$EVAL_ONLY" == 0 ]]; then
+        rm -rf "${OUT:?}/$name"; mkdir -p "$OUT/$name"
+        OMP_NUM_THREADS="$THREADS" fairseq-train "${common[@]}" "${SHAPE[@]}" "$@" \
+            --save-dir "$OUT/$name" > "$OUT/$name/train.log" 2>&1
+    fi
+    # --user-dir also for fairseq's transformer: the plugin allow-lists what fairseq
+    # checkpoints hold for torch's weights_only loading
+    OMP_NUM_THREADS="$THREADS" fairseq-generate "$data" --user-dir "$(slim_user_dir)" \
+        --task translation --source-lang en --target-lang de --cpu \
+        --path "$OUT/$name/checkpoint_last.pt" --gen-subset test --beam 5 --batch-size 64 \
+        --required-batch-size-multiple 1 --remove-bpe --quiet ${GENERATE_ARGS[@]+"${GENERATE_ARGS[@]}"} \
+        > "$OUT/$name/generate.log" 2>&1
+}

@@ -20,13 +20,14 @@
 #        --dry-run prints the two fairseq-train commands and runs nothing.
 # env:   THREADS (per model, default 1); the two runs go in parallel unless --sequential.
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/../common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
-OUT="$REPO/build/anthe_vs_transformer"
+OUT="$REPO_ROOT/build/anthe_vs_transformer"
 MAX_UPDATE=600
 MAX_TOKENS=4096
 WARMUP=200
+LOG_INTERVAL=50
 SEED=1
 PARALLEL=1
 EVAL_ONLY=0
@@ -45,71 +46,17 @@ while [[ $# -gt 0 ]]; do
         --dry-run) DRY_RUN=1; shift ;;
         --sequential) PARALLEL=0; shift ;;
         --eval-only) EVAL_ONLY=1; shift ;;
-        -h | --help)
-            # shellcheck source=SCRIPTDIR/../common.sh
-            . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-            usage
-            exit 0 ;;
-        -*) echo "error: unknown option $1" >&2; exit 1 ;;
+        -h | --help) usage; exit 0 ;;
+        -*) die "unknown option $1" ;;
         *) OUT="$1"; shift ;;
     esac
 done
-PYTHON="${PYTHON:-python}"
-command -v fairseq-train >/dev/null || { echo "error: fairseq-train not on PATH" >&2; exit 1; }
-mkdir -p "$OUT"
-
-# 1. data: Moses tokenization + joint BPE (8000 merges) + fairseq-preprocess (cached)
-if [[ "$DRY_RUN" == 1 ]]; then
-    DATA="$OUT/data/DATA-BIN"
-else
-    DATA="$("$PYTHON" "$REPO/scripts/binarize_bundled.py" "$OUT/data" --corpus ende | tail -n 1)"
-    [[ -f "$DATA/dict.en.txt" ]] || { echo "error: binarization failed ($DATA)" >&2; exit 1; }
-fi
 
 SHAPE=(--encoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --encoder-layers 3
        --encoder-attention-heads 4 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024
        --decoder-layers 3 --decoder-attention-heads 4 --dropout 0.1)
-COMMON=("$DATA" --task translation --source-lang en --target-lang de --cpu --seed "$SEED"
-        --optimizer adam --adam-betas "(0.9, 0.98)" --lr-scheduler inverse_sqrt
-        --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1
-        --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --no-epoch-checkpoints
-        --save-interval-updates "$MAX_UPDATE" --keep-interval-updates 1
-        --log-format simple --log-interval 50 --num-workers 0 --skip-invalid-size-inputs-valid-test)
-
-train() {  # name, extra fairseq-train arguments...
-    local name="$1"; shift
-    if [[ "$DRY_RUN" == 1 ]]; then
-        echo "$name: fairseq-train ${COMMON[*]} ${SHAPE[*]} $* --save-dir $OUT/$name"
-        return
-    fi
-    if [[ "$EVAL_ONLY" == 0 ]]; then
-        rm -rf "${OUT:?}/$name"; mkdir -p "$OUT/$name"
-        OMP_NUM_THREADS="$THREADS" fairseq-train "${COMMON[@]}" "${SHAPE[@]}" "$@" \
-            --save-dir "$OUT/$name" > "$OUT/$name/train.log" 2>&1
-    fi
-    # --user-dir also for fairseq's transformer: the plugin allow-lists what fairseq
-    # checkpoints hold for torch's weights_only loading
-    OMP_NUM_THREADS="$THREADS" fairseq-generate "$DATA" --user-dir "$REPO/slim_fairseq" \
-        --task translation --source-lang en \
-        --target-lang de --cpu --path "$OUT/$name/checkpoint_last.pt" --gen-subset test \
-        --beam 5 --batch-size 64 --required-batch-size-multiple 1 --remove-bpe --quiet > "$OUT/$name/generate.log" 2>&1
-}
-
-ANTHE=(--user-dir "$REPO/slim_fairseq" --arch anthe_base --lr "${ANTHE_LR:-$LR}")
-TRANSFORMER=(--arch transformer --share-all-embeddings --lr "$LR")
-start=$(date +%s)
-if [[ "$PARALLEL" == 1 && "$DRY_RUN" == 0 ]]; then
-    train anthe "${ANTHE[@]}" & pid_a=$!
-    train transformer "${TRANSFORMER[@]}" & pid_t=$!
-    wait "$pid_a"; wait "$pid_t"
-else
-    train anthe "${ANTHE[@]}"
-    train transformer "${TRANSFORMER[@]}"
-fi
-if [[ "$DRY_RUN" == 1 ]]; then exit 0; fi
-echo "wall time: $(( $(date +%s) - start )) s (updates: $MAX_UPDATE, max tokens: $MAX_TOKENS," \
-     "warmup: $WARMUP, lr: ${ANTHE_LR:-$LR} (anthe) / $LR (transformer), seed: $SEED," \
-     "threads per model: $THREADS)"
-
-# 2. report
-"$PYTHON" "$REPO/examples/summarize_runs.py" "$OUT" anthe transformer
+GENERATE_ARGS=()
+RUN_NOTE="lr: ${ANTHE_LR:-$LR} (anthe) / $LR (transformer)"
+compare_on_bundled_ende \
+    anthe --user-dir "$(slim_user_dir)" --arch anthe_base --lr "${ANTHE_LR:-$LR}" -- \
+    transformer --arch transformer --share-all-embeddings --lr "$LR"

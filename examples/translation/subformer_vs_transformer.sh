@@ -19,21 +19,23 @@
 #
 # usage: subformer_vs_transformer.sh [OUT_DIR] [--max-update N] [--max-tokens N] [--seed S]
 #            [--log-interval N] [--lr LR] [--subformer-lr LR] [--same-width] [--bert-init]
-#            [--pre-ln] [--sequential] [--dry-run]
-#        --dry-run: print the two fairseq-train commands, run nothing. --lr sets both models' Adam
+#            [--pre-ln] [--sequential] [--eval-only] [--dry-run]
+#        --dry-run: print the two fairseq-train commands, run nothing. --eval-only: reuse the
+#        checkpoints of an earlier run (translate + report only). --lr sets both models' Adam
 #        rate (default 1e-3), --subformer-lr the Subformer's alone (default: --lr); on WikiText-2
 #        the Subformer's best rate differed from the transformer's (docs/TRAINING.md).
 # env:   THREADS (per model, default 1); the two runs go in parallel unless --sequential.
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/../common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
-OUT="$REPO/build/subformer_vs_transformer"
+OUT="$REPO_ROOT/build/subformer_vs_transformer"
 MAX_UPDATE=400
 MAX_TOKENS=4096
 SEED=1
 LOG_INTERVAL=50
 PARALLEL=1
+EVAL_ONLY=0
 INIT=()
 DRY_RUN=0
 NORM=()
@@ -53,70 +55,23 @@ while [[ $# -gt 0 ]]; do
         --bert-init) INIT=(--bert-init); shift ;;
         --pre-ln) NORM=(--encoder-normalize-before --decoder-normalize-before); shift ;;
         --sequential) PARALLEL=0; shift ;;
+        --eval-only) EVAL_ONLY=1; shift ;;
         --dry-run) DRY_RUN=1; shift ;;
-        -h | --help)
-            # shellcheck source=SCRIPTDIR/../common.sh
-            . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-            usage
-            exit 0 ;;
-        -*) echo "error: unknown option $1" >&2; exit 1 ;;
+        -h | --help) usage; exit 0 ;;
+        -*) die "unknown option $1" ;;
         *) OUT="$1"; shift ;;
     esac
 done
-PYTHON="${PYTHON:-python}"
-command -v fairseq-train >/dev/null || { echo "error: fairseq-train not on PATH" >&2; exit 1; }
-mkdir -p "$OUT"
-
-# 1. data: Moses tokenization + joint BPE + fairseq-preprocess --joined-dictionary (cached)
-if [[ "$DRY_RUN" == 1 ]]; then
-    DATA="$OUT/data/DATA-BIN"
-else
-    DATA="$("$PYTHON" "$REPO/scripts/binarize_bundled.py" "$OUT/data" --corpus ende | tail -n 1)"
-    [[ -f "$DATA/dict.en.txt" ]] || { echo "error: binarization failed ($DATA)" >&2; exit 1; }
-fi
 
 WARMUP=$(( MAX_UPDATE < 400 ? MAX_UPDATE / 2 : 200 ))
 SHAPE=(--encoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --encoder-layers 4
        --encoder-attention-heads 4 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024
        --decoder-layers 4 --decoder-attention-heads 4 --dropout 0.1 --share-all-embeddings
        ${NORM[@]+"${NORM[@]}"})
-COMMON=("$DATA" --task translation --source-lang en --target-lang de --cpu --seed "$SEED"
-        --optimizer adam --adam-betas "(0.9, 0.98)" --lr-scheduler inverse_sqrt
-        --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1
-        --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --no-epoch-checkpoints
-        --save-interval-updates "$MAX_UPDATE" --keep-interval-updates 1
-        --log-format simple --log-interval "$LOG_INTERVAL" --num-workers 0 --skip-invalid-size-inputs-valid-test)
-
-run() {  # name, extra fairseq-train arguments...
-    local name="$1"; shift
-    if [[ "$DRY_RUN" == 1 ]]; then
-        echo "$name: fairseq-train ${COMMON[*]} ${SHAPE[*]} $* --save-dir $OUT/$name"
-        return
-    fi
-    rm -rf "${OUT:?}/$name"; mkdir -p "$OUT/$name"
-    OMP_NUM_THREADS="$THREADS" fairseq-train "${COMMON[@]}" "${SHAPE[@]}" "$@" \
-        --save-dir "$OUT/$name" > "$OUT/$name/train.log" 2>&1
-    OMP_NUM_THREADS="$THREADS" fairseq-generate "$DATA" --task translation --source-lang en \
-        --target-lang de --cpu --path "$OUT/$name/checkpoint_last.pt" --gen-subset test \
-        --beam 5 --batch-size 64 --required-batch-size-multiple 1 --max-len-a 1.2 --max-len-b 10 --remove-bpe --quiet \
-        --user-dir "$REPO/slim_fairseq" > "$OUT/$name/generate.log" 2>&1
-}
-
-SUBFORMER=(--user-dir "$REPO/slim_fairseq" --arch subformer_small --safe-embed-dim 128
-           "${MIDDLE[@]}" ${INIT[@]+"${INIT[@]}"} --lr "${SUBFORMER_LR:-$LR}")
-TRANSFORMER=(--arch transformer --lr "$LR")
-start=$(date +%s)
-if [[ "$PARALLEL" == 1 && "$DRY_RUN" == 0 ]]; then
-    run subformer "${SUBFORMER[@]}" & pid_s=$!
-    run transformer "${TRANSFORMER[@]}" & pid_t=$!
-    wait "$pid_s"; wait "$pid_t"
-else
-    run subformer "${SUBFORMER[@]}"
-    run transformer "${TRANSFORMER[@]}"
-fi
-if [[ "$DRY_RUN" == 1 ]]; then exit 0; fi
-echo "wall time: $(( $(date +%s) - start )) s (updates: $MAX_UPDATE, max tokens: $MAX_TOKENS," \
-     "lr: ${SUBFORMER_LR:-$LR} (subformer) / $LR (transformer), seed: $SEED)"
-
-# 2. report
-"$PYTHON" "$REPO/examples/summarize_runs.py" "$OUT" subformer transformer
+# a stalled model repeats itself: cap the hypotheses' length
+GENERATE_ARGS=(--max-len-a 1.2 --max-len-b 10)
+RUN_NOTE="lr: ${SUBFORMER_LR:-$LR} (subformer) / $LR (transformer)"
+compare_on_bundled_ende \
+    subformer --user-dir "$(slim_user_dir)" --arch subformer_small --safe-embed-dim 128 \
+        "${MIDDLE[@]}" ${INIT[@]+"${INIT[@]}"} --lr "${SUBFORMER_LR:-$LR}" -- \
+    transformer --arch transformer --lr "$LR"
