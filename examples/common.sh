@@ -851,3 +851,59 @@ _train_and_translate() {
         --required-batch-size-multiple 1 --remove-bpe --quiet ${GENERATE_ARGS[@]+"${GENERATE_ARGS[@]}"} \
         > "$OUT/$name/generate.log" 2>&1
 }
+
+# ---------------------------------------------------------------------------------------------
+# language models side by side on the bundled WikiText-2 (lm/skipless_vs_preln.sh,
+# lm/stlm_tying_wikitext2.sh)
+
+# compare_lms_on_wikitext2: binarizes the bundled WikiText-2 with a vocabulary of $NWORDS words
+# under build/data (cached; its path is left in LM_DATA), then trains the runs named in $RUNS,
+# $JOBS at a time, one thread each, with the same updates ($UPDATES), batches ($BATCH sequences of
+# $TOKENS tokens), seed, Adam at $LR (inverse_sqrt, warmup a tenth of the updates) and gradient
+# clipping 1.0; each run's logs go to $OUT/NAME.log and the table of examples/summarize_runs.py to
+# $OUT/summary.txt. The calling script defines `lm_run_args NAME` (that run's --arch and shape,
+# as words) and may set LM_TRAIN_ARGS (array, for every run). DRY_RUN=1 prints the commands.
+compare_lms_on_wikitext2() {
+    local name run_args running=0 failed=() pids=() bin="${FAIRSEQ_BIN:-$REPO_ROOT/.venv/bin}"
+    for name in $RUNS; do
+        lm_run_args "$name" >/dev/null || die "RUNS: unknown run '$name'"
+    done
+    if [[ "${DRY_RUN:-0}" == 1 ]]; then
+        LM_DATA="$REPO_ROOT/build/data/DATA-BIN"
+    else
+        mkdir -p "$OUT"
+        LM_DATA=$("$PYTHON" -c "import sys; sys.path.insert(0, sys.argv[1])
+from binarize_bundled import binarize_wikitext
+print(binarize_wikitext(sys.argv[2], nwords=int(sys.argv[3])))" "$REPO_ROOT/scripts" "$REPO_ROOT/build/data" "$NWORDS")
+        echo "data: $LM_DATA  out: $OUT  updates: $UPDATES x $BATCH x $TOKENS tokens  seed: $SEED"
+    fi
+    for name in $RUNS; do
+        read -ra run_args <<< "$(lm_run_args "$name")"
+        local cmd=("$bin/fairseq-train" "$LM_DATA" --user-dir "$(slim_user_dir)" --cpu --num-workers 0
+                   --task language_modeling --tokens-per-sample "$TOKENS" --sample-break-mode none
+                   "${run_args[@]}" ${LM_TRAIN_ARGS[@]+"${LM_TRAIN_ARGS[@]}"}
+                   --batch-size "$BATCH" --max-update "$UPDATES" --seed "$SEED"
+                   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 --lr "$LR"
+                   --lr-scheduler inverse_sqrt --warmup-updates $(( UPDATES >= 10 ? UPDATES / 10 : 1 ))
+                   --no-save --log-format simple --log-interval 50)
+        if [[ "${DRY_RUN:-0}" == 1 ]]; then
+            echo "$name: ${cmd[*]}"
+            continue
+        fi
+        OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore "${cmd[@]}" > "$OUT/$name.log" 2>&1 &
+        pids+=("$!:$name")
+        running=$((running + 1))
+        if [[ "$running" -ge "$JOBS" ]]; then wait -n || true; running=$((running - 1)); fi
+    done
+    [[ "${DRY_RUN:-0}" == 1 ]] && return 0
+    local entry
+    for entry in "${pids[@]}"; do
+        wait "${entry%%:*}" || failed+=("${entry#*:}")
+    done
+    # shellcheck disable=SC2086  # RUNS is a list of names
+    "$PYTHON" "$REPO_ROOT/examples/summarize_runs.py" "$OUT" $RUNS | tee "$OUT/summary.txt"
+    for name in ${failed[@]+"${failed[@]}"}; do
+        log "error: run $name failed, see $OUT/$name.log"
+    done
+    [[ ${#failed[@]} == 0 ]]
+}

@@ -703,3 +703,28 @@ def test_comparison_scripts_take_a_rate_per_model(name, slim, flag, tmp_path):
     assert rates("--lr", "3e-3") == ["3e-3", "3e-3"]
     assert rates("--lr", "3e-3", flag, "1e-2") == ["1e-2", "3e-3"]
     assert not (tmp_path / slim).exists()
+
+
+@pytest.mark.parametrize("name,runs,own", [
+    ("stlm_tying_wikitext2.sh", ["tied", "ffn", "lora"], {"lora": "--ffn-lora-rank 8", "tied": "--decoder-embed-dim 128 "}),
+    ("skipless_vs_preln.sh", ["skipless", "skipless_noqp", "preln"],
+     {"skipless_noqp": "--removed-weights q", "preln": "--decoder-normalize-before"})])
+def test_wikitext2_comparisons_train_every_run_alike(name, runs, own, tmp_path):
+    """The WikiText-2 comparisons (examples/common.sh: compare_lms_on_wikitext2) give every run the
+    same data, batches, schedule and seed and only its own model options; an unknown name in RUNS
+    is refused before anything trains. DRY_RUN=1 prints the commands."""
+    script = EXAMPLES / "lm" / name
+    env = {"DRY_RUN": "1", "UPDATES": "20", "SEED": "7"}
+    printed = run(script, str(tmp_path / "out"), cwd=tmp_path, env=env).stdout.splitlines()
+    assert [line.split(":")[0] for line in printed] == runs
+    shared = [set(line.split(" --arch ")[0].split(": ", 1)[1].split()) for line in printed]
+    assert all(s == shared[0] for s in shared)
+    for line in printed:
+        assert "--max-update 20 --seed 7" in line and "--warmup-updates 2 " in line
+        run_name = line.split(":")[0]
+        for other, flag in own.items():
+            assert (flag in line) == (other == run_name)
+    refused = run(script, str(tmp_path / "out"), cwd=tmp_path, expect_ok=False,
+                  env={**env, "RUNS": f"{runs[0]} nope"})
+    assert refused.returncode != 0 and "RUNS: unknown run 'nope'" in refused.stderr
+    assert not (tmp_path / "out").exists()

@@ -12,17 +12,13 @@
 # Environment: UPDATES (300), BATCH (8 sequences), TOKENS (128 per sequence), LR (2e-3),
 #   SEED (1), JOBS (parallel runs, 2), NWORDS (vocabulary cap, 8000), RUNS ("tied ffn lora").
 set -euo pipefail
-if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
-  # shellcheck source=SCRIPTDIR/../common.sh
-  . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-  usage
-  exit 0
-fi
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PYTHON=${PYTHON:-${FAIRSEQ_BIN:-$HERE/../../.venv/bin}/python}
+# shellcheck source=SCRIPTDIR/../common.sh
+. "$HERE/../common.sh"
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then usage; exit 0; fi
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-OUT=${1:-$REPO/build/stlm_tying_wikitext2}
-BIN=${FAIRSEQ_BIN:-$REPO/.venv/bin}
-PYTHON=${PYTHON:-$BIN/python}
+OUT=${1:-$REPO_ROOT/build/stlm_tying_wikitext2}
 UPDATES=${UPDATES:-300}
 BATCH=${BATCH:-8}
 TOKENS=${TOKENS:-128}
@@ -31,54 +27,27 @@ SEED=${SEED:-1}
 JOBS=${JOBS:-2}
 NWORDS=${NWORDS:-8000}
 RUNS=${RUNS:-"tied ffn lora"}
-export OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore
 
-mkdir -p "$OUT"
-DATA=$("$PYTHON" -c "import sys; sys.path.insert(0, '$REPO/scripts'); \
-from binarize_bundled import binarize_wikitext; \
-print(binarize_wikitext('$REPO/build/data', nwords=$NWORDS))")
-
-shape_of() {
+MODEL="--arch stlm_tied --decoder-layers 6 --decoder-attention-heads 8 --kv-heads 2"
+lm_run_args() {
   case "$1" in
-    tied) echo "--decoder-embed-dim 128 --decoder-ffn-embed-dim 344" ;;
-    ffn)  echo "--decoder-embed-dim 160 --decoder-ffn-embed-dim 414 --tie-ffn 0" ;;
-    lora) echo "--decoder-embed-dim 160 --decoder-ffn-embed-dim 352 --tie-ffn 0 --ffn-lora-rank 8 --ffn-lora-alpha 16" ;;
-    *) echo "unknown run $1" >&2; exit 1 ;;
+    tied) echo "$MODEL --decoder-embed-dim 128 --decoder-ffn-embed-dim 344" ;;
+    ffn)  echo "$MODEL --decoder-embed-dim 160 --decoder-ffn-embed-dim 414 --tie-ffn 0" ;;
+    lora) echo "$MODEL --decoder-embed-dim 160 --decoder-ffn-embed-dim 352 --tie-ffn 0 --ffn-lora-rank 8 --ffn-lora-alpha 16" ;;
+    *) return 1 ;;
   esac
 }
+LM_TRAIN_ARGS=(--weight-decay 0.01)
 
-train_one() {
-  local name=$1
-  # shellcheck disable=SC2046
-  "$BIN/fairseq-train" "$DATA" --user-dir "$REPO/slim_fairseq" --cpu --num-workers 0 \
-    --task language_modeling --tokens-per-sample "$TOKENS" --sample-break-mode none \
-    --arch stlm_tied --decoder-layers 6 --decoder-attention-heads 8 --kv-heads 2 \
-    $(shape_of "$name") \
-    --batch-size "$BATCH" --max-update "$UPDATES" --seed "$SEED" \
-    --optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01 --clip-norm 1.0 \
-    --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates $(( UPDATES >= 10 ? UPDATES / 10 : 1 )) \
-    --no-save --log-format simple --log-interval 50 \
-    > "$OUT/$name.log" 2>&1
-}
-
-echo "data: $DATA  out: $OUT  updates: $UPDATES x $BATCH x $TOKENS tokens  seed: $SEED"
-running=0
-for name in $RUNS; do
-  train_one "$name" &
-  running=$((running + 1))
-  if [ "$running" -ge "$JOBS" ]; then wait -n; running=$((running - 1)); fi
-done
-wait
-
-# shellcheck disable=SC2086  # RUNS is a list of names
-"$PYTHON" "$REPO/examples/summarize_runs.py" "$OUT" $RUNS | tee "$OUT/summary.txt"
+compare_lms_on_wikitext2
+[[ "${DRY_RUN:-0}" == 1 ]] && exit 0
 
 # Training throughput per CPU-second (process time, one thread): less sensitive than the
 # wall-clock tokens/s above to other processes sharing the machine.
 for name in $RUNS; do
   # shellcheck disable=SC2046
-  STLM_USER_DIR="$REPO/slim_fairseq" "$PYTHON" - "$DATA" "$TOKENS" "$BATCH" "$name" --arch stlm_tied --decoder-layers 6 \
-      --decoder-attention-heads 8 --kv-heads 2 $(shape_of "$name") <<'PY' 2>>"$OUT/bench.err"
+  STLM_USER_DIR="$(slim_user_dir)" "$PYTHON" - "$LM_DATA" "$TOKENS" "$BATCH" "$name" $(lm_run_args "$name") \
+      <<'PY' 2>>"$OUT/bench.err"
 import argparse, os, sys, time
 import torch
 from fairseq import options, tasks, utils
