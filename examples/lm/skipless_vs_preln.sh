@@ -12,6 +12,7 @@
 # Usage: bash examples/lm/skipless_vs_preln.sh [OUT_DIR]
 # Environment: UPDATES (400), BATCH (16 sequences), TOKENS (64 per sequence), LR (2e-3),
 #   SEED (1), JOBS (parallel runs, 2), NWORDS (vocabulary cap, 8000), RUNS ("skipless skipless_noqp preln").
+#   DRY_RUN=1 prints the fairseq-train commands and trains nothing.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PYTHON=${PYTHON:-${FAIRSEQ_BIN:-$HERE/../../.venv/bin}/python}

@@ -11,6 +11,7 @@
 # Usage: bash examples/lm/stlm_tying_wikitext2.sh [OUT_DIR]
 # Environment: UPDATES (300), BATCH (8 sequences), TOKENS (128 per sequence), LR (2e-3),
 #   SEED (1), JOBS (parallel runs, 2), NWORDS (vocabulary cap, 8000), RUNS ("tied ffn lora").
+#   DRY_RUN=1 prints the fairseq-train commands and trains nothing.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PYTHON=${PYTHON:-${FAIRSEQ_BIN:-$HERE/../../.venv/bin}/python}
