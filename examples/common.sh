@@ -820,7 +820,10 @@ compare_on_bundled_ende() {
     if [[ "$PARALLEL" == 1 && "$DRY_RUN" == 0 ]]; then
         _train_and_translate "$name_a" "${args_a[@]}" & pid_a=$!
         _train_and_translate "$name_b" "${args_b[@]}" & pid_b=$!
-        wait "$pid_a"; wait "$pid_b"
+        local failed=()
+        wait "$pid_a" || failed+=("$name_a")
+        wait "$pid_b" || failed+=("$name_b")
+        [[ ${#failed[@]} == 0 ]] || die "${failed[*]} failed: see the logs under $OUT/${failed[0]}"
     else
         _train_and_translate "$name_a" "${args_a[@]}"
         _train_and_translate "$name_b" "${args_b[@]}"
