@@ -875,9 +875,9 @@ compare_lms_on_wikitext2() {
         LM_DATA="$REPO_ROOT/build/data/DATA-BIN"
     else
         mkdir -p "$OUT"
-        LM_DATA=$("$PYTHON" -c "import sys; sys.path.insert(0, sys.argv[1])
-from binarize_bundled import binarize_wikitext
-print(binarize_wikitext(sys.argv[2], nwords=int(sys.argv[3])))" "$REPO_ROOT/scripts" "$REPO_ROOT/build/data" "$NWORDS")
+        LM_DATA="$("$PYTHON" "$REPO_ROOT/scripts/binarize_bundled.py" "$REPO_ROOT/build/data" --corpus wikitext \
+            --nwords "$NWORDS" | tail -n 1)"
+        [[ -f "$LM_DATA/dict.txt" ]] || die "binarization failed ($LM_DATA)"
         echo "data: $LM_DATA  out: $OUT  updates: $UPDATES x $BATCH x $TOKENS tokens  seed: $SEED"
     fi
     for name in $RUNS; do
