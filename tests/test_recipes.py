@@ -728,3 +728,15 @@ def test_wikitext2_comparisons_train_every_run_alike(name, runs, own, tmp_path):
                   env={**env, "RUNS": f"{runs[0]} nope"})
     assert refused.returncode != 0 and "RUNS: unknown run 'nope'" in refused.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_comparison_waits_for_both_runs_and_names_the_one_that_failed(tmp_path):
+    """compare_on_bundled_ende (examples/common.sh) runs the two models in parallel: when one
+    fails, the script still waits for the other, then exits non-zero naming the failed one
+    (before, the first failure ended the script and left the second run going on its own)."""
+    script = EXAMPLES / "translation" / "subformer_vs_transformer.sh"
+    proc = run(script, str(tmp_path), "--max-update", "2", "--max-tokens", "512",
+               "--subformer-lr", "not-a-rate", cwd=tmp_path, expect_ok=False)
+    assert proc.returncode != 0
+    assert f"subformer failed: see the logs under {tmp_path}/subformer" in proc.stderr
+    assert (tmp_path / "transformer" / "generate.log").stat().st_size > 0  # the other one finished
