@@ -31,11 +31,12 @@ Runs are independent and **resumable**: each finished run leaves ``runs/<tag>/ru
 reused by a later call with the same settings, so a long study can be stopped and restarted,
 or extended by more widths, rates or seeds; a run stopped half-way goes on from the
 ``checkpoint_last.pt`` of its last validation. ``--jobs N`` trains N runs at a time
-(``--threads`` threads each). ``--dry-run`` trains nothing and lists what the same command would
+(``--threads`` threads each); each model goes on to its next phase as soon as its own runs of
+the previous one have finished, so a free core never waits for other models' runs. ``--dry-run`` trains nothing and lists what the same command would
 train next (finished, resumable, still to run) with the wall time the finished runs suggest.
 
 Output (``--out``, default ``results/<name>``): ``results.json`` (every run, every valid point),
-``table.md`` (rewritten after every phase: every run, each best point against the baseline
+``table.md`` (rewritten after every finished run: every run, each best point against the baseline
 frontier, each model's position over its widths, when the ranking of the models settled, and a
 per-width comparison with a seed-spread verdict), ``valid_loss_<corpus>.png`` (valid-loss curves
 of every best point, mean over seeds) and ``params_vs_quality.png`` (valid loss, and BLEU for
@@ -53,6 +54,7 @@ Example::
 import argparse
 import collections
 import concurrent.futures
+import heapq
 import json
 import math
 import os
@@ -869,12 +871,6 @@ def resumable(save_dir, argv, args):
             os.path.join(save_dir, "checkpoint_last.pt"))
 
 
-def resumable_first(jobs, data, args):
-    """``jobs`` with those that resume an interrupted attempt first (in order otherwise), so that a
-    restarted study does not leave a half-done run waiting behind fresh ones."""
-    return sorted(jobs, key=lambda job: not resumable(job.save_dir, job_argv(job, data, args), args))
-
-
 def execute_run(job, data, args):
     """Train (and for en-de translate) one run; reuse its run.json when it already finished."""
     corpus, label, arch, overrides, baseline, dim, lr, seed, save_dir = job
@@ -1012,19 +1008,43 @@ def main(argv=None):
         if not args.frontier_baseline and recorded.frontier_baseline:
             baseline_label = {c: recorded.frontier_baseline for c in ("ende", "wikitext")}
     sweep_dims = [args.lr_sweep_dim] if args.lr_sweep_dim else args.dims
-    # seed-major, then width (small first), then model, then rate: a partial result already has
-    # every model's best rate at the smaller widths
-    jobs = []
 
     def job(corpus, label, arch, overrides, baseline, dim, lr, seed):
         tag = run_tag(corpus, label, dim, lr, seed, len(args.dims) == 1, len(args.lrs) == 1)
         return Job(corpus, label, arch, overrides, baseline, dim, lr, seed, os.path.join(out_dir, "runs", tag))
 
-    for seed in args.seeds:
-        for dim in sweep_dims:
-            for entry in plan:
-                for lr in args.lrs:
-                    jobs.append(job(*entry, dim, lr, seed))
+    def best_rate():
+        return {(r["corpus"], r["label"], r["dim"]): r["lr"] for r in best_rows(summarise(runs))}
+
+    def model_phases(entry):
+        """One model's phases in order, each (what, [((seed, width, rate), job)]), planned from the
+        finished runs when the model's previous phase has finished. The triple ranks the jobs of a
+        phase across models: seed, then width (narrowest first unless said), then model, then rate."""
+        corpus, label = entry[0], entry[1]
+        seed_rank = {seed: i for i, seed in enumerate(args.seeds)}
+        yield "the learning-rate sweep", [((seed_rank[seed], dim, i), job(*entry, dim, lr, seed))
+                                          for seed in args.seeds for dim in sweep_dims
+                                          for i, lr in enumerate(args.lrs)]
+        for _ in range(args.lr_extend):
+            # a best rate at the edge of the grid says the optimum may lie beyond it: one more step
+            yield "extending the learning-rate grid where the best rate is at its edge", [
+                ((seed_rank[seed], dim, 0), job(*entry, dim, lr, seed)) for seed in args.seeds for dim in sweep_dims
+                for lr in [edge_rate(runs, corpus, label, dim, args.lrs)] if lr]
+        if args.lr_sweep_dim:
+            lr = best_rate()[(corpus, label, args.lr_sweep_dim)]
+            yield f"the other widths at its best rate at width {args.lr_sweep_dim}", [
+                ((seed_rank[seed], dim, 0), job(*entry, dim, lr, seed))
+                for seed in args.seeds for dim in args.dims if dim != args.lr_sweep_dim]
+        for _ in range(1 + args.lr_extend if args.lr_width_check and args.lr_sweep_dim else 0):
+            # widest first: a carried-over rate too high for a wider model is the costlier error
+            yield "one rate step at the other widths: lower when wider, higher when narrower", [
+                ((seed_rank[seed], -dim, 0), job(*entry, dim, lr, seed)) for seed in args.seeds for dim in args.dims
+                for lr in [rate_step_with_width(runs, corpus, label, dim, args.lr_sweep_dim, args.lrs)] if lr]
+        if args.confirm_seeds:
+            best = best_rate()
+            yield f"confirming the best learning rates with seeds {','.join(map(str, args.confirm_seeds))}", [
+                ((seed, dim, 0), job(*entry, dim, best[(corpus, label, dim)], seed))
+                for seed in args.confirm_seeds for dim in args.dims]
 
     def save():
         with open(os.path.join(out_dir, "results.json.tmp"), "w") as f:
@@ -1032,90 +1052,90 @@ def main(argv=None):
                        "rows": summarise(runs)}, f, indent=1)
         os.replace(os.path.join(out_dir, "results.json.tmp"), os.path.join(out_dir, "results.json"))
 
+    # Each model goes through its phases on its own: a model's next phase is planned as soon as
+    # its own runs of the previous one have finished, so no core waits at a phase barrier for the
+    # other models' last runs. A free core takes the first ready run in this order: runs that
+    # resume an interrupted attempt, then earlier phases, then the order of model_phases (so a
+    # partial study has every model's sweep first, and with --jobs 1 the order is phase by phase).
+    jobs = []  # every planned run, in the order it was taken
+    rank = {}  # save_dir -> (phase, seed, width, model, rate): the order of results.json
     finished = {}
     pending = []  # --dry-run: the jobs a real call would train, in order
+    queue = []  # heap of (not resuming, *rank, job)
+    phases = {i: model_phases(entry) for i, entry in enumerate(plan)}
+    phase_of = {i: -1 for i in phases}
+    unfinished = {i: set() for i in phases}  # save_dirs of each model's current phase
 
-    def execute(phase_jobs):
+    def plan_next_phase(i):
+        """Plan model i's next phase with runs not planned yet (False when it has no more)."""
+        while True:
+            try:
+                what, keyed = next(phases[i])
+            except StopIteration:
+                return False
+            phase_of[i] += 1
+            planned = set(rank)
+            new = [(order, j) for order, j in keyed if j.save_dir not in planned]
+            if not new:
+                continue
+            if phase_of[i] and not args.dry_run:
+                log(f"{plan[i][1]}: {what}: {len(new)} more run{'s' if len(new) > 1 else ''}")
+            for (seed, dim, lr_rank), j in new:
+                rank[j.save_dir] = (phase_of[i], seed, dim, i, lr_rank)
+                unfinished[i].add(j.save_dir)
+                resumes = resumable(j.save_dir, job_argv(j, data, args), args)
+                heapq.heappush(queue, (not resumes, *rank[j.save_dir], j))
+            return True
+
+    def record(j, run):
         nonlocal runs
-        phase_jobs = resumable_first(phase_jobs, data, args)
-        if args.dry_run:
-            for j in phase_jobs:
-                run = recorded_run(j, job_argv(j, data, args), args)
-                if run is None:
-                    pending.append(j)
-                else:
-                    finished[j.save_dir] = run
-            runs = [finished[j.save_dir] for j in jobs if j.save_dir in finished]
-            return
+        finished[j.save_dir] = run
+        runs = [finished[d] for d in sorted(finished, key=rank.__getitem__)]
+        i = next(i for i, entry in enumerate(plan) if (entry[0], entry[1]) == (j.corpus, j.label))
+        unfinished[i].discard(j.save_dir)
+        if not unfinished[i]:
+            plan_next_phase(i)
+            return True
+        return False
+
+    for i in phases:
+        plan_next_phase(i)
+    if args.dry_run:
+        while queue:
+            j = heapq.heappop(queue)[-1]
+            jobs.append(j)
+            run = recorded_run(j, job_argv(j, data, args), args)
+            if run is None:
+                pending.append(j)  # its model's later phases wait for it
+            else:
+                record(j, run)
+    elif queue:
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            futures = {pool.submit(execute_run, job, data, args): job for job in phase_jobs}
-            for future in concurrent.futures.as_completed(futures):
-                corpus, label, _arch, _o, _b, dim, lr, seed, save_dir = futures[future]
-                try:
-                    run, reused = future.result()
-                except BaseException:
-                    for other in futures:
-                        other.cancel()  # finished runs are saved; a re-run resumes from them
-                    raise
-                finished[save_dir] = run
-                runs = [finished[j.save_dir] for j in jobs if j.save_dir in finished]
-                save()
-                # a study stopped between phases keeps a table of every finished run (the plots
-                # are redrawn at the end of each phase)
-                write_report(runs, args, baseline_label, out_dir, plots=False)
-                log(f"[{len(finished)}/{len(jobs)}] {corpus} {label} d{dim} lr {fmt_lr(lr)} seed {seed}: "
-                    + ("reused, " if reused else "")
-                    + f"valid ppl {run['valid_ppl']:.2f} after {run['updates']} updates"
-                    + (f", BLEU {run['test_bleu']}" if run.get("test_bleu") is not None else "")
-                    + f" ({run['train_seconds']:.0f} s)")
-
-    def ready():
-        """The plan entries whose earlier runs have all finished (a dry run cannot plan the
-        later phases of a model that still has runs to train)."""
-        waiting = {(j.corpus, j.label) for j in pending}
-        return [entry for entry in plan if (entry[0], entry[1]) not in waiting]
-
-    def add_phase(phase_jobs, what):
-        planned = {j.save_dir for j in jobs}
-        phase_jobs = [j for j in phase_jobs if j.save_dir not in planned]
-        if phase_jobs:
-            jobs.extend(phase_jobs)
-            if not args.dry_run:
-                log(f"{what}: {len(phase_jobs)} more runs")
-            execute(phase_jobs)
-        if not args.dry_run:
-            write_report(runs, args, baseline_label, out_dir)  # a stopped study keeps a current report
-
-    execute(jobs)
-    if not args.dry_run and not args.report_only:
-        write_report(runs, args, baseline_label, out_dir)
-    for _ in range(args.lr_extend if plan else 0):
-        # a best rate at the edge of the grid says the optimum may lie beyond it: try one more step
-        add_phase([job(*entry, dim, lr, seed) for seed in args.seeds for dim in sweep_dims
-                   for entry in ready() for lr in [edge_rate(runs, entry[0], entry[1], dim, args.lrs)] if lr],
-                  "extending the learning-rate grid where the best rate is at its edge")
-
-    def best_rate():
-        return {(r["corpus"], r["label"], r["dim"]): r["lr"] for r in best_rows(summarise(runs))}
-
-    if args.lr_sweep_dim and plan:
-        best = best_rate()
-        add_phase([job(*entry, dim, best[(entry[0], entry[1], args.lr_sweep_dim)], seed)
-                   for seed in args.seeds for dim in args.dims if dim != args.lr_sweep_dim
-                   for entry in ready()],
-                  f"the other widths at each model's best rate at width {args.lr_sweep_dim}")
-    for _ in range(1 + args.lr_extend if args.lr_width_check and args.lr_sweep_dim and plan else 0):
-        # widest first: a carried-over rate too high for a wider model is the costlier error
-        add_phase([job(*entry, dim, lr, seed) for seed in args.seeds for dim in sorted(args.dims, reverse=True)
-                   for entry in ready()
-                   for lr in [rate_step_with_width(runs, entry[0], entry[1], dim, args.lr_sweep_dim, args.lrs)]
-                   if lr],
-                  "one rate step at the other widths: lower when wider, higher when narrower")
-    if args.confirm_seeds and plan:
-        best = best_rate()
-        add_phase([job(*entry, dim, best[(entry[0], entry[1], dim)], seed)
-                   for seed in args.confirm_seeds for dim in args.dims for entry in ready()],
-                  f"confirming the best learning rates with seeds {','.join(map(str, args.confirm_seeds))}")
+            running = {}
+            while queue or running:
+                while queue and len(running) < args.jobs:
+                    j = heapq.heappop(queue)[-1]
+                    jobs.append(j)
+                    running[pool.submit(execute_run, j, data, args)] = j
+                done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in done:
+                    j = running.pop(future)
+                    try:
+                        run, reused = future.result()
+                    except BaseException:
+                        for other in running:
+                            other.cancel()  # finished runs are saved; a re-run resumes from them
+                        raise
+                    phase_done = record(j, run)
+                    save()
+                    # a stopped study keeps a table of every finished run; the plots are redrawn
+                    # whenever a model finishes a phase
+                    write_report(runs, args, baseline_label, out_dir, plots=phase_done)
+                    log(f"[{len(finished)}/{len(rank)}] {j.corpus} {j.label} d{j.dim} lr {fmt_lr(j.lr)} seed {j.seed}: "
+                        + ("reused, " if reused else "")
+                        + f"valid ppl {run['valid_ppl']:.2f} after {run['updates']} updates"
+                        + (f", BLEU {run['test_bleu']}" if run.get("test_bleu") is not None else "")
+                        + f" ({run['train_seconds']:.0f} s)")
 
     if args.dry_run:
         print(dry_run_report(jobs, pending, plan, runs, args, data))
@@ -1177,7 +1197,7 @@ def dry_run_report(jobs, pending, plan, runs, args, data):
     if later and (args.lr_extend or args.lr_sweep_dim or args.confirm_seeds):
         lines.append("Later phases (grid extension, other widths, width check, --confirm-seeds) of "
                      + ", ".join(later) + " depend on these runs' results and are planned once they finish.")
-    return "\n".join(["planned runs (in order; within a phase, the ones that resume go first):", *lines])
+    return "\n".join(["planned runs (in the order they would start: the ones that resume first, then phase by phase):", *lines])
 
 
 if __name__ == "__main__":

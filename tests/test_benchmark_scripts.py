@@ -4,6 +4,7 @@ import argparse
 import json
 import math
 import os
+import threading
 import time
 import types
 
@@ -388,6 +389,31 @@ def test_quality_second_seed_goes_width_by_width_narrowest_first(tmp_path, monke
         ("a", 32), ("b", 32), ("a", 64), ("b", 64), ("a", 128), ("b", 128)]
 
 
+def test_quality_free_core_starts_a_model_s_next_phase_without_waiting_for_the_others(tmp_path, monkeypatch):
+    """--jobs 2: while model b's last sweep run trains, the other core starts model a's width-32
+    run (a's sweep is finished), instead of idling at a phase barrier until b's run ends. The
+    slow run waits for that start (up to 20 s) and reports whether it came."""
+    started_a32 = threading.Event()
+    overlapped = []
+
+    def loss(label, dim, lr, seed):
+        if (label, dim) == ("a", 32):
+            started_a32.set()
+        if (label, dim, lr) == ("b", 64, 3e-3):
+            overlapped.append(started_a32.wait(timeout=20))
+        return 5.0 + lr + 1.0 / dim
+
+    monkeypatch.setattr(quality, "execute_run", fake_study_run(loss))
+    quality.main(["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
+                  "--dim", "32,64", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3", "--seeds", "1", "--jobs", "2",
+                  "--lm-model", "a=transformer_lm", "--lm-model", "b=transformer_lm"])
+    assert overlapped == [True]
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    # results.json keeps the phase order whatever the order the runs finished in
+    assert [(r["label"], r["dim"], r["lr"]) for r in runs] == [
+        ("a", 64, 1e-3), ("a", 64, 3e-3), ("b", 64, 1e-3), ("b", 64, 3e-3), ("a", 32, 1e-3), ("b", 32, 1e-3)]
+
+
 def test_quality_run_stopped_half_way_goes_first(tmp_path, monkeypatch):
     """A restarted study trains the runs that left a checkpoint before the others of the phase,
     instead of leaving a half-done run waiting behind new ones."""
@@ -646,9 +672,9 @@ def test_quality_dry_run_lists_the_next_runs_and_trains_nothing(tmp_path, monkey
 
 
 def test_quality_resumes_only_a_matching_attempt_first(tmp_path):
-    """A phase trains first the runs an interrupted attempt with the same settings can go on from;
-    a checkpoint_last.pt left by other settings (it will be deleted, the run starts afresh) does
-    not jump the queue."""
+    """Only an interrupted attempt with the same settings counts as one to go on from (and is
+    trained first); a checkpoint_last.pt left by other settings (it will be deleted, the run
+    starts afresh) does not jump the queue, and --no-resume resumes nothing."""
     args = quality.get_parser().parse_args(["--corpus", "wikitext", "--lm-data", "unused", "--dim", "32",
                                             "--lr", "1e-3,3e-3,1e-2", "--max-update", "300"])
     quality.check_args(quality.get_parser(), args)
@@ -662,9 +688,11 @@ def test_quality_resumes_only_a_matching_attempt_first(tmp_path):
         with open(os.path.join(job.save_dir, "started.json"), "w") as f:
             json.dump({"settings": quality.settings_key(quality.job_argv(settings_of, data, args))}, f)
         open(os.path.join(job.save_dir, "checkpoint_last.pt"), "w").close()
-    assert quality.resumable_first([fresh, stale, matching], data, args) == [matching, fresh, stale]
-    assert quality.resumable_first([fresh, stale, matching], data,
-                                   argparse.Namespace(**{**vars(args), "no_resume": True})) == [fresh, stale, matching]
+    resumes = [quality.resumable(job.save_dir, quality.job_argv(job, data, args), args)
+               for job in (fresh, stale, matching)]
+    assert resumes == [False, False, True]
+    assert not quality.resumable(matching.save_dir, quality.job_argv(matching, data, args),
+                                 argparse.Namespace(**{**vars(args), "no_resume": True}))
 
 
 @pytest.mark.slow
