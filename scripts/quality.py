@@ -1161,8 +1161,9 @@ def write_report(runs, args, baseline_label, out_dir, plots=True):
 
 
 def dry_run_report(jobs, pending, plan, runs, args, data):
-    """What a real call would do next: each planned run's state and, from the finished runs of the
-    same model and width, the wall time still needed."""
+    """What a real call would do next: each planned run's state and the wall time still needed,
+    from the finished runs of the same model and width (of any model at that width when the
+    model has none there yet)."""
     waiting = {(j.corpus, j.label) for j in pending}
     lines, seconds, unknown = [], 0.0, 0
     for j in jobs:
@@ -1179,7 +1180,9 @@ def dry_run_report(jobs, pending, plan, runs, args, data):
             with open(os.path.join(save_dir, "train.log")) as f:
                 points = parse_valid_points(f.read())
             done_updates = points[-1][0] if points else 0
+        # from the finished runs of the same model and width, else of any model at that width
         same = [r["train_seconds"] for r in runs if (r["corpus"], r["label"], r["dim"]) == (corpus, label, dim)]
+        same = same or [r["train_seconds"] for r in runs if (r["corpus"], r["dim"]) == (corpus, dim)]
         if same:
             seconds += statistics.mean(same) * (1.0 - done_updates / args.max_update)
         else:
@@ -1190,8 +1193,8 @@ def dry_run_report(jobs, pending, plan, runs, args, data):
     if unknown < len(pending):
         summary += f": about {seconds / 3600.0 / args.jobs:.1f} h of wall time at --jobs {args.jobs}"
     if unknown:
-        summary += (f"{', plus' if unknown < len(pending) else ';'} {unknown} run(s) with no finished run "
-                    "of the same model and width to estimate the time from")
+        summary += (f"{', plus' if unknown < len(pending) else ';'} {unknown} run(s) at a width with no "
+                    "finished run to estimate the time from")
     lines.append(summary)
     later = [entry[1] for entry in plan if (entry[0], entry[1]) in waiting]
     if later and (args.lr_extend or args.lr_sweep_dim or args.confirm_seeds):

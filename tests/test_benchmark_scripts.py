@@ -619,8 +619,8 @@ def test_quality_dry_run_lists_the_next_runs_and_trains_nothing(tmp_path, monkey
             "--lm-model", "b=transformer_lm --decoder-normalize-before", "--dry-run"]
     pending = quality.main(argv)
     assert [(j[1], j[5], j[6]) for j in pending] == [(m, 64, lr) for m in "ab" for lr in (1e-3, 3e-3)]
-    assert ("0 of 4 planned runs are done; 4 to train; 4 run(s) with no finished run of the same model "
-            "and width to estimate the time from") in capsys.readouterr().out
+    assert ("0 of 4 planned runs are done; 4 to train; 4 run(s) at a width with no finished run to "
+            "estimate the time from") in capsys.readouterr().out
 
     args = quality.get_parser().parse_args(argv)
     quality.check_args(quality.get_parser(), args)
@@ -660,6 +660,13 @@ def test_quality_dry_run_lists_the_next_runs_and_trains_nothing(tmp_path, monkey
     # the width-32 runs wait for both: b's sweep and a's extension are not finished
     assert "Later phases (grid extension, other widths, width check, --confirm-seeds) of a, b depend" in output
     assert not (tmp_path / "table.md").exists()
+    # a model with no finished run at a width is estimated from the other models' runs there
+    c64, c32 = (quality.Job("wikitext", "c", "transformer_lm", [], False, dim, 1e-3, 1, str(tmp_path / f"c{dim}"))
+                for dim in (64, 32))
+    finished = [record(a1, 6.0), record(a3, 5.0)]  # 600 s each
+    assert ("0 of 2 planned runs are done; 2 to train: about 0.2 h of wall time at --jobs 1, plus 1 run(s) "
+            "at a width with no finished run") in quality.dry_run_report([c64, c32], [c64, c32], [], finished,
+                                                                         args, {"wikitext": "DATA"})
     with pytest.raises(SystemExit):
         quality.main(argv + ["--report-only"])
     # every spec is checked at every width before anything trains: one line naming the model
