@@ -28,6 +28,12 @@ need_cmd() {
 
 PYTHON="${PYTHON:-python3}"
 NUM_WORKERS="${NUM_WORKERS:-$(nproc 2>/dev/null || echo 4)}"
+# glibc's malloc: keep blocks up to 256 MiB in the heap instead of taking fresh pages from the
+# kernel for every large tensor at every step (on CPU a third of the training time went to page
+# faults; the results are the same). The values of scripts/quality.py's ALLOCATOR_ENV; exported
+# values win. docs/TRAINING.md#cpu-memory-allocator
+export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-268435456}"
+export MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-1073741824}"
 CONNECT_TIMEOUT="${CONNECT_TIMEOUT:-15}"
 EXAMPLES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$EXAMPLES_DIR/.." && pwd)"

@@ -92,11 +92,21 @@ COMPLETION_MARKERS = {"fairseq-train": r"done training in [\d.]+ seconds",
                       "fairseq-generate": r"^Generate \S+ with beam=\d+: "}
 
 
-def run_tool(tool, argv, log_path, threads, append=False):
+# glibc's malloc serves a block above its mmap threshold (32 MiB at most) with fresh pages from the
+# kernel and hands them back when freed: the logits of a 2,048-token batch over 8,000 types (65 MB)
+# then cost a page fault per page at every step, a third of a CPU run's time. Keeping such blocks
+# in the heap gives the same results bit for bit, faster (docs/TRAINING.md#cpu-memory-allocator).
+# examples/common.sh sets the same; the caller's environment wins.
+ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+
+
+def run_tool(tool, argv, log_path, threads, append=False, allocator_env=True):
     """Run a fairseq console script, stream its output to ``log_path`` (continued when
-    ``append``); return the whole log."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               PYTHONWARNINGS="ignore")
+    ``append``); return the whole log. ``allocator_env=False`` runs it with glibc's default
+    malloc settings (scripts/bench_allocator.py)."""
+    env = dict(ALLOCATOR_ENV, **os.environ) if allocator_env else {
+        k: v for k, v in os.environ.items() if k not in ALLOCATOR_ENV}
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")
     cmd = [os.path.join(BIN, tool), *argv]
     with open(log_path, "a" if append else "w") as f:  # streamed: progress can be followed
         f.write(" ".join(cmd) + "\n")
@@ -1067,36 +1077,51 @@ def main(argv=None):
     unfinished = {i: set() for i in phases}  # save_dirs of each model's current phase
 
     def plan_next_phase(i):
-        """Plan model i's next phase with runs not planned yet (False when it has no more)."""
+        """Plan model i's next phase that has runs not planned yet. Its runs that already finished
+        (their run.json) are taken at once, without a core, which may plan the phase after it."""
         while True:
             try:
                 what, keyed = next(phases[i])
             except StopIteration:
-                return False
+                return
             phase_of[i] += 1
-            planned = set(rank)
-            new = [(order, j) for order, j in keyed if j.save_dir not in planned]
-            if not new:
-                continue
-            if phase_of[i] and not args.dry_run:
-                log(f"{plan[i][1]}: {what}: {len(new)} more run{'s' if len(new) > 1 else ''}")
-            for (seed, dim, lr_rank), j in new:
-                rank[j.save_dir] = (phase_of[i], seed, dim, i, lr_rank)
-                unfinished[i].add(j.save_dir)
-                resumes = resumable(j.save_dir, job_argv(j, data, args), args)
-                heapq.heappush(queue, (not resumes, *rank[j.save_dir], j))
-            return True
+            new = [(order, j) for order, j in keyed if j.save_dir not in rank]
+            if new:
+                break
+        if phase_of[i] and not args.dry_run:
+            log(f"{plan[i][1]}: {what}: {len(new)} more run{'s' if len(new) > 1 else ''}")
+        done = []
+        for (seed, dim, lr_rank), j in new:
+            rank[j.save_dir] = (phase_of[i], seed, dim, i, lr_rank)
+            unfinished[i].add(j.save_dir)
+            argv = job_argv(j, data, args)
+            run = recorded_run(j, argv, args)
+            if run is not None:
+                done.append((j, run))
+            else:
+                heapq.heappush(queue, (not resumable(j.save_dir, argv, args), *rank[j.save_dir], j))
+        for j, run in done:
+            jobs.append(j)
+            record(j, run, reused=True)
 
-    def record(j, run):
+    def record(j, run, reused):
+        """Keep a finished run; plan its model's next phase when it was the phase's last one
+        (returns whether it was)."""
         nonlocal runs
         finished[j.save_dir] = run
         runs = [finished[d] for d in sorted(finished, key=rank.__getitem__)]
+        if not args.dry_run:
+            log(f"[{len(finished)}/{len(rank)}] {j.corpus} {j.label} d{j.dim} lr {fmt_lr(j.lr)} seed {j.seed}: "
+                + ("reused, " if reused else "")
+                + f"valid ppl {run['valid_ppl']:.2f} after {run['updates']} updates"
+                + (f", BLEU {run['test_bleu']}" if run.get("test_bleu") is not None else "")
+                + f" ({run['train_seconds']:.0f} s)")
         i = next(i for i, entry in enumerate(plan) if (entry[0], entry[1]) == (j.corpus, j.label))
         unfinished[i].discard(j.save_dir)
-        if not unfinished[i]:
-            plan_next_phase(i)
-            return True
-        return False
+        if unfinished[i]:
+            return False
+        plan_next_phase(i)
+        return True
 
     for i in phases:
         plan_next_phase(i)
@@ -1104,12 +1129,11 @@ def main(argv=None):
         while queue:
             j = heapq.heappop(queue)[-1]
             jobs.append(j)
-            run = recorded_run(j, job_argv(j, data, args), args)
-            if run is None:
-                pending.append(j)  # its model's later phases wait for it
-            else:
-                record(j, run)
-    elif queue:
+            pending.append(j)  # not finished: its model's later phases wait for it
+    elif plan:
+        if finished:  # runs reused from an earlier call
+            save()
+            write_report(runs, args, baseline_label, out_dir, plots=False)
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
             running = {}
             while queue or running:
@@ -1126,16 +1150,11 @@ def main(argv=None):
                         for other in running:
                             other.cancel()  # finished runs are saved; a re-run resumes from them
                         raise
-                    phase_done = record(j, run)
+                    phase_done = record(j, run, reused)
                     save()
                     # a stopped study keeps a table of every finished run; the plots are redrawn
                     # whenever a model finishes a phase
                     write_report(runs, args, baseline_label, out_dir, plots=phase_done)
-                    log(f"[{len(finished)}/{len(rank)}] {j.corpus} {j.label} d{j.dim} lr {fmt_lr(j.lr)} seed {j.seed}: "
-                        + ("reused, " if reused else "")
-                        + f"valid ppl {run['valid_ppl']:.2f} after {run['updates']} updates"
-                        + (f", BLEU {run['test_bleu']}" if run.get("test_bleu") is not None else "")
-                        + f" ({run['train_seconds']:.0f} s)")
 
     if args.dry_run:
         print(dry_run_report(jobs, pending, plan, runs, args, data))

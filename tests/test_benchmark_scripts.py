@@ -288,6 +288,46 @@ def test_run_tool_keeps_work_finished_before_a_crash_at_exit(tmp_path, monkeypat
         quality.run_tool("fairseq-train", [], str(tmp_path / "train3.log"), 1)
 
 
+def test_run_tool_keeps_large_blocks_in_the_heap_unless_the_caller_says_otherwise(tmp_path, monkeypatch):
+    """fairseq tools started by quality.py get glibc's malloc settings that keep large blocks in
+    the heap (docs/TRAINING.md#cpu-memory-allocator); a value the caller exported wins."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setattr(quality, "BIN", str(bin_dir))
+    _fake_tool(bin_dir, "fairseq-train", 'echo "mmap=$MALLOC_MMAP_THRESHOLD_ trim=$MALLOC_TRIM_THRESHOLD_"')
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    output = quality.run_tool("fairseq-train", [], str(tmp_path / "a.log"), 1)
+    assert f"mmap={256 * 2 ** 20} trim={2 ** 30}" in output
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    assert f"mmap=131072 trim={2 ** 30}" in quality.run_tool("fairseq-train", [], str(tmp_path / "b.log"), 1)
+
+
+def test_bench_allocator_times_both_settings_side_by_side(tmp_path, monkeypatch, capsys):
+    """scripts/bench_allocator.py trains every model with glibc's default settings (no MALLOC_*
+    variables, even when the caller exported one) and with quality.ALLOCATOR_ENV (the caller's
+    value winning), and reports the ratio of fairseq's training times and whether the valid
+    losses agree."""
+    import bench_allocator
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setattr(quality, "BIN", str(bin_dir))
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    valid = 'x | valid | {"valid_loss": "7.0", "valid_nll_loss": "7.0", "valid_ppl": "128", "valid_num_updates": "2"}'
+    _fake_tool(bin_dir, "fairseq-train", f"echo '{valid}'\n"
+               # 3 s with no MALLOC_* variable, 2 s with the heap settings and the caller's threshold
+               'case "${MALLOC_MMAP_THRESHOLD_:-unset}/${MALLOC_TRIM_THRESHOLD_:-unset}" in\n'
+               '  unset/unset) s=3.0 ;; 131072/1073741824) s=2.0 ;; *) s=9.0 ;;\n'
+               'esac\necho "done training in $s seconds"')
+    bench_allocator.main(["--corpus", "wikitext", "--lm-data", str(tmp_path), "--dim", "32", "--max-update", "2",
+                          "--repeats", "1", "--lm-model", "tied=transformer_lm --share-decoder-input-output-embed"])
+    table = capsys.readouterr().out
+    assert "| transformer_lm | 3.0 (3.0–3.0) |" in table and "| 2.0 (2.0–2.0) |" in table
+    assert table.count("| 1.50× | yes |") == 2
+    with pytest.raises(SystemExit):
+        bench_allocator.main(["--corpus", "both"])
+
+
 def fake_study_run(loss_of, calls=None):
     """An ``execute_run`` stand-in: the record of a one-validation run of ``job`` whose valid NLL is
     ``loss_of(label, dim, lr, seed)`` (it may raise to stop the study there); each job is also
@@ -412,6 +452,42 @@ def test_quality_free_core_starts_a_model_s_next_phase_without_waiting_for_the_o
     # results.json keeps the phase order whatever the order the runs finished in
     assert [(r["label"], r["dim"], r["lr"]) for r in runs] == [
         ("a", 64, 1e-3), ("a", 64, 3e-3), ("b", 64, 1e-3), ("b", 64, 3e-3), ("a", 32, 1e-3), ("b", 32, 1e-3)]
+
+
+def test_quality_restarted_study_takes_finished_runs_without_a_core(tmp_path, monkeypatch):
+    """A restarted study takes the runs that already finished (their run.json) at once, without
+    waiting for a free core behind the runs that train, so the next phase of a model whose runs
+    are all finished is planned right away. Here a's finished sweep runs never reach execute_run;
+    b's stopped run resumes first, and a's width-32 run waits only for b's sweep (an earlier
+    phase), not for a core to read a's run.json files."""
+    calls = []
+    monkeypatch.setattr(quality, "execute_run", fake_study_run(lambda label, dim, lr, seed: 5.0 + lr + 1.0 / dim, calls))
+    argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
+            "--dim", "32,64", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3", "--seeds", "1",
+            "--lm-model", "a=transformer_lm", "--lm-model", "b=transformer_lm"]
+    args = quality.get_parser().parse_args(argv)
+    quality.check_args(quality.get_parser(), args)
+    quality.load_plugin()
+    data = {"wikitext": str(tmp_path)}
+
+    def sweep_job(label, lr):
+        return quality.Job("wikitext", label, "transformer_lm", [], False, 64, lr, 1,
+                           str(tmp_path / "runs" / quality.run_tag("wikitext", label, 64, lr, 1, False, False)))
+    for lr in (1e-3, 3e-3):  # a's sweep finished in an earlier call
+        job = sweep_job("a", lr)
+        os.makedirs(job.save_dir)
+        run = _curve_run("a", 64, lr, 1, [(1, 5.0 + lr + 1.0 / 64)])
+        run["settings"] = quality.settings_key(quality.job_argv(job, data, args))
+        (tmp_path / "runs" / os.path.basename(job.save_dir) / "run.json").write_text(json.dumps(run))
+    b1 = sweep_job("b", 1e-3)  # b's first sweep run was stopped half-way
+    os.makedirs(b1.save_dir)
+    (tmp_path / "runs" / os.path.basename(b1.save_dir) / "started.json").write_text(
+        json.dumps({"settings": quality.settings_key(quality.job_argv(b1, data, args))}))
+    (tmp_path / "runs" / os.path.basename(b1.save_dir) / "checkpoint_last.pt").write_bytes(b"")
+    quality.main(argv)
+    assert [(job.label, job.dim, job.lr) for job in calls] == [
+        ("b", 64, 1e-3), ("b", 64, 3e-3), ("a", 32, 1e-3), ("b", 32, 1e-3)]
+    assert len(json.loads((tmp_path / "results.json").read_text())["runs"]) == 6
 
 
 def test_quality_run_stopped_half_way_goes_first(tmp_path, monkeypatch):

@@ -136,6 +136,20 @@ def _bash_with_common(code: str, stdin: str, tmp_path: Path) -> str:
     return proc.stdout
 
 
+def test_recipes_keep_large_blocks_in_the_heap_as_quality_py_does(tmp_path, monkeypatch):
+    """examples/common.sh exports the malloc settings of scripts/quality.py's ALLOCATOR_ENV (one
+    set of values for every launcher), and a value the caller exported wins."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import quality
+    for name in quality.ALLOCATOR_ENV:
+        monkeypatch.delenv(name, raising=False)
+    code = 'for v in ' + " ".join(quality.ALLOCATOR_ENV) + '; do printf "%s=%s\\n" "$v" "$(printenv "$v")"; done'
+    out = _bash_with_common(code, "", tmp_path)
+    assert out.splitlines() == [f"{k}={v}" for k, v in quality.ALLOCATOR_ENV.items()]
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "4096")
+    assert "MALLOC_TRIM_THRESHOLD_=4096" in _bash_with_common(code, "", tmp_path).splitlines()
+
+
 def test_romanian_normalisation_removes_diacritics(tmp_path):
     text = "Ţara şi înţelegerea „bună” cu ŞTIRI, ăsta\n"
     out = _bash_with_common("romanian_normalise", text, tmp_path)
