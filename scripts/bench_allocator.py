@@ -82,7 +82,8 @@ def main(argv=None):
         speedup = (statistics.mean(r[0] for r in results[(label, False)])
                    / statistics.mean(r[0] for r in results[(label, True)]))
         same = {r[3] for r in results[(label, False)] + results[(label, True)]}
-        print(f"| {label} | {' | '.join(cells)} | {speedup:.2f}× | {'yes' if len(same) == 1 else 'no: ' + str(sorted(same))} |")
+        agree = "yes" if len(same) == 1 else f"no: {sorted(same)}"
+        print(f"| {label} | {' | '.join(cells)} | {speedup:.2f}× | {agree} |")
 
 
 if __name__ == "__main__":

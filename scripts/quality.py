@@ -32,8 +32,9 @@ reused by a later call with the same settings, so a long study can be stopped an
 or extended by more widths, rates or seeds; a run stopped half-way goes on from the
 ``checkpoint_last.pt`` of its last validation. ``--jobs N`` trains N runs at a time
 (``--threads`` threads each); each model goes on to its next phase as soon as its own runs of
-the previous one have finished, so a free core never waits for other models' runs. ``--dry-run`` trains nothing and lists what the same command would
-train next (finished, resumable, still to run) with the wall time the finished runs suggest.
+the previous one have finished, so a free core never waits for other models' runs.
+``--dry-run`` trains nothing and lists what the same command would train next (finished,
+resumable, still to run) with the wall time the finished runs suggest.
 
 Output (``--out``, default ``results/<name>``): ``results.json`` (every run, every valid point),
 ``table.md`` (rewritten after every finished run: every run, each best point against the baseline
