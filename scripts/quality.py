@@ -360,8 +360,31 @@ def interpolate(points, x):
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0), True
 
 
+def frontier_labels(baseline_label, corpus):
+    """The labels whose points make up ``corpus``'s frontier (``--frontier-baseline A,B``)."""
+    return baseline_label[corpus].split(",")
+
+
+def frontier_name(baseline_label, corpus):
+    return " + ".join(f"`{label}`" for label in frontier_labels(baseline_label, corpus))
+
+
+def frontier_points(best, corpus, labels):
+    """The frontier of ``labels``' best points: (log10 params, valid NLL, its std) by parameters,
+    keeping a point only when it beats every point with fewer parameters (with several labels,
+    the best of them at each size; one model whose loss falls with width keeps every width)."""
+    points = sorted((math.log10(r["params"]), r["valid_nll"][0], r["valid_nll"][1])
+                    for r in best if r["corpus"] == corpus and r["label"] in labels and r["params"])
+    front = []
+    for point in points:
+        if not front or point[1] < front[-1][1]:
+            front.append(point)
+    return front
+
+
 def frontier_rows(best, baseline_label):
-    """Each best point against the baseline's frontier (valid NLL over log10 params).
+    """Each best point against the baseline's frontier (valid NLL over log10 params; with several
+    baseline labels, the best of them at each size: :func:`frontier_points`).
 
     ``delta_nll``: the point's valid NLL minus the baseline frontier's at the same parameter count
     (negative = better), with the spread ``sqrt(std_point^2 + std_baseline^2)`` (baseline std taken
@@ -371,9 +394,9 @@ def frontier_rows(best, baseline_label):
     """
     out = []
     for corpus in sorted({r["corpus"] for r in best}):
-        base = sorted(((math.log10(r["params"]), r["valid_nll"][0], r["valid_nll"][1])
-                       for r in best if r["corpus"] == corpus and r["label"] == baseline_label[corpus]
-                       and r["params"]), key=lambda p: p[0])
+        if corpus not in baseline_label:
+            continue
+        base = frontier_points(best, corpus, frontier_labels(baseline_label, corpus))
         if not base:
             continue
         curve = [(x, y) for x, y, _ in base]
@@ -421,7 +444,8 @@ def compare_to_baseline(runs, baseline_label):
     out = []
     for row in best:
         corpus = row["corpus"]
-        bases = [b for b in best if b["corpus"] == corpus and b["label"] == baseline_label[corpus]]
+        first = frontier_labels(baseline_label, corpus)[0]  # the per-width comparison: the first label
+        bases = [b for b in best if b["corpus"] == corpus and b["label"] == first]
         base = next((b for b in bases if b["dim"] == row["dim"]), bases[0] if len(bases) == 1 else None)
         if base is None or base is row:
             continue
@@ -536,7 +560,8 @@ def comparison_markdown(runs, baseline_label):
     titles = dict((("ende", "en-de (bundled)"), ("wikitext", "WikiText-2 (bundled)")))
     rows = compare_to_baseline(runs, baseline_label)
     for corpus in sorted({r["corpus"] for r in rows}):
-        lines += [f"**{titles[corpus]}: each model against `{baseline_label[corpus]}` (best learning "
+        rows_of = [r for r in rows if r["corpus"] == corpus]
+        lines += [f"**{titles[corpus]}: each model against `{rows_of[0]['baseline']}` (best learning "
                   "rates)**", "",
                   "A difference is claimed only when the seed ranges of valid NLL do not overlap.", "",
                   "| model | params | × baseline | valid PPL | Δ valid NLL (bits) | seeds: model | seeds: "
@@ -593,7 +618,7 @@ def markdown(rows, args, baseline_label):
         if not subset:
             continue
         lines += [f"**{title}: best learning rate per model and width, against the "
-                  f"`{baseline_label[corpus]}` frontier**", "",
+                  f"{frontier_name(baseline_label, corpus)} frontier**", "",
                   "Δ NLL = valid NLL (bits/token) minus the baseline frontier's at the same parameter "
                   "count (negative = better; ± combines both seed spreads; *extrap.* = outside the "
                   "baseline's sizes). params ratio = parameters over those the baseline needs for the "
@@ -611,9 +636,11 @@ def markdown(rows, args, baseline_label):
                 cells.append(fmt(*f["test_bleu"]))
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        # one baseline is its own frontier; of several, each is shown against the best of them
         families = [s for s in family_summary(subset) if s["label"] != baseline_label[corpus]]
         if families:
-            lines += [f"**{title}: each model against the `{baseline_label[corpus]}` frontier, over its widths**", "",
+            lines += [f"**{title}: each model against the {frontier_name(baseline_label, corpus)} frontier, "
+                      "over its widths**", "",
                       "| model | widths | Δ NLL vs frontier (bits), smallest width first | params ratio at equal "
                       "NLL | where it sits |", "|---|---|---|---|---|"]
             for fam in families:
@@ -658,9 +685,12 @@ def plot(runs, rows, out_dir, baseline_label=None):
     colour = {label: cycle[i % len(cycle)] for i, label in enumerate(sorted({r["label"] for r in runs}))}
 
     def look(label, frontier):
-        """The line of ``label``: its colour, or a thick dashed black line for the frontier baseline."""
-        if label == frontier:
-            return dict(color="black", linestyle="--", linewidth=2.2, label=f"{label} (frontier)", zorder=3)
+        """The line of ``label``: its colour, or a thick dashed line for a frontier baseline (black
+        for the first, grey for any other)."""
+        labels = frontier.split(",") if frontier else []
+        if label in labels:
+            return dict(color="black" if label == labels[0] else "grey", linestyle="--", linewidth=2.2,
+                        label=f"{label} (frontier)", zorder=3)
         return dict(color=colour[label], label=label)
     for corpus in sorted({r["corpus"] for r in runs}):
         frontier = (baseline_label or {}).get(corpus)
@@ -733,9 +763,10 @@ def get_parser():
     p.add_argument("--lm-model", action="append", default=[], metavar="MODEL", help="WikiText-2 LM spec")
     p.add_argument("--corpus", choices=["ende", "wikitext", "both"], default="both")
     p.add_argument("--no-baseline", action="store_true", help="do not add fairseq's transformer(_lm)")
-    p.add_argument("--frontier-baseline", metavar="LABEL",
+    p.add_argument("--frontier-baseline", metavar="LABEL[,LABEL...]",
                    help="label whose frontier the others are measured against (default: fairseq's "
-                        "transformer / transformer_lm of the plan)")
+                        "transformer / transformer_lm of the plan); with several, the frontier is the "
+                        "best of them at each size, and the per-width comparison uses the first")
     p.add_argument("--name", default="quality")
     p.add_argument("--out")
     p.add_argument("--dim", dest="dims", type=_int_list, default=[256], metavar="D[,D...]",
@@ -984,7 +1015,14 @@ def main(argv=None):
         raise SystemExit("quality.py: nothing to run (give --model / --lm-model, or drop --no-baseline)")
     baseline_label = {c: args.frontier_baseline or BASELINES[c] for c in ("ende", "wikitext")}
 
+    def check_frontier_labels(labels):
+        unknown = [label for label in (args.frontier_baseline or "").split(",") if label and label not in labels]
+        if unknown:
+            parser.error(f"--frontier-baseline: {', '.join(unknown)} is not a model of the study "
+                         f"(its models: {', '.join(dict.fromkeys(labels))})")
+
     if not args.report_only:
+        check_frontier_labels([entry[1] for entry in plan])
         check_specs(plan, args)
     data = {}
     if args.report_only or args.dry_run:
@@ -1018,6 +1056,7 @@ def main(argv=None):
             setattr(args, name, getattr(recorded, name))
         if not args.frontier_baseline and recorded.frontier_baseline:
             baseline_label = {c: recorded.frontier_baseline for c in ("ende", "wikitext")}
+        check_frontier_labels([r["label"] for r in runs])
     sweep_dims = [args.lr_sweep_dim] if args.lr_sweep_dim else args.dims
 
     def job(corpus, label, arch, overrides, baseline, dim, lr, seed):

@@ -611,6 +611,39 @@ def test_quality_frontier_and_verdict_helpers():
     assert cmp["delta_nll"] == pytest.approx(0.5) and cmp["verdict"].startswith("worse")
 
 
+def test_quality_frontier_of_several_baselines_is_the_best_of_them_at_each_size(tmp_path, capsys):
+    """--frontier-baseline A,B: the frontier is made of the points of A and B that beat every point
+    with fewer parameters (a larger point that loses drops out), the report names both, and the
+    per-width comparison uses A. An unknown label is a one-line error naming the study's models."""
+    runs = [_curve_run(label, dim, 1e-3, seed, [(10, nll + 0.01 * seed)], params=params)
+            for label, dim, params, nll in (("a", 32, 100, 5.0), ("a", 64, 400, 4.0), ("b", 32, 200, 4.2),
+                                            ("b", 64, 800, 4.1), ("slim", 64, 800, 3.8))
+            for seed in (1, 2)]
+    best = quality.best_rows(quality.summarise(runs))
+    front = quality.frontier_points(best, "wikitext", ["a", "b"])
+    assert [(round(10 ** x), round(y, 3)) for x, y, _ in front] == [(100, 5.015), (200, 4.215), (400, 4.015)]
+    assert quality.frontier_points(best, "wikitext", ["b"]) == [
+        (math.log10(200), pytest.approx(4.215), pytest.approx(0.00707, abs=1e-5)),
+        (math.log10(800), pytest.approx(4.115), pytest.approx(0.00707, abs=1e-5))]
+    rows = {f["label"] + str(f["dim"]): f for f in quality.frontier_rows(best, {"wikitext": "a,b"})}
+    # at 800 parameters the frontier extrapolates the segment 200 -> 400 (4.215 -> 4.015) to 3.815
+    assert rows["slim64"]["delta_nll"] == pytest.approx(3.815 - 3.815, abs=1e-9) and rows["slim64"]["extrapolated"]
+    assert rows["b64"]["delta_nll"] == pytest.approx(4.115 - 3.815)
+    assert {c["baseline"] for c in quality.compare_to_baseline(runs, {"wikitext": "a,b"})} == {"a"}
+    (tmp_path / "results.json").write_text(json.dumps({"argv": [
+        "quality.py", "--corpus", "wikitext", "--lm-model", "b=transformer_lm", "--lm-model", "slim=transformer_lm",
+        "--no-baseline", "--dim", "32,64"], "runs": runs}))
+    quality.main(["--out", str(tmp_path), "--report-only", "--frontier-baseline", "a,b"])
+    table = (tmp_path / "table.md").read_text()
+    assert "against the `a` + `b` frontier, over its widths" in table
+    assert "| b | 32, 64 | +0.000 ± 0.010, +0.300 ± 0.010 (some *extrap.*) |" in table
+    assert "each model against `a` (best learning rates)" in table
+    with pytest.raises(SystemExit):
+        quality.main(["--out", str(tmp_path), "--report-only", "--frontier-baseline", "a,typo"])
+    assert ("--frontier-baseline: typo is not a model of the study (its models: a, b, slim)"
+            in capsys.readouterr().err)
+
+
 def _curve_run(label, dim, lr, seed, curve, params=1000, baseline=False):
     """A finished study run with the valid NLL ``curve`` [(updates, nll)]."""
     points = [[u, nll, nll, 2 ** nll] for u, nll in curve]
