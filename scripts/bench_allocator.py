@@ -44,17 +44,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.corpus == "both":
         parser.error("--corpus: give ende or wikitext")
-    args.threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "1"))
+    quality.check_args(parser, args)
     quality.load_plugin()
     specs = args.model if args.corpus == "ende" else args.lm_model
     models = ([] if args.no_baseline else [(quality.BASELINES[args.corpus], quality.BASELINES[args.corpus], [])])
     models += [quality.parse_model_spec(spec) for spec in specs]
-    if args.corpus == "ende":
-        from binarize_bundled import binarize_ende
-        data = args.ende_data or binarize_ende(eval_subset=args.eval_subset)
-    else:
-        from binarize_bundled import binarize_wikitext
-        data = args.lm_data or binarize_wikitext(nwords=args.lm_vocab)
+    data = quality.corpus_data(args.corpus, args)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):

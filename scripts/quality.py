@@ -560,9 +560,8 @@ def comparison_markdown(runs, baseline_label):
     titles = dict((("ende", "en-de (bundled)"), ("wikitext", "WikiText-2 (bundled)")))
     rows = compare_to_baseline(runs, baseline_label)
     for corpus in sorted({r["corpus"] for r in rows}):
-        rows_of = [r for r in rows if r["corpus"] == corpus]
-        lines += [f"**{titles[corpus]}: each model against `{rows_of[0]['baseline']}` (best learning "
-                  "rates)**", "",
+        first = frontier_labels(baseline_label, corpus)[0]
+        lines += [f"**{titles[corpus]}: each model against `{first}` (best learning rates)**", "",
                   "A difference is claimed only when the seed ranges of valid NLL do not overlap.", "",
                   "| model | params | × baseline | valid PPL | Δ valid NLL (bits) | seeds: model | seeds: "
                   "baseline | train tok/s × baseline | verdict |",
@@ -637,7 +636,8 @@ def markdown(rows, args, baseline_label):
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         # one baseline is its own frontier; of several, each is shown against the best of them
-        families = [s for s in family_summary(subset) if s["label"] != baseline_label[corpus]]
+        labels = frontier_labels(baseline_label, corpus)
+        families = [s for s in family_summary(subset) if len(labels) > 1 or s["label"] != labels[0]]
         if families:
             lines += [f"**{title}: each model against the {frontier_name(baseline_label, corpus)} frontier, "
                       "over its widths**", "",
@@ -973,6 +973,23 @@ def remove_checkpoints(save_dir, keep_best):
             os.remove(os.path.join(save_dir, name))
 
 
+def corpus_data(corpus, args):
+    """The data-bin of ``corpus``: --ende-data / --lm-data, else the bundled corpus binarized
+    under build/data (cached), in which case an en-de without --bpe-codes gets its BPE codes."""
+    if corpus == "ende":
+        if args.ende_data:
+            return args.ende_data
+        from binarize_bundled import binarize_ende, ende_paths
+        data = binarize_ende(eval_subset=args.eval_subset)
+        args.bpe_codes = args.bpe_codes or ende_paths(
+            os.path.join(REPO_ROOT, "build", "data"), eval_subset=args.eval_subset)["codes"]
+        return data
+    if args.lm_data:
+        return args.lm_data
+    from binarize_bundled import binarize_wikitext
+    return binarize_wikitext(nwords=args.lm_vocab)
+
+
 def check_specs(plan, args):
     """Parse every model spec at every width with fairseq's parser and the plugin's option checks
     before anything trains, so that a bad spec stops the study with one line at once rather
@@ -1028,20 +1045,8 @@ def main(argv=None):
     if args.report_only or args.dry_run:
         corpora = []
         data = {corpus: "DATA" for corpus in ("ende", "wikitext")}  # not read: no run trains
-    if "ende" in corpora:
-        if args.ende_data:
-            data["ende"] = args.ende_data
-        else:
-            from binarize_bundled import binarize_ende, ende_paths
-            data["ende"] = binarize_ende(eval_subset=args.eval_subset)
-            args.bpe_codes = args.bpe_codes or ende_paths(
-                os.path.join(REPO_ROOT, "build", "data"), eval_subset=args.eval_subset)["codes"]
-    if "wikitext" in corpora:
-        if args.lm_data:
-            data["wikitext"] = args.lm_data
-        else:
-            from binarize_bundled import binarize_wikitext
-            data["wikitext"] = binarize_wikitext(nwords=args.lm_vocab)
+    for corpus in corpora:
+        data[corpus] = corpus_data(corpus, args)
 
     runs = []
     if args.report_only:
@@ -1156,7 +1161,7 @@ def main(argv=None):
                 + f"valid ppl {run['valid_ppl']:.2f} after {run['updates']} updates"
                 + (f", BLEU {run['test_bleu']}" if run.get("test_bleu") is not None else "")
                 + f" ({run['train_seconds']:.0f} s)")
-        i = next(i for i, entry in enumerate(plan) if (entry[0], entry[1]) == (j.corpus, j.label))
+        i = rank[j.save_dir][3]  # the model's index in the plan
         unfinished[i].discard(j.save_dir)
         if unfinished[i]:
             return False
@@ -1259,7 +1264,8 @@ def dry_run_report(jobs, pending, plan, runs, args, data):
     if later and (args.lr_extend or args.lr_sweep_dim or args.confirm_seeds):
         lines.append("Later phases (grid extension, other widths, width check, --confirm-seeds) of "
                      + ", ".join(later) + " depend on these runs' results and are planned once they finish.")
-    return "\n".join(["planned runs (in the order they would start: the ones that resume first, then phase by phase):", *lines])
+    return "\n".join(["planned runs (in the order they would start: the ones that resume first, then phase "
+                      "by phase):", *lines])
 
 
 if __name__ == "__main__":
