@@ -8,9 +8,9 @@
 #                  subformer_small), fairseq's default init. The paper's BERT-style init
 #                  (--bert-init, N(0, 0.02)) stalled a width-128 Subformer on this corpus at
 #                  9.9 bits (docs/RESULTS.md, "The Subformer at 6+6 layers"): opt in with
-#                  --bert-init. --pre-ln runs both models pre-LN, which trained the Subformer
-#                  best there;
-#   - transformer: fairseq's own `transformer` at that shape.
+#                  --bert-init. Pre-LN, which trained the Subformer best there (docs/TRAINING.md,
+#                  "Depth, post-LN and the Subformer"); --post-ln for the paper's post-LN;
+#   - transformer: fairseq's own `transformer` at that shape (post-LN; --pre-ln for pre-LN).
 # Reported per model: parameters, valid loss / nll / PPL (fairseq's masked per-token
 # perplexity, 2^nll) after the last update, test BLEU (beam 5, BPE removed, fairseq's default
 # tokenized BLEU), training tokens/s (fairseq's wps) and generation tokens/s (fairseq-generate).
@@ -19,7 +19,9 @@
 #
 # usage: subformer_vs_transformer.sh [OUT_DIR] [--max-update N] [--max-tokens N] [--seed S]
 #            [--log-interval N] [--lr LR] [--subformer-lr LR] [--same-width] [--bert-init]
-#            [--pre-ln] [--sequential] [--eval-only] [--dry-run]
+#            [--pre-ln | --post-ln] [--sequential] [--eval-only] [--dry-run]
+#        default: the Subformer pre-LN, the transformer post-LN (each as it trains best / as
+#        fairseq ships it); --pre-ln: both pre-LN; --post-ln: both post-LN (the paper's Subformer).
 #        --dry-run: print the two fairseq-train commands, run nothing. --eval-only: reuse the
 #        checkpoints of an earlier run (translate + report only). --lr sets both models' Adam
 #        rate (default 1e-3), --subformer-lr the Subformer's alone (default: --lr); on WikiText-2
@@ -38,7 +40,10 @@ PARALLEL=1
 EVAL_ONLY=0
 INIT=()
 DRY_RUN=0
-NORM=()
+PRE_LN=(--encoder-normalize-before --decoder-normalize-before)
+SUBFORMER_NORM=("${PRE_LN[@]}")
+TRANSFORMER_NORM=()
+NORM_FLAG=
 LR=1e-3
 SUBFORMER_LR=
 MIDDLE=(--sandwich-dim 384 --sandwich-ffn-dim 1024 --sandwich-heads 6)
@@ -53,7 +58,11 @@ while [[ $# -gt 0 ]]; do
         --subformer-lr) SUBFORMER_LR="$2"; shift 2 ;;
         --same-width) MIDDLE=(--sandwich-dim 256 --sandwich-ffn-dim 1024 --sandwich-heads 4); shift ;;
         --bert-init) INIT=(--bert-init); shift ;;
-        --pre-ln) NORM=(--encoder-normalize-before --decoder-normalize-before); shift ;;
+        --pre-ln | --post-ln)
+            [[ -z "$NORM_FLAG" || "$NORM_FLAG" == "$1" ]] || die "$NORM_FLAG and $1 exclude each other; allowed: one of them"
+            NORM_FLAG="$1"
+            if [[ "$1" == --pre-ln ]]; then TRANSFORMER_NORM=("${PRE_LN[@]}"); else SUBFORMER_NORM=(); fi
+            shift ;;
         --sequential) PARALLEL=0; shift ;;
         --eval-only) EVAL_ONLY=1; shift ;;
         --dry-run) DRY_RUN=1; shift ;;
@@ -66,12 +75,12 @@ done
 WARMUP=$(( MAX_UPDATE < 400 ? MAX_UPDATE / 2 : 200 ))
 SHAPE=(--encoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --encoder-layers 4
        --encoder-attention-heads 4 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024
-       --decoder-layers 4 --decoder-attention-heads 4 --dropout 0.1 --share-all-embeddings
-       ${NORM[@]+"${NORM[@]}"})
+       --decoder-layers 4 --decoder-attention-heads 4 --dropout 0.1 --share-all-embeddings)
 # a stalled model repeats itself: cap the hypotheses' length
 GENERATE_ARGS=(--max-len-a 1.2 --max-len-b 10)
 RUN_NOTE="lr: ${SUBFORMER_LR:-$LR} (subformer) / $LR (transformer)"
 compare_on_bundled_ende \
     subformer --user-dir "$(slim_user_dir)" --arch subformer_small --safe-embed-dim 128 \
-        "${MIDDLE[@]}" ${INIT[@]+"${INIT[@]}"} --lr "${SUBFORMER_LR:-$LR}" -- \
-    transformer --arch transformer --lr "$LR"
+        "${MIDDLE[@]}" ${INIT[@]+"${INIT[@]}"} ${SUBFORMER_NORM[@]+"${SUBFORMER_NORM[@]}"} \
+        --lr "${SUBFORMER_LR:-$LR}" -- \
+    transformer --arch transformer ${TRANSFORMER_NORM[@]+"${TRANSFORMER_NORM[@]}"} --lr "$LR"
