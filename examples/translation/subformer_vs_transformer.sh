@@ -40,9 +40,6 @@ PARALLEL=1
 EVAL_ONLY=0
 INIT=()
 DRY_RUN=0
-PRE_LN=(--encoder-normalize-before --decoder-normalize-before)
-SUBFORMER_NORM=("${PRE_LN[@]}")
-TRANSFORMER_NORM=()
 NORM_FLAG=
 LR=1e-3
 SUBFORMER_LR=
@@ -60,9 +57,7 @@ while [[ $# -gt 0 ]]; do
         --bert-init) INIT=(--bert-init); shift ;;
         --pre-ln | --post-ln)
             [[ -z "$NORM_FLAG" || "$NORM_FLAG" == "$1" ]] || die "$NORM_FLAG and $1 exclude each other; allowed: one of them"
-            NORM_FLAG="$1"
-            if [[ "$1" == --pre-ln ]]; then TRANSFORMER_NORM=("${PRE_LN[@]}"); else SUBFORMER_NORM=(); fi
-            shift ;;
+            NORM_FLAG="$1"; shift ;;
         --sequential) PARALLEL=0; shift ;;
         --eval-only) EVAL_ONLY=1; shift ;;
         --dry-run) DRY_RUN=1; shift ;;
@@ -72,6 +67,12 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
+PRE_LN=(--encoder-normalize-before --decoder-normalize-before)
+case "$NORM_FLAG" in
+    --pre-ln) SUBFORMER_NORM=("${PRE_LN[@]}"); TRANSFORMER_NORM=("${PRE_LN[@]}") ;;
+    --post-ln) SUBFORMER_NORM=(); TRANSFORMER_NORM=() ;;
+    *) SUBFORMER_NORM=("${PRE_LN[@]}"); TRANSFORMER_NORM=() ;;
+esac
 WARMUP=$(( MAX_UPDATE < 400 ? MAX_UPDATE / 2 : 200 ))
 SHAPE=(--encoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --encoder-layers 4
        --encoder-attention-heads 4 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024
