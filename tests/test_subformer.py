@@ -259,7 +259,8 @@ def test_gradients_from_every_depth_accumulate_into_shared_tensors():
     ["--sandwich-dim", "32"],  # d_s = d_m: no projections
     ["--safe-output", "mlp"],
     ["--self-attn-gate", "qgv", "--cross-attn-gate", "kgv", "--ffn-glu", "--tc-ff", "0.5"],
-], ids=["post-ln", "pre-norm", "same-width", "safe-mlp", "with-anthe-options"])
+    ["--sandwich-cross-norm", "none", "--decoder-normalize-before"],
+], ids=["post-ln", "pre-norm", "same-width", "safe-mlp", "with-anthe-options", "no-cross-norm"])
 def test_incremental_decoding_equals_full_forward(extra):
     model, dictionary = build_translation("subformer_small", SHRINK + extra)
     model.eval()
@@ -442,12 +443,56 @@ def test_bert_init():
     (["--encoder-layers", "2"], "--encoder-layers"),
     (["--sandwich-heads", "5"], "--sandwich-heads"),
     (["--encoder-layerdrop", "0.1"], "--encoder-layerdrop"),
+    (["--sandwich-cross-norm", "rms"], "--sandwich-cross-norm"),
+    (["--sandwich-cross-norm", "none", "--sandwich-dim", "32"], "--sandwich-cross-norm"),
 ])
 def test_bad_combinations_are_one_line_errors(extra, flag):
     with pytest.raises(ValueError) as err:
         build_translation("subformer_small", SHRINK + extra)
     message = str(err.value)
     assert flag in message and "\n" not in message
+
+
+def test_sandwich_cross_norm_needs_a_wide_encoder_decoder_sandwich():
+    """--sandwich-cross-norm is never silently ignored: not without --sandwich, not in an LM."""
+    with pytest.raises(ValueError) as err:
+        build_translation("slim_transformer", ["--sandwich-cross-norm", "none"])
+    assert "--sandwich-cross-norm" in str(err.value) and "--sandwich" in str(err.value)
+    with pytest.raises(ValueError) as err:
+        build_lm("slim_lm", ["--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
+                             "--decoder-attention-heads", "4", "--decoder-layers", "3", "--sandwich",
+                             "--sandwich-dim", "48", "--sandwich-heads", "4",
+                             "--sandwich-cross-norm", "none"])
+    assert "--sandwich-cross-norm" in str(err.value) and "\n" not in str(err.value)
+
+
+def middle_cross_attention_rms(model, dictionary):
+    """RMS of what the first middle decoder layer's cross-attention adds to its residual stream."""
+    seen = []
+    hook = model.decoder.layers[1].encoder_attn.register_forward_hook(
+        lambda module, inputs, output: seen.append(output[0].pow(2).mean().sqrt().item()))
+    src, src_lengths = encoder_inputs(dictionary)
+    with torch.no_grad():
+        model(src, src_lengths, decoder_inputs(dictionary, length=6))
+    hook.remove()
+    return seen[0]
+
+
+def test_sandwich_cross_norm_none_drops_only_the_closing_layer_norm():
+    """Reference form: the middle decoder layers' cross-attention ends in LN(d_s), so at init it
+    adds a unit-RMS vector whatever the attention reads; ``none`` removes that LN (2 d_s
+    parameters, shared by the middle layers) and nothing else."""
+    extra = ["--decoder-normalize-before", "--encoder-normalize-before"]
+    ref, dictionary = build_translation("subformer_small", SHRINK + extra)
+    bare, _ = build_translation("subformer_small", SHRINK + extra + ["--sandwich-cross-norm", "none"])
+    middle_dim = ref.decoder.layers[1].encoder_attn.to_middle.out_features
+    assert count(ref) - count(bare) == 2 * middle_dim
+    assert bare.decoder.layers[1].encoder_attn.to_middle_norm is None
+    assert bare.decoder.layers[1].encoder_attn.to_middle.weight is \
+        bare.decoder.layers[2].encoder_attn.to_middle.weight
+    ref.eval(), bare.eval()
+    assert middle_cross_attention_rms(ref, dictionary) == pytest.approx(1.0, abs=0.02)
+    assert middle_cross_attention_rms(bare, dictionary) < 0.8
 
 
 def test_checkpoint_activations_allowed_under_legacy_ddp():

@@ -11,6 +11,7 @@ from slim_fairseq.modules.gated_attention import CROSS_GATE_WHY, CROSS_GATES, GA
 
 GLU_ACTIVATIONS = ("silu", "gelu")
 SAFE_OUTPUTS = ("linear", "mlp")
+SANDWICH_CROSS_NORMS = ("layernorm", "none")
 TC_PLACES = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
 TC_BACKWARD_MODES = ("recompute", "store")
 
@@ -67,6 +68,10 @@ def add_slim_args(parser):
                    help="FFN width of the shared middle layers (0 = model FFN width)")
     g.add_argument("--sandwich-heads", type=int, metavar="H",
                    help="attention heads of the shared middle layers (0 = width // 64)")
+    g.add_argument("--sandwich-cross-norm", metavar="NORM",
+                   help="closing norm of the wider middle decoder layers' cross-attention path: "
+                        "layernorm (reference code, default) or none (trains better at small "
+                        "widths; docs/TECHNIQUES.md#sandwich-sharing)")
     g.add_argument("--bert-init", action="store_true",
                    help="BERT-style init: N(0, 0.02) weights, zero biases, zero pad row")
 
@@ -80,7 +85,7 @@ def set_slim_defaults(args):
         tc_min_bond=0, tc_backward="recompute", hsoftpos_min_token_dim=0,
         output_bias=False,
         safe_embed_dim=0, safe_output="linear", sandwich=False, sandwich_dim=0,
-        sandwich_ffn_dim=0, sandwich_heads=0, bert_init=False,
+        sandwich_ffn_dim=0, sandwich_heads=0, sandwich_cross_norm="layernorm", bert_init=False,
     )
     for key, value in defaults.items():
         if getattr(args, key, None) is None:
@@ -101,6 +106,11 @@ def validate_slim_args(args):
         _fail("--glu-activation", args.glu_activation, "|".join(GLU_ACTIVATIONS))
     if args.safe_output not in SAFE_OUTPUTS:
         _fail("--safe-output", args.safe_output, "|".join(SAFE_OUTPUTS))
+    if args.sandwich_cross_norm not in SANDWICH_CROSS_NORMS:
+        _fail("--sandwich-cross-norm", args.sandwich_cross_norm, "|".join(SANDWICH_CROSS_NORMS))
+    if args.sandwich_cross_norm != "layernorm" and not args.sandwich:
+        raise ValueError(f"--sandwich-cross-norm={args.sandwich_cross_norm} has no sandwich to act on; "
+                         "add --sandwich with a --sandwich-dim wider than the model, or drop it")
     if args.hsoftpos_levels < 0:
         _fail("--hsoftpos-levels", args.hsoftpos_levels, "an integer >= 0")
     for place in TC_PLACES:

@@ -55,6 +55,11 @@ def validate_sandwich(cfg, side):
         raise ValueError(f"--{side}-layerdrop={sub.layerdrop} cannot be combined with --sandwich and "
                          "--sandwich-dim != model width (dropping a boundary layer drops its width "
                          "projection); allowed: 0")
+    cross_norm = getattr(cfg, "sandwich_cross_norm", "layernorm")
+    if cross_norm != "layernorm" and side == "decoder" and middle_dim == model_dim:
+        raise ValueError(f"--sandwich-cross-norm={cross_norm} acts on the cross-attention of a middle "
+                         f"wider than the model; got --sandwich-dim={middle_dim} = the model width; "
+                         "allowed: a wider --sandwich-dim, or drop --sandwich-cross-norm")
     if middle_dim != model_dim and side == "decoder" and getattr(cfg, "cross_self_attention", False):
         raise ValueError("--cross-self-attention cannot be combined with --sandwich and "
                          "--sandwich-dim != model width; allowed: off")
@@ -155,20 +160,28 @@ class SandwichCrossAttention(nn.Module):
     """Encoder-decoder attention of a middle decoder layer, at the model width d_m:
     Linear(d_s, d_m) + LN(d_m) -> attention over the encoder output -> Linear(d_m, d_s) + LN(d_s).
     The layer applies dropout, residual and its own LayerNorm at d_s. Called like fairseq's
-    MultiheadAttention (the layer's ``self.encoder_attn``)."""
+    MultiheadAttention (the layer's ``self.encoder_attn``).
 
-    def __init__(self, attention: nn.Module, middle_dim: int, model_dim: int, export=False):
+    ``output_norm=False`` (``--sandwich-cross-norm none``) drops the closing LN(d_s). With it, the
+    path adds a unit-scale vector to every middle position from the first update on, while the
+    attention is still near uniform over the source (docs/TECHNIQUES.md#sandwich-sharing)."""
+
+    def __init__(self, attention: nn.Module, middle_dim: int, model_dim: int, export=False,
+                 output_norm=True):
         super().__init__()
         self.to_model = nn.Linear(middle_dim, model_dim)
         self.to_model_norm = LayerNorm(model_dim, export=export)
         self.attention = attention
         self.to_middle = nn.Linear(model_dim, middle_dim)
-        self.to_middle_norm = LayerNorm(middle_dim, export=export)
+        self.to_middle_norm = LayerNorm(middle_dim, export=export) if output_norm else None
 
     def forward(self, query, key, value, *args, **kwargs):
         query = self.to_model_norm(self.to_model(query))
         x, attn = self.attention(query, key, value, *args, **kwargs)
-        return self.to_middle_norm(self.to_middle(x)), attn
+        x = self.to_middle(x)
+        if self.to_middle_norm is not None:
+            x = self.to_middle_norm(x)
+        return x, attn
 
     def _get_input_buffer(self, incremental_state):
         return self.attention._get_input_buffer(incremental_state)
@@ -183,13 +196,18 @@ def _build_middle_layers(cfg, side, make_layer, count) -> List[nn.Module]:
     _, model_dim, _, middle_dim, _, _ = sandwich_dims(cfg, side)
     mid_cfg = middle_layer_cfg(cfg, side)
     export = getattr(cfg, "export", False)
+    cross_norm = getattr(cfg, "sandwich_cross_norm", "layernorm")
     layers = []
     for depth in range(count):
         layer = make_layer(mid_cfg)
         projected_cross = getattr(layer, "encoder_attn", None) is not None and middle_dim != model_dim
         if projected_cross:
             layer.encoder_attn = SandwichCrossAttention(
-                layer.build_encoder_attention(model_dim, cfg), middle_dim, model_dim, export)
+                layer.build_encoder_attention(model_dim, cfg), middle_dim, model_dim, export,
+                output_norm=(cross_norm == "layernorm"))
+        elif cross_norm != "layernorm" and side == "decoder":
+            raise ValueError(f"--sandwich-cross-norm={cross_norm} acts on cross-attention, which this "
+                             "model's decoder layers do not have (a language model); drop it")
         if depth > 0:
             template = layers[0]
             if projected_cross:
