@@ -45,6 +45,9 @@ class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
     def check_args(cls, args, task=None):
         """Option checks that need no data (run right after parsing and again at build)."""
         validate_slim_args(args)
+        if args.sandwich_cross_norm != "layernorm":
+            raise ValueError(f"--sandwich-cross-norm={args.sandwich_cross_norm} acts on cross-attention, "
+                             "which a language model does not have; drop it")
         validate_tying(args, args.decoder_layers)
         check_task(True, getattr(args, "arch", "slim_lm"),
                    task if task is not None else getattr(args, "task", None))

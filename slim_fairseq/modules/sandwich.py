@@ -205,9 +205,6 @@ def _build_middle_layers(cfg, side, make_layer, count) -> List[nn.Module]:
             layer.encoder_attn = SandwichCrossAttention(
                 layer.build_encoder_attention(model_dim, cfg), middle_dim, model_dim, export,
                 output_norm=(cross_norm == "layernorm"))
-        elif cross_norm != "layernorm" and side == "decoder":
-            raise ValueError(f"--sandwich-cross-norm={cross_norm} acts on cross-attention, which this "
-                             "model's decoder layers do not have (a language model); drop it")
         if depth > 0:
             template = layers[0]
             if projected_cross:
