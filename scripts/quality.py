@@ -13,6 +13,11 @@ Every run is one ``fairseq-train`` of a model spec at one width (``--dim``), one
   (``fairseq-generate`` beam 5, detokenized with Moses + subword-nmt, ``--scoring sacrebleu``);
 * WikiText-2 language modelling (``--corpus wikitext``): valid perplexity.
 
+Every metric is that of the run's best checkpoint (``checkpoint_best.pt``, lowest valid loss, as
+fairseq keeps it): the valid NLL/perplexity of that validation and the test BLEU decoded from it,
+so a run that overfits late is reported at its best point (early stopping), with the update of
+that checkpoint and the last validation's NLL beside it in the table.
+
 ``--dim 64,128,256`` and ``--lr 1e-3,3e-3,1e-2`` sweep widths and learning rates; for every
 (model, width) the learning rate with the lowest mean valid loss is kept, and each model's
 best points form its *frontier* (valid loss against parameters). The report gives, per model,
@@ -150,6 +155,36 @@ def parse_valid_points(output):
     return [points[u] for u in sorted(points)]
 
 
+def checkpoint_point(curve):
+    """The validation whose model ``checkpoint_best.pt`` holds: the lowest valid loss (fairseq's
+    default ``--best-checkpoint-metric loss``, the label-smoothed loss for translation), the later
+    one of equal losses (fairseq saves on ``<=``). ``curve`` is [(updates, loss, nll, ppl)]."""
+    best = None
+    for point in curve:
+        if best is None or point[1] <= best[1] or math.isnan(best[1]):  # NaN: never better
+            best = point
+    return best
+
+
+def with_checkpoint_metrics(run):
+    """``run`` with its valid NLL and perplexity taken at its best checkpoint, the model its test
+    BLEU is decoded from (early stopping on valid loss), and with the update of that checkpoint
+    (``best_update``) and the last validation's NLL (``last_valid_nll``), which differ when a run
+    overfits. Runs recorded before this rule reported the last validation; they are re-derived
+    from their stored curve."""
+    curve = run.get("valid_curve")
+    if curve:
+        updates, _loss, nll, ppl = checkpoint_point(curve)
+        run.update(valid_nll=nll, valid_ppl=ppl, best_update=updates, last_valid_nll=curve[-1][2])
+    return run
+
+
+def checkpoint_curve(curve):
+    """[(updates, nll)]: at each validation, the valid NLL of the best checkpoint up to then, what
+    the run would report had it stopped there."""
+    return [(point[0], checkpoint_point(curve[:i + 1])[2]) for i, point in enumerate(curve)]
+
+
 def parse_train_wps(output):
     """Training tokens/s: total target tokens over total training wall time of the json log's
     ``train_inner`` records (fairseq's own ``wps`` meters), or None."""
@@ -270,7 +305,8 @@ def fmt_lr(lr):
 # ----------------------------------------------------------------------------------------------
 # summaries: mean over seeds, best learning rate, frontiers
 
-METRICS = ("valid_ppl", "valid_nll", "test_bleu", "train_seconds", "updates", "train_wps")
+METRICS = ("valid_ppl", "valid_nll", "best_update", "last_valid_nll", "test_bleu", "train_seconds",
+           "updates", "train_wps")
 
 
 def summarise(runs):
@@ -467,13 +503,14 @@ def compare_to_baseline(runs, baseline_label):
 
 def best_curves(runs, corpus, dim):
     """{label: {updates: mean valid NLL over seeds}} of each model's best learning rate at one
-    width (the points :func:`best_rows` keeps)."""
+    width (the points :func:`best_rows` keeps); at each update, the NLL of the best checkpoint so
+    far (:func:`checkpoint_curve`), the quantity the tables rank by."""
     chosen = {r["label"]: r["lr"] for r in best_rows(summarise(runs))
               if r["corpus"] == corpus and r["dim"] == dim}
     curves = {}
     for run in runs:
         if run["corpus"] == corpus and run.get("dim") == dim and chosen.get(run["label"]) == run.get("lr"):
-            for updates, _loss, nll, _ppl in run["valid_curve"]:
+            for updates, nll in checkpoint_curve(run["valid_curve"]):
                 curves.setdefault(run["label"], {}).setdefault(updates, []).append(nll)
     return {label: {u: statistics.mean(v) for u, v in points.items()} for label, points in curves.items()}
 
@@ -589,14 +626,17 @@ def markdown(rows, args, baseline_label):
              + f"; seeds {','.join(map(str, args.seeds))}"
              + (f" (and {','.join(map(str, args.confirm_seeds))} at each best rate)" if args.confirm_seeds else "")
              + "; "
-             "mean ± std over seeds.", ""]
+             "mean ± std over seeds. Valid NLL/PPL and test BLEU are those of each run's best checkpoint "
+             "(lowest valid loss, as fairseq keeps checkpoint_best.pt); the last validation's NLL is "
+             "beside them.", ""]
     titles = (("ende", "en-de (bundled)"), ("wikitext", "WikiText-2 (bundled)"))
     for corpus, title in titles:
         subset = [r for r in rows if r["corpus"] == corpus]
         if not subset:
             continue
         lines += [f"**{title}: every run**", ""]
-        head = ["model", "d", "lr", "params", "seeds", "valid PPL", "valid NLL (bits)"]
+        head = ["model", "d", "lr", "params", "seeds", "valid PPL", "valid NLL (bits)", "best at update",
+                "last valid NLL"]
         head += (["test BLEU"] if corpus == "ende" else []) + ["train tok/s", "train s", "updates"]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
@@ -604,7 +644,8 @@ def markdown(rows, args, baseline_label):
             cells = [r["label"] + (" (baseline)" if r["baseline"] else ""), str(r["dim"]),
                      fmt_lr(r["lr"]) if r["lr"] else "—",
                      "—" if r["params"] is None else f"{r['params']:,}", str(len(r["seeds"])),
-                     fmt(*r["valid_ppl"]), fmt(*r["valid_nll"], digits=3)]
+                     fmt(*r["valid_ppl"]), fmt(*r["valid_nll"], digits=3), fmt(*r["best_update"], digits=0),
+                     fmt(*r["last_valid_nll"], digits=3)]
             if corpus == "ende":
                 cells.append(fmt(*r["test_bleu"]))
             cells += [fmt(*r["train_wps"], digits=0), fmt(*r["train_seconds"], digits=0),
@@ -941,9 +982,10 @@ def execute_run(job, data, args):
         raise RuntimeError(f"no validation record in {save_dir}/train.log")
     run = {"corpus": corpus, "label": label, "arch": arch, "overrides": overrides, "seed": seed,
            "dim": dim, "lr": lr, "baseline": baseline, "params": parse_params(output),
-           "valid_curve": curve, "updates": curve[-1][0], "valid_nll": curve[-1][2],
-           "valid_ppl": curve[-1][3], "train_seconds": seconds, "train_wps": parse_train_wps(output),
+           "valid_curve": curve, "updates": curve[-1][0], "train_seconds": seconds,
+           "train_wps": parse_train_wps(output),
            "settings": settings_key(argv)}  # without paths, so a moved or cloned study still resumes
+    with_checkpoint_metrics(run)
     if resume:
         # this attempt trained from the checkpoint's update on: its time, scaled to the whole run
         # (what --dry-run estimates from); train_wps is this attempt's
@@ -1052,7 +1094,7 @@ def main(argv=None):
     if args.report_only:
         with open(os.path.join(out_dir, "results.json")) as f:
             saved = json.load(f)
-        runs, plan = saved["runs"], []
+        runs, plan = [with_checkpoint_metrics(run) for run in saved["runs"]], []
         # the report describes the study as it was run, not this command's defaults
         recorded = parser.parse_args(saved["argv"][1:])
         check_args(parser, recorded)
@@ -1153,12 +1195,12 @@ def main(argv=None):
         """Keep a finished run; plan its model's next phase when it was the phase's last one
         (returns whether it was)."""
         nonlocal runs
-        finished[j.save_dir] = run
+        finished[j.save_dir] = with_checkpoint_metrics(run)
         runs = [finished[d] for d in sorted(finished, key=rank.__getitem__)]
         if not args.dry_run:
             log(f"[{len(finished)}/{len(rank)}] {j.corpus} {j.label} d{j.dim} lr {fmt_lr(j.lr)} seed {j.seed}: "
                 + ("reused, " if reused else "")
-                + f"valid ppl {run['valid_ppl']:.2f} after {run['updates']} updates"
+                + f"valid ppl {run['valid_ppl']:.2f} at update {run['best_update']} of {run['updates']}"
                 + (f", BLEU {run['test_bleu']}" if run.get("test_bleu") is not None else "")
                 + f" ({run['train_seconds']:.0f} s)")
         i = rank[j.save_dir][3]  # the model's index in the plan

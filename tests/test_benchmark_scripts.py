@@ -244,7 +244,7 @@ def test_quality_script_tiny(tmp_path):
         "--out", str(out), *TINY_SHAPE, "--threads", "1", "--seeds", "1", "--max-update", "2",
         "--validate-interval", "1", "--max-tokens", "256", "--tokens-per-sample", "16", "--no-baseline",
         "--ende-data", data, "--bpe-codes", os.path.join(os.path.dirname(data), "bpe", "codes"),
-        "--lm-data", wikitext_data_bin(), "--model", "anthe_base", "--lm-model", "stlm_tied"])
+        "--lm-data", wikitext_data_bin(), "--model", "anthe_base", "--lm-model", "stlm_tied", "--keep-checkpoints"])
     assert {(r["corpus"], r["label"]) for r in rows} == {("ende", "anthe_base"), ("wikitext", "stlm_tied")}
     for row in rows:
         assert row["valid_ppl"][0] > 1 and row["updates"][0] == 2
@@ -256,6 +256,12 @@ def test_quality_script_tiny(tmp_path):
     assert "Translated 100 sentences" in generate_log
     table = (out / "table.md").read_text()
     assert "anthe_base" in table and "stlm_tied" in table and "test BLEU" in table
+    # the reported valid NLL is that of the checkpoint the BLEU is decoded from
+    from fairseq import checkpoint_utils
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(out / "runs" / "ende_anthe_base_s1" / "checkpoint_best.pt"))
+    run = json.loads((out / "runs" / "ende_anthe_base_s1" / "run.json").read_text())
+    assert state["optimizer_history"][-1]["num_updates"] == run["best_update"]
+    assert run["valid_nll"] == quality.checkpoint_point(run["valid_curve"])[2]
     for png in ("valid_loss_ende.png", "valid_loss_wikitext.png", "params_vs_quality.png"):
         assert _is_png(out / png)
 
@@ -661,7 +667,7 @@ def test_quality_ranking_stability_finds_the_last_change():
             _curve_run("b", 64, 1e-3, 1, [(100, 4.5), (200, 4.2), (300, 3.1)]),
             _curve_run("c", 64, 1e-3, 1, [(100, 6.0), (200, 5.0), (300, 4.0)]),
             # a worse rate of "c" is not its best point, so it takes no part in the ranking
-            _curve_run("c", 64, 3e-3, 1, [(100, 1.0), (200, 9.0), (300, 9.0)])]
+            _curve_run("c", 64, 3e-3, 1, [(100, 7.0), (200, 9.0), (300, 9.0)])]
     stability = quality.ranking_stability(runs, "wikitext", 64)
     assert stability["final"] == ["a", "b", "c"] and stability["settled_at"] == 200
     assert stability["last_swap"]["pair"] == ("a", "b")
@@ -673,6 +679,35 @@ def test_quality_ranking_stability_finds_the_last_change():
     assert quality.ranking_stability(steady, "wikitext", 32)["last_swap"] is None
     assert "unchanged at all 2 validations" in quality.ranking_markdown(steady)
     assert quality.ranking_stability(steady[:1], "wikitext", 32) is None  # one model: nothing to rank
+
+
+def test_quality_reports_the_best_checkpoint_not_the_last_validation(tmp_path):
+    """A run that overfits is reported at the checkpoint its test BLEU is decoded from
+    (checkpoint_best.pt: lowest valid loss, the later of equal ones, as fairseq keeps it), not at
+    its last validation; that point also picks the best rate and ranks the models. Runs recorded
+    with the last validation as their valid NLL are re-derived from their curves."""
+    # (updates, label-smoothed loss, nll, ppl): the loss decides, not the NLL
+    curve = [[100, 6.0, 5.5, 45.0], [200, 5.0, 4.6, 24.0], [300, 5.0, 4.5, 22.6], [400, 5.6, 5.2, 36.8]]
+    assert quality.checkpoint_point(curve) == [300, 5.0, 4.5, 22.6]
+    assert quality.checkpoint_point([[1, math.nan, 9.0, 512.0], [2, 7.0, 6.0, 64.0]])[0] == 2
+    assert quality.checkpoint_curve(curve) == [(100, 5.5), (200, 4.6), (300, 4.5), (400, 4.5)]
+    # rate 1e-2 overfits after a better best checkpoint than 1e-3 reaches at its last validation
+    overfit = _curve_run("a", 64, 1e-2, 1, [(100, 4.0), (200, 3.0), (300, 3.9)])
+    steady = _curve_run("a", 64, 1e-3, 1, [(100, 4.0), (200, 3.5), (300, 3.3)])
+    other = _curve_run("b", 64, 1e-3, 1, [(100, 4.1), (200, 3.2), (300, 3.2)])
+    assert overfit["valid_nll"] == 3.9  # as recorded by earlier versions: the last validation
+    (tmp_path / "results.json").write_text(json.dumps({"argv": [
+        "quality.py", "--corpus", "wikitext", "--lm-model", "a=transformer_lm", "--lm-model", "b=transformer_lm",
+        "--no-baseline", "--dim", "64", "--lr", "1e-3,1e-2"], "runs": [overfit, steady, other]}))
+    quality.main(["--out", str(tmp_path), "--report-only", "--frontier-baseline", "b"])
+    table = (tmp_path / "table.md").read_text()
+    assert "| a | 64 | 0.01 | 1,000 | 1 | 8.00 | 3.000 | 200 | 3.900 |" in table
+    assert "| a | 64 | 0.001 | 1,000 | 1 | 9.85 | 3.300 | 300 | 3.300 |" in table
+    best = {r["label"]: r for r in quality.best_rows(quality.summarise([quality.with_checkpoint_metrics(r)
+                                                                           for r in (overfit, steady, other)]))}
+    assert best["a"]["lr"] == 1e-2 and best["a"]["valid_nll"][0] == 3.0
+    stability = quality.ranking_stability([overfit, steady, other], "wikitext", 64)
+    assert stability["final"] == ["a", "b"] and stability["last_swap"] is None
 
 
 def test_quality_report_gives_no_spread_for_one_seed():
