@@ -466,6 +466,19 @@ def test_sandwich_cross_norm_needs_a_wide_encoder_decoder_sandwich():
     assert "--sandwich-cross-norm" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("arch", ["slim_lm", "anthe_lm_gpt2_small"])
+def test_language_model_refuses_cross_attention_gates(arch):
+    """--cross-attn-gate has nothing to act on in a language model: refused in one line, not
+    silently ignored (it used to build the same model as without it)."""
+    shape = ["--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "4",
+             "--decoder-layers", "2"]
+    build_lm(arch, shape)  # the preset itself builds
+    with pytest.raises(ValueError) as err:
+        build_lm(arch, shape + ["--cross-attn-gate", "kgv"])
+    message = str(err.value)
+    assert message.startswith("--cross-attn-gate=kgv acts on cross-attention") and "\n" not in message
+
+
 def middle_cross_attention_rms(model, dictionary):
     """RMS of what the first middle decoder layer's cross-attention adds to its residual stream."""
     seen = []

@@ -153,6 +153,8 @@ def _fail_cli(tool, argv, cwd=None):
     (["--arch", "subformer_base", "--safe-embed-dim", "512"], "--safe-embed-dim=512"),
     (["--arch", "stlm_tied", "--task", "translation", "--kv-heads", "3"], "--kv-heads: 3"),
     (["--arch", "stlm_tied", "--tie-ffn", "9", "--task", "translation"], "--tie-ffn: K=9"),
+    (["--arch", "anthe_lm_gpt2_small", "--task", "language_modeling", "--cross-attn-gate", "kgv"],
+     "--cross-attn-gate=kgv acts on cross-attention"),
 ])
 def test_option_errors_are_one_line_before_anything_is_loaded(options, flag, tmp_path):
     """The preset check runs when fairseq parses the command line: no traceback, no data or

@@ -45,9 +45,12 @@ class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
     def check_args(cls, args, task=None):
         """Option checks that need no data (run right after parsing and again at build)."""
         validate_slim_args(args)
-        if args.sandwich_cross_norm != "layernorm":
-            raise ValueError(f"--sandwich-cross-norm={args.sandwich_cross_norm} acts on cross-attention, "
-                             "which a language model does not have; drop it")
+        # options of the encoder-decoder's cross-attention: refused, never silently ignored
+        for flag, attr, default in (("--cross-attn-gate", "cross_attn_gate", "none"),
+                                    ("--sandwich-cross-norm", "sandwich_cross_norm", "layernorm")):
+            if getattr(args, attr) != default:
+                raise ValueError(f"{flag}={getattr(args, attr)} acts on cross-attention, which a "
+                                 "language model does not have; drop it")
         validate_tying(args, args.decoder_layers)
         check_task(True, getattr(args, "arch", "slim_lm"),
                    task if task is not None else getattr(args, "task", None))
