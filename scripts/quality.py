@@ -743,17 +743,21 @@ def plot(runs, rows, out_dir, baseline_label=None):
             for label, dim, lr in keys:
                 if dim != width or (corpus, label, dim, lr) not in chosen:
                     continue
-                by_update = {}
+                by_update, checkpoints = {}, []
                 for run in runs:
                     if (run["corpus"], run["label"], run.get("dim"), run.get("lr")) == (corpus, label, dim, lr):
                         for updates, _loss, nll, _ppl in run["valid_curve"]:
                             by_update.setdefault(updates, []).append(nll)
+                        checkpoints.append(checkpoint_point(run["valid_curve"]))
                 xs = sorted(by_update)
-                ax.plot(xs, [statistics.mean(by_update[x]) for x in xs], marker="o", markersize=2,
-                        **look(label, frontier))
+                line, = ax.plot(xs, [statistics.mean(by_update[x]) for x in xs], marker="o", markersize=2,
+                                **look(label, frontier))
+                # each seed's best checkpoint (what the tables report): a hollow ring on the curve
+                ax.scatter([p[0] for p in checkpoints], [p[2] for p in checkpoints], s=36,
+                           facecolors="none", edgecolors=line.get_color(), linewidths=1.2, zorder=4)
             ax.set_xlabel("updates")
-            ax.set_title(f"{corpus}" + ("" if width is None else f", d {width}") + ": best lr, mean over seeds",
-                         fontsize=9)
+            ax.set_title(f"{corpus}" + ("" if width is None else f", d {width}")
+                         + ": best lr, mean over seeds (rings: best checkpoints)", fontsize=9)
             ax.grid(True, alpha=0.3)
         axes[0][0].set_ylabel("valid NLL (bits/token)")
         axes[0][0].legend(fontsize=7)
