@@ -466,6 +466,31 @@ def test_sandwich_cross_norm_needs_a_wide_encoder_decoder_sandwich():
     assert "--sandwich-cross-norm" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--sandwich-dim", "64"], "--sandwich-dim=64 shapes the shared middle layers of --sandwich, which is off"),
+    (["--sandwich-ffn-dim", "64"], "--sandwich-ffn-dim=64 shapes"),
+    (["--sandwich-heads", "2"], "--sandwich-heads=2 shapes"),
+    (["--safe-output", "mlp"], "--safe-output=mlp needs SAFE"),
+    (["--glu-activation", "gelu"], "--glu-activation=gelu acts on the GLU feed-forward, which is off"),
+    (["--tc-length", "3"], "--tc-length=3 has no Tensor Chain to act on"),
+])
+@pytest.mark.parametrize("lm", [False, True], ids=["slim_transformer", "slim_lm"])
+def test_options_of_a_technique_that_is_off_are_refused(extra, message, lm):
+    """An option that only shapes a technique which is off used to build the same model as
+    without it; it is now a one-line error naming the flag and what to add."""
+    if lm:
+        shape = ["--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "4",
+                 "--decoder-layers", "3"]
+        build = lambda options: build_lm("slim_lm", options)  # noqa: E731
+    else:
+        shape = SHRINK[:8] + ["--encoder-layers", "3", "--decoder-layers", "3"]  # no SAFE, no sandwich
+        build = lambda options: build_translation("slim_transformer", options)  # noqa: E731
+    build(shape)
+    with pytest.raises(ValueError) as err:
+        build(shape + extra)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("arch", ["slim_lm", "anthe_lm_gpt2_small"])
 def test_language_model_refuses_cross_attention_gates(arch):
     """--cross-attn-gate has nothing to act on in a language model: refused in one line, not

@@ -128,6 +128,22 @@ def validate_slim_args(args):
                  "hsoftpos_min_token_dim"):
         if getattr(args, flag) < 0:
             _fail("--" + flag.replace("_", "-"), getattr(args, flag), "an integer >= 0")
+    # options that only shape a technique which is off: refused, never silently ignored
+    if not args.sandwich:
+        for flag in ("sandwich_dim", "sandwich_ffn_dim", "sandwich_heads"):
+            if getattr(args, flag):
+                option = "--" + flag.replace("_", "-")
+                raise ValueError(f"{option}={getattr(args, flag)} shapes the shared middle layers of "
+                                 f"--sandwich, which is off; add --sandwich, or {option} 0")
+    if args.safe_output != "linear" and not args.safe_embed_dim:
+        raise ValueError(f"--safe-output={args.safe_output} needs SAFE; set --safe-embed-dim E, or drop "
+                         "--safe-output")
+    if args.glu_activation != "silu" and not args.ffn_glu:
+        raise ValueError(f"--glu-activation={args.glu_activation} acts on the GLU feed-forward, which is "
+                         "off; add --ffn-glu, or drop --glu-activation")
+    if args.tc_length != 2 and not any(getattr(args, place) for place in TC_PLACES):
+        raise ValueError(f"--tc-length={args.tc_length} has no Tensor Chain to act on; set one of "
+                         "--tc-ff/--tc-patt/--tc-layer/--tc-emb/--tc-output, or drop --tc-length")
     if args.tc_min_bond and not any(getattr(args, place) for place in TC_PLACES):
         raise ValueError(f"--tc-min-bond={args.tc_min_bond} has no Tensor Chain to act on; set one of "
                          "--tc-ff/--tc-patt/--tc-layer/--tc-emb/--tc-output, or --tc-min-bond 0")
