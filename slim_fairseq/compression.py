@@ -360,9 +360,7 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
         validate_slim_args(slim_cfg)
         _, slim = _build_task_and_model(cfg, state, model_cfg=copy.deepcopy(slim_cfg))
         # the plugin's model with every chain off must be exactly the checkpoint's model
-        same_cfg = copy.deepcopy(slim_cfg)
-        for place in TC_OPTIONS:
-            setattr(same_cfg, place, 0.0)
+        same_cfg = without_tensor_chains(copy.deepcopy(slim_cfg))
         _, same = _build_task_and_model(cfg, state, model_cfg=same_cfg)
     except ValueError as exc:
         raise CompressionError(_one_line(exc))
@@ -410,6 +408,18 @@ def dense_state_dict(model):
         else:
             state[f"{name}.weight"] = module.weight.detach().clone()
     return state
+
+
+def without_tensor_chains(model_cfg):
+    """``model_cfg`` with every ``--tc-*`` ratio 0 and the options that only shape a chain
+    (``--tc-length``, ``--tc-min-bond``, ``--tc-backward``) at their defaults, which the option
+    checks require once no chain is left."""
+    for place in TC_OPTIONS:
+        setattr(model_cfg, place, 0.0)
+    for key, default in (("tc_length", 2), ("tc_min_bond", 0), ("tc_backward", "recompute")):
+        if hasattr(model_cfg, key):
+            setattr(model_cfg, key, default)
+    return model_cfg
 
 
 def other_techniques(model_cfg):
@@ -466,9 +476,7 @@ def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None)
     if log:
         log(f"loading {path} (arch {arch}, Tensor Chains: {', '.join(places) or 'none'})")
     task, model = _build_checkpoint_model(cfg, state)
-    dense_cfg = _namespace(cfg.model)
-    for place in TC_OPTIONS:
-        setattr(dense_cfg, place, 0.0)
+    dense_cfg = without_tensor_chains(_namespace(cfg.model))
     _, dense = _build_task_and_model(cfg, state, model_cfg=copy.deepcopy(dense_cfg))
     try:
         dense.load_state_dict(dense_state_dict(model), strict=True)

@@ -338,7 +338,7 @@ def tc_translation(tmp_path_factory):
     return train(tmp_path_factory.mktemp("tc_translation"), translation_args(), [
         "--arch", "slim_transformer", *TINY, "--tc-ff", "0.3", "--tc-patt", "0.4",
         "--tc-emb", "0.2", "--tc-output", "0.25", "--ffn-glu", "--self-attn-gate", "qgv",
-        "--output-bias"], updates=2)
+        "--output-bias", "--tc-min-bond", "2"], updates=2)
 
 
 @pytest.fixture(scope="module")
@@ -357,6 +357,9 @@ def _check_export(path, tmp_path, logits):
     assert chains(model) and not chains(dense)
     for place in ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output"):
         assert getattr(dense_cfg.model, place) == 0.0
+    # options that only shape a chain go back to their defaults: with no chain left, the option
+    # checks refuse them (a --tc-min-bond or --tc-length model could not be exported)
+    assert (dense_cfg.model.tc_length, dense_cfg.model.tc_min_bond) == (2, 0)
     assert dense_cfg.model.arch == cfg.model.arch
     linears = [m for m in dense.modules() if type(m) is torch.nn.Linear]
     assert len(linears) > len([m for m in model.modules() if type(m) is torch.nn.Linear])
