@@ -158,7 +158,8 @@ def parse_valid_points(output):
 def checkpoint_point(curve):
     """The validation whose model ``checkpoint_best.pt`` holds: the lowest valid loss (fairseq's
     default ``--best-checkpoint-metric loss``, the label-smoothed loss for translation), the later
-    one of equal losses (fairseq saves on ``<=``). ``curve`` is [(updates, loss, nll, ppl)]."""
+    one of equal losses (fairseq saves on ``<=``; the log rounds losses to 3 decimals, so a tie
+    here may hide a difference fairseq saw). ``curve`` is [(updates, loss, nll, ppl)]."""
     best = None
     for point in curve:
         if best is None or point[1] <= best[1] or math.isnan(best[1]):  # NaN: never better
