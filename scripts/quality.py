@@ -563,8 +563,9 @@ def ranking_markdown(runs):
         lines.append(text)
     if not lines:
         return ""
-    return "\n".join(["**When the ranking settled** (each model at its best rate, mean over seeds, at every "
-                      "validation all of them share)", "", *lines, ""])
+    return "\n".join(["**When the ranking settled** (each model at its best rate, mean over seeds, by the "
+                      "valid NLL of its best checkpoint up to each validation all of them share)", "",
+                      *lines, ""])
 
 
 def family_summary(front):
