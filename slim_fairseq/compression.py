@@ -29,7 +29,8 @@ import copy
 
 import torch
 
-TC_OPTIONS = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
+from slim_fairseq.models.slim_options import TC_PLACES, TC_SHAPE_DEFAULTS
+
 # fairseq model -> the plugin model with the same options and the same layer classes
 SLIM_OF = {"transformer": "slim_transformer", "transformer_lm": "slim_lm"}
 
@@ -414,9 +415,9 @@ def without_tensor_chains(model_cfg):
     """``model_cfg`` with every ``--tc-*`` ratio 0 and the options that only shape a chain
     (``--tc-length``, ``--tc-min-bond``, ``--tc-backward``) at their defaults, which the option
     checks require once no chain is left."""
-    for place in TC_OPTIONS:
+    for place in TC_PLACES:
         setattr(model_cfg, place, 0.0)
-    for key, default in (("tc_length", 2), ("tc_min_bond", 0), ("tc_backward", "recompute")):
+    for key, default in TC_SHAPE_DEFAULTS:
         if hasattr(model_cfg, key):
             setattr(model_cfg, key, default)
     return model_cfg
@@ -430,7 +431,7 @@ def other_techniques(model_cfg):
     defaults = argparse.Namespace()
     set_slim_defaults(defaults)
     set_tying_defaults(defaults)
-    skip = set(TC_OPTIONS) | {"tc_length", "ffn_lora_alpha", "bert_init"}  # bert_init: init only
+    skip = set(TC_PLACES) | {"tc_length", "ffn_lora_alpha", "bert_init"}  # bert_init: init only
     return ["--" + key.replace("_", "-") for key, default in vars(defaults).items()
             if key not in skip and getattr(model_cfg, key, default) not in (default, None)]
 
@@ -472,7 +473,7 @@ def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None)
     if plain_fairseq and other_techniques(cfg.model):
         raise CompressionError("--plain-fairseq needs a model that uses no other technique of the "
                                f"plugin; this one sets {', '.join(other_techniques(cfg.model))}")
-    places = [p for p in TC_OPTIONS if getattr(cfg.model, p, 0.0)]
+    places = [p for p in TC_PLACES if getattr(cfg.model, p, 0.0)]
     if log:
         log(f"loading {path} (arch {arch}, Tensor Chains: {', '.join(places) or 'none'})")
     task, model = _build_checkpoint_model(cfg, state)

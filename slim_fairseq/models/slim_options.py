@@ -14,6 +14,9 @@ SAFE_OUTPUTS = ("linear", "mlp")
 SANDWICH_CROSS_NORMS = ("layernorm", "none")
 TC_PLACES = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
 TC_BACKWARD_MODES = ("recompute", "store")
+# options that only shape a Tensor Chain, with their defaults: the values a model without any
+# chain must have (validate_slim_args; compression.without_tensor_chains restores them)
+TC_SHAPE_DEFAULTS = (("tc_backward", "recompute"), ("tc_length", 2), ("tc_min_bond", 0))
 
 
 def add_slim_args(parser):
@@ -81,8 +84,8 @@ def set_slim_defaults(args):
     defaults = dict(
         self_attn_gate="none", cross_attn_gate="none", no_patt=False,
         ffn_glu=False, glu_activation="silu", hsoftpos_levels=0,
-        tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=0.0, tc_output=0.0, tc_length=2,
-        tc_min_bond=0, tc_backward="recompute", hsoftpos_min_token_dim=0,
+        tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=0.0, tc_output=0.0, **dict(TC_SHAPE_DEFAULTS),
+        hsoftpos_min_token_dim=0,
         output_bias=False,
         safe_embed_dim=0, safe_output="linear", sandwich=False, sandwich_dim=0,
         sandwich_ffn_dim=0, sandwich_heads=0, sandwich_cross_norm="layernorm", bert_init=False,
@@ -119,9 +122,6 @@ def validate_slim_args(args):
             _fail("--" + place.replace("_", "-"), r, "a ratio in [0, 1] (0 = dense)")
     if args.tc_backward not in TC_BACKWARD_MODES:
         _fail("--tc-backward", args.tc_backward, "|".join(TC_BACKWARD_MODES))
-    if args.tc_backward != "recompute" and not any(getattr(args, place) for place in TC_PLACES):
-        raise ValueError(f"--tc-backward={args.tc_backward} has no Tensor Chain to act on; set one of "
-                         "--tc-ff/--tc-patt/--tc-layer/--tc-emb/--tc-output, or drop --tc-backward")
     if args.tc_length < 2:
         _fail("--tc-length", args.tc_length, "an integer >= 2")
     for flag in ("safe_embed_dim", "sandwich_dim", "sandwich_ffn_dim", "sandwich_heads", "tc_min_bond",
@@ -141,12 +141,12 @@ def validate_slim_args(args):
     if args.glu_activation != "silu" and not args.ffn_glu:
         raise ValueError(f"--glu-activation={args.glu_activation} acts on the GLU feed-forward, which is "
                          "off; add --ffn-glu, or drop --glu-activation")
-    if args.tc_length != 2 and not any(getattr(args, place) for place in TC_PLACES):
-        raise ValueError(f"--tc-length={args.tc_length} has no Tensor Chain to act on; set one of "
-                         "--tc-ff/--tc-patt/--tc-layer/--tc-emb/--tc-output, or drop --tc-length")
-    if args.tc_min_bond and not any(getattr(args, place) for place in TC_PLACES):
-        raise ValueError(f"--tc-min-bond={args.tc_min_bond} has no Tensor Chain to act on; set one of "
-                         "--tc-ff/--tc-patt/--tc-layer/--tc-emb/--tc-output, or --tc-min-bond 0")
+    if not any(getattr(args, place) for place in TC_PLACES):
+        for key, default in TC_SHAPE_DEFAULTS:
+            if getattr(args, key) != default:
+                flag = "--" + key.replace("_", "-")
+                raise ValueError(f"{flag}={getattr(args, key)} has no Tensor Chain to act on; set one of "
+                                 f"--tc-ff/--tc-patt/--tc-layer/--tc-emb/--tc-output, or drop {flag}")
     if args.hsoftpos_min_token_dim and not args.hsoftpos_levels:
         raise ValueError(f"--hsoftpos-min-token-dim={args.hsoftpos_min_token_dim} needs H-SoftPOS; "
                          "set --hsoftpos-levels L >= 1, or --hsoftpos-min-token-dim 0")
