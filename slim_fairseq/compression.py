@@ -431,7 +431,8 @@ def other_techniques(model_cfg):
     defaults = argparse.Namespace()
     set_slim_defaults(defaults)
     set_tying_defaults(defaults)
-    skip = set(TC_PLACES) | {"tc_length", "ffn_lora_alpha", "bert_init"}  # bert_init: init only
+    # the chains and the options that only shape them go with the export; bert_init: init only
+    skip = {*TC_PLACES, *dict(TC_SHAPE_DEFAULTS), "ffn_lora_alpha", "bert_init"}
     return ["--" + key.replace("_", "-") for key, default in vars(defaults).items()
             if key not in skip and getattr(model_cfg, key, default) not in (default, None)]
 

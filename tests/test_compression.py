@@ -236,6 +236,18 @@ def test_compress_then_export_gives_back_fairseqs_transformer(dense_untied, tmp_
     assert sorted(plain.state_dict()) == sorted(original.state_dict())
 
 
+def test_plain_fairseq_export_ignores_every_tensor_chain_option():
+    """--plain-fairseq refuses models that use another technique of the plugin; the options that
+    only shape a chain (--tc-length, --tc-min-bond, --tc-backward) are not one: the export removes
+    the chains. --tc-min-bond used to count as another technique and blocked the export."""
+    import argparse
+
+    from slim_fairseq.compression import other_techniques
+    chains_only = argparse.Namespace(tc_ff=0.3, tc_patt=0.2, tc_length=3, tc_min_bond=8, tc_backward="store")
+    assert other_techniques(chains_only) == []
+    assert other_techniques(argparse.Namespace(**vars(chains_only), ffn_glu=True)) == ["--ffn-glu"]
+
+
 @pytest.mark.slow
 def test_compress_language_model_and_back(tmp_path):
     """fairseq's transformer_lm (pre-norm, as slim_lm always is) -> slim_lm with chains in every
