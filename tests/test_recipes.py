@@ -666,9 +666,13 @@ def test_evaluate_checks_the_checkpoint_before_writing(tmp_path):
 
 def test_prepare_wikitext103_gpt2_bpe(work):
     raw = fixtures.build_wikitext103_raw_gpt2(work / "raw-wikitext-gpt2")
-    run(EXAMPLES / "lm/prepare-wikitext-103.sh", "--gpt2-bpe", "--raw-dir", str(raw), "--work-dir",
-        "wikitext-gpt2", "--no-verify", cwd=work)
-    out = work / "wikitext-gpt2"
+    # word-level data prepared earlier with the default folder must survive the GPT-2 preparation
+    word_level = work / "wikitext-103" / "data-bin"
+    word_level.mkdir(parents=True)
+    (word_level / "dict.txt").write_text("the 5\n")
+    run(EXAMPLES / "lm/prepare-wikitext-103.sh", "--gpt2-bpe", "--raw-dir", str(raw), "--no-verify", cwd=work)
+    assert lines(word_level / "dict.txt") == ["the 5"]
+    out = work / "wikitext-103-gpt2"
     assert lines(out / "data-bin" / "recipe.info") == ["SCHEME=gpt2-bpe"]
     # the binarized dictionary is GPT-2's dict.txt, unchanged
     assert lines(out / "data-bin" / "dict.txt") == lines(raw / "dict.txt")

@@ -20,6 +20,8 @@
 #
 # usage: prepare-wikitext-103.sh [--raw-dir DIR | --archive FILE | --url URL] [--gpt2-bpe]
 #            [--work-dir DIR] [--dest-dir DIR] [--no-verify] [--dry-run]
+#   --work-dir default: wikitext-103, or wikitext-103-gpt2 with --gpt2-bpe (the two preparations
+#              never share a folder: each deletes its own data-bin before writing it)
 #   --dry-run  list the downloads (and whether --raw-dir has them), change nothing
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
@@ -28,7 +30,7 @@ set -euo pipefail
 URL="https://wikitext.smerity.com/wikitext-103-v1.zip"
 ARCHIVE_NAME="wikitext-103-v1.zip"
 CHECKSUM="sha1:0aec09a7537b58d4bb65362fee27650eeaba625a"
-WORK_DIR="wikitext-103"
+WORK_DIR=""
 DEST_DIR=""
 ARCHIVE=""
 GPT2_BPE=0
@@ -52,6 +54,7 @@ if [[ "$GPT2_BPE" == 1 ]]; then
     ARCHIVE_NAME="wikitext-103-raw-v1.zip"
     CHECKSUM="sha1:86f2375181b9247049d9c9205fad2b71b274b568"
 fi
+[[ -n "$WORK_DIR" ]] || WORK_DIR="wikitext-103$([[ "$GPT2_BPE" == 1 ]] && echo -gpt2)"
 WORK_DIR="$(make_work_dir "$WORK_DIR")"
 DEST_DIR="${DEST_DIR:-$WORK_DIR/data-bin}"
 ORIG_DIR="$WORK_DIR/orig"
