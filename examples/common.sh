@@ -639,10 +639,27 @@ spm_pipeline() {
 # The world size is always passed: fairseq's own default is every visible GPU, which would
 # multiply the batch that --update-freq was computed for.
 
+# check_save_dir SAVE_DIR DATA_BIN: fairseq-train resumes from SAVE_DIR/checkpoint_last.pt, and the
+# default SAVE_DIR is per architecture, not per dataset. Refuse a folder that holds a run on other
+# data (it would be resumed, or taken as finished, on DATA_BIN); else record DATA_BIN there.
+check_save_dir() {
+    local save_dir="$1" data trained_on
+    data="$(cd "$2" 2>/dev/null && pwd -P || printf '%s' "$2")"
+    if [[ -f "$save_dir/recipe.data" ]]; then
+        trained_on="$(<"$save_dir/recipe.data")"
+        [[ "$trained_on" == "$data" ]] ||
+            die "--save-dir $save_dir holds a run on $trained_on that fairseq would resume on $data: give this dataset its own --save-dir (or delete $save_dir/recipe.data to continue that model on it)"
+    fi
+    [[ "${DRY_RUN:-0}" == 1 ]] && return
+    mkdir -p "$save_dir"
+    printf '%s\n' "$data" >"$save_dir/recipe.data"
+}
+
 TRAIN_USAGE='options of every train script:
   DATA_BIN                  binarized data (first argument)
   --arch ARCH               architecture preset (default: the script'"'"'s)
-  --save-dir DIR            checkpoints (default: checkpoints/ARCH)
+  --save-dir DIR            checkpoints (default: checkpoints/ARCH); refused if it holds a
+                            run on another DATA_BIN (noted in DIR/recipe.data)
   --paper                   the paper'"'"'s training setting where it differs from the default
                             (see the header above)
   --gpus N                  GPUs per node (default: all visible; 0 = CPU)
@@ -708,6 +725,7 @@ train_main() {
         fi
     fi
     save_dir="${save_dir:-checkpoints/$ARCH}"
+    check_save_dir "$save_dir" "$data"
     local user_dir
     user_dir="$(slim_user_dir)"
     need_cmd fairseq-train

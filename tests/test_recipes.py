@@ -320,6 +320,24 @@ def anthe_checkpoints(wmt14, work) -> Path:
     return save_dir
 
 
+def test_train_refuses_a_save_dir_of_another_dataset(anthe_checkpoints, wmt14, work):
+    """The default --save-dir is per architecture: a second dataset must not resume (or take as
+    finished) the first one's checkpoint_last.pt. The same dataset still resumes."""
+    script = EXAMPLES / "translation/train-anthe.sh"
+    trained = (anthe_checkpoints / "checkpoint_last.pt").stat().st_mtime_ns
+    assert lines(anthe_checkpoints / "recipe.data") == [str((wmt14 / "data-bin").resolve())]
+    again = run(script, str(wmt14 / "data-bin"), "--dry-run", "--save-dir", str(anthe_checkpoints), cwd=work)
+    assert "fairseq-train" in again.stdout
+    other = work / "other-pair" / "data-bin"
+    other.mkdir(parents=True, exist_ok=True)
+    for argv in (["--dry-run"], ["--cpu-smoke"]):
+        proc = run(script, str(other), *argv, "--save-dir", str(anthe_checkpoints), cwd=work, expect_ok=False)
+        assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "--save-dir" in proc.stderr and str(other.resolve()) in proc.stderr
+    assert (anthe_checkpoints / "checkpoint_last.pt").stat().st_mtime_ns == trained
+    assert lines(anthe_checkpoints / "recipe.data") == [str((wmt14 / "data-bin").resolve())]
+
+
 def _report(out: str) -> dict[str, str]:
     """The 'key: value' / 'key = value' lines of evaluate.sh's results block."""
     found = {}
