@@ -4,7 +4,9 @@
 en-de (``data/ende``): Moses tokenization (sacremoses, the same settings as fairseq's
 ``--tokenizer moses`` defaults, so ``fairseq-generate --tokenizer moses --bpe subword_nmt
 --bpe-codes <codes>`` detokenizes correctly), joint subword-nmt BPE learned on the training
-text of both languages, then ``fairseq-preprocess --joined-dictionary``.
+text of both languages, then ``fairseq-preprocess --joined-dictionary``. The data-bin also holds
+the untokenized valid/test text and ``recipe.info``, so that examples/translation/evaluate.sh
+scores it as the WMT recipes' data (sacreBLEU against the untokenized references).
 
 WikiText-2 (``data/wikitext-2``): word level, the raw text is already space-tokenized;
 ``fairseq-preprocess --only-source --nwordssrc 5000`` by default: the 5000 most frequent words,
@@ -148,6 +150,21 @@ def _apply_bpe(codes_path, in_path, out_path, limit=None):
     _write_lines(out_path, [bpe.process_line(line) for line in lines])
 
 
+def _write_evaluation_files(data_bin, source_dir, eval_subset, src, tgt):
+    """What examples/translation/evaluate.sh reads next to the binarized data, as the WMT prepare
+    scripts write it: ``recipe.info`` (languages, segmentation) and the untokenized valid and
+    test text (``{split}.raw.{lang}``), so that sacreBLEU scores against the references as they
+    are, not as they come back from Moses and BPE (38 of the 1,000 test references change, e.g.
+    "flitzte/sauste" -> "flitzte / sauste"). Rewritten on every call (cheap), so a data-bin
+    built before these files existed gains them without being rebuilt."""
+    for split in ("valid", "test"):
+        for lang in (src, tgt):
+            lines = _read_lines(os.path.join(source_dir, f"{split}.{lang}"))
+            _write_lines(os.path.join(data_bin, f"{split}.raw.{lang}"),
+                         lines if eval_subset is None else lines[:eval_subset])
+    _write_lines(os.path.join(data_bin, "recipe.info"), [f"SRC={src}", f"TGT={tgt}", "SCHEME=moses-bpe"])
+
+
 def ende_paths(out_dir, subset=None, eval_subset=None, bpe_merges=8000, src="en", tgt="de"):
     """Where :func:`binarize_ende` puts things: dict with ``tok``, ``bpe``, ``codes``, ``data_bin``."""
     name = f"ende_bpe{bpe_merges}" if (src, tgt) == ("en", "de") else f"ende_{src}2{tgt}_bpe{bpe_merges}"
@@ -185,6 +202,7 @@ def _binarize_ende_locked(out_dir, subset, eval_subset, bpe_merges, workers, for
     settings = {"corpus": "ende", "source": source_dir, "subset": subset, "eval_subset": eval_subset,
                 "bpe_merges": bpe_merges, "src": src, "tgt": tgt}
     if not force and _is_done(paths["data_bin"], settings):
+        _write_evaluation_files(paths["data_bin"], source_dir, eval_subset, src, tgt)
         _log(f"en-de up to date: {paths['data_bin']}")
         return paths["data_bin"]
     start = time.time()
@@ -217,6 +235,7 @@ def _binarize_ende_locked(out_dir, subset, eval_subset, bpe_merges, workers, for
         "--trainpref", prefix + "train", "--validpref", prefix + "valid", "--testpref", prefix + "test",
         "--destdir", paths["data_bin"], "--joined-dictionary", "--workers", workers,
     ])
+    _write_evaluation_files(paths["data_bin"], source_dir, eval_subset, src, tgt)
     _mark_done(paths["data_bin"], settings)
     _log(f"en-de data-bin ready in {time.time() - start:.1f}s: {paths['data_bin']}")
     return paths["data_bin"]

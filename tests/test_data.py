@@ -119,6 +119,12 @@ def test_binarize_ende_subset():
     assert decoded == tokenized
     assert len(read(os.path.join(paths["tok"], "train.de"))) == len(read(os.path.join(ENDE, "train.de")))
     assert os.path.exists(paths["codes"])
+    # what evaluate.sh reads: the languages, and the untokenized valid/test text of the subset
+    # (sacreBLEU against the references themselves; Moses does not round-trip every line)
+    assert read(os.path.join(data_bin, "recipe.info")) == ["SRC=en", "TGT=de", "SCHEME=moses-bpe"]
+    for split in ("valid", "test"):
+        for lang in ("en", "de"):
+            assert read(os.path.join(data_bin, f"{split}.raw.{lang}")) == read(os.path.join(ENDE, f"{split}.{lang}"))[:100]
     # idempotent: a second call reuses the finished directory
     stamp = os.path.join(data_bin, binarize_bundled.STAMP)
     before = os.path.getmtime(stamp)

@@ -332,7 +332,7 @@ def _readme_commands(section="## Bundled data"):
 
 def _tool(command):
     last = command.split("|")[-1].split()
-    return last[1] if last[0] == "python" else last[0]
+    return last[1] if last[0] in ("python", "bash") else last[0]
 
 
 def test_readme_binarize_defaults_are_the_paths_the_readme_names(monkeypatch):
@@ -364,7 +364,8 @@ def test_readme_bundled_data_commands_run(tmp_path):
     commands = _readme_commands()
     assert [_tool(c) for c in commands] == [
         "scripts/binarize_bundled.py", "scripts/binarize_bundled.py", "fairseq-train",
-        "fairseq-generate", "fairseq-interactive", "fairseq-train", "fairseq-eval-lm"]
+        "fairseq-generate", "fairseq-interactive", "examples/translation/evaluate.sh", "fairseq-train",
+        "fairseq-eval-lm"]
     lm_tiny = "--decoder-embed-dim 32 --decoder-ffn-embed-dim 48 --decoder-layers 2 --kv-heads 2"
     extra = {
         "scripts/binarize_bundled.py": "",
@@ -372,6 +373,7 @@ def test_readme_bundled_data_commands_run(tmp_path):
         "fairseq-generate": "--cpu --max-len-a 0 --max-len-b 5",
         "fairseq-interactive": "--cpu --max-len-a 0 --max-len-b 5",
         "fairseq-eval-lm": "--cpu",
+        "examples/translation/evaluate.sh": "--max-len-a 0 --max-len-b 5",
     }
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                PATH=BIN + os.pathsep + os.environ["PATH"])
@@ -401,3 +403,9 @@ def test_readme_bundled_data_commands_run(tmp_path):
             assert re.search(r"^D-0\t", proc.stdout, re.M)
         if tool == "fairseq-eval-lm":
             assert "Perplexity" in out
+        if tool == "examples/translation/evaluate.sh":
+            # the bundled data-bin carries what evaluate.sh needs (recipe.info, test.raw.de)
+            assert re.search(r"sacreBLEU \(detokenized\): BLEU\|nrefs:1\|.*= \d+\.\d+", out), out[-3000:]
+            assert re.search(r"perplexity \(fairseq.*\): valid \d+\.\d+, test \d+\.\d+", out)
+            with open(tmp_path / "checkpoints" / "anthe" / "eval" / "test.lenpen1.0.detok", encoding="utf-8") as f:
+                assert len(f.read().splitlines()) == 100

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Evaluate a translation model trained with train-anthe.sh / train-subformer.sh on data made by
-# a prepare script (it reads the languages and the segmentation from DATA_BIN/recipe.info).
+# a prepare script, or by scripts/binarize_bundled.py (the bundled en-de); it reads the languages
+# and the segmentation from DATA_BIN/recipe.info.
 #
 # 1. checkpoint: CKPT is a file, or a checkpoint folder: its checkpoint_best.pt, or with
 #    --avg N the average of its last N checkpoints (scripts/average_checkpoints.py; update
@@ -55,7 +56,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ -n "$DATA" && -n "$CKPT" ]] || { usage; die "DATA_BIN and CKPT are required"; }
-[[ -f "$DATA/recipe.info" ]] || die "$DATA/recipe.info missing: DATA_BIN must come from a prepare script"
+[[ -f "$DATA/recipe.info" ]] || die "$DATA/recipe.info missing: DATA_BIN must come from a prepare script or scripts/binarize_bundled.py"
 if [[ "$PAPER" == 1 ]]; then
     [[ "$AVG" == 1 ]] || die "--paper scores the best checkpoint, as the Subformer paper: drop --avg $AVG"
     LENPENS="0.0 0.2 0.4 0.6 0.8 1.0 1.2 1.4 1.6 1.8 2.0"
