@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
+import importlib.util
 import os
 import re
 import sys
-import typing
 
 import torch
 
@@ -29,34 +28,23 @@ EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_PATTERN = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
 
 
-def checkpoint_allow_list() -> list:
-    """The non-tensor types of fairseq checkpoints that weights_only loading must accept."""
-    allowed: list = [argparse.Namespace, collections.defaultdict, typing.Any]
-    try:
-        import numpy as np
-        try:
-            from numpy._core.multiarray import _reconstruct
-        except ImportError:  # numpy < 2
-            from numpy.core.multiarray import _reconstruct
-        allowed += [np.ndarray, np.dtype, _reconstruct]
-        allowed += [type(np.dtype(name)) for name in ("float32", "float64", "int64", "int32")]
-    except ImportError:
-        pass
-    try:
-        from omegaconf import DictConfig, ListConfig
-        from omegaconf.base import ContainerMetadata, Metadata
-        from omegaconf.nodes import AnyNode
-        allowed += [DictConfig, ListConfig, ContainerMetadata, Metadata, AnyNode]
-    except ImportError:
-        pass
-    return allowed
+def _checkpoint_safety():
+    """slim_fairseq/checkpoint_safety.py, loaded by path so that reading a checkpoint does not
+    import fairseq (the package's __init__ registers every model); the loaded package's module
+    when it is already imported."""
+    module = sys.modules.get("slim_fairseq.checkpoint_safety")
+    if module is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "slim_fairseq",
+                            "checkpoint_safety.py")
+        spec = importlib.util.spec_from_file_location("_slim_fairseq_checkpoint_safety", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
 
 
 def load_checkpoint(path: str) -> dict:
-    """torch.load with weights_only=True and the fairseq allow-list."""
-    guard = getattr(torch.serialization, "safe_globals", None)
-    with guard(checkpoint_allow_list()) if guard else contextlib.nullcontext():
-        return torch.load(path, map_location="cpu", weights_only=True)
+    """torch.load with weights_only=True and fairseq's allow-list (slim_fairseq.checkpoint_safety)."""
+    return _checkpoint_safety().load(path)
 
 
 def last_checkpoints(folder: str, count: int, pattern: re.Pattern, upper_bound: int | None) -> list[str]:

@@ -10,24 +10,35 @@ refused. fairseq checkpoints additionally hold (docs/TECHNIQUES.md#safe-checkpoi
   omegaconf containers, fairseq's ``_TensorPlaceholder`` and a ``defaultdict``.
 
 Exactly these are added; safety is never switched off.
+
+This file imports nothing from fairseq or from the rest of the package, so scripts that only
+read checkpoints load it by path (``scripts/average_checkpoints.py``) without importing fairseq.
 """
 import argparse
 import collections
+import contextlib
 import importlib
+import sys
 import typing
 
 import torch
 
 
-def _optional(module_name, attr):
+def _optional(module_name, attr, import_missing=True):
+    if not import_missing and module_name not in sys.modules:
+        return None
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError):
         return None
 
 
-def allowed_globals():
-    """The list of globals fairseq checkpoints need (those importable in this environment)."""
+def allowed_globals(import_fairseq=True):
+    """The list of globals fairseq checkpoints need (those importable in this environment).
+
+    With ``import_fairseq=False`` fairseq's own class is listed only if fairseq already loaded
+    it: only fairseq's distributed code sends it, so a process without it reads none.
+    """
     import numpy as np
 
     names = [
@@ -51,10 +62,39 @@ def allowed_globals():
             if cls is not None:
                 found.append(cls)
     for module_name, attr in names:
-        obj = _optional(module_name, attr)
+        obj = _optional(module_name, attr, import_fairseq or not module_name.startswith("fairseq"))
         if obj is not None and obj not in found:
             found.append(obj)
     return found
+
+
+@contextlib.contextmanager
+def allowed():
+    """The allow-list for the duration of a ``with`` block.
+
+    Unlike ``torch.serialization.safe_globals``, whose exit removes every listed class even if
+    it was registered before (by :func:`install` when the plugin is imported), this removes
+    only what it added, so the process keeps the allow-list it had.
+    """
+    serialization = torch.serialization
+    if not hasattr(serialization, "add_safe_globals"):  # torch < 2.4: no allow-list needed
+        yield
+        return
+    before = list(serialization.get_safe_globals())
+    added = [g for g in allowed_globals(import_fairseq=False) if g not in before]
+    serialization.add_safe_globals(added)
+    try:
+        yield
+    finally:
+        remaining = [g for g in serialization.get_safe_globals() if g not in added]
+        serialization.clear_safe_globals()
+        serialization.add_safe_globals(remaining)
+
+
+def load(path, map_location="cpu"):
+    """``torch.load(path, weights_only=True)`` with the allow-list (and only it) in force."""
+    with allowed():
+        return torch.load(path, map_location=map_location, weights_only=True)
 
 
 def install():

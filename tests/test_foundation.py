@@ -61,6 +61,31 @@ def test_namespace_checkpoint_needs_the_allow_list(tmp_path):
     assert torch.load(path, weights_only=True)["args"].arch == "transformer"
 
 
+def test_reading_a_checkpoint_keeps_the_process_allow_list(tmp_path):
+    """scripts/average_checkpoints.load_checkpoint (also behind checkpoint_info.py) in a process
+    that imported the plugin: it used torch's safe_globals context, whose exit removed
+    argparse.Namespace that the plugin had registered, and every later weights_only load of a
+    fairseq checkpoint in that process failed."""
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import average_checkpoints
+
+    path = tmp_path / "ns.pt"
+    torch.save({"args": argparse.Namespace(arch="transformer"), "model": {"w": torch.ones(1)}}, path)
+    before = set(torch.serialization.get_safe_globals())
+    assert argparse.Namespace in before
+    assert average_checkpoints.load_checkpoint(str(path))["args"].arch == "transformer"
+    assert set(torch.serialization.get_safe_globals()) == before
+    assert torch.load(path, weights_only=True)["args"].arch == "transformer"
+    # without the plugin: the script reads it without importing fairseq, and leaves nothing behind
+    code = ("import argparse, sys, torch; sys.path.insert(0, sys.argv[2]); import average_checkpoints as a; "
+            "assert a.load_checkpoint(sys.argv[1])['args'].arch == 'transformer'; "
+            "assert argparse.Namespace not in torch.serialization.get_safe_globals(), 'left allow-listed'; "
+            "assert 'fairseq' not in sys.modules, 'imported fairseq'")
+    proc = subprocess.run([sys.executable, "-c", code, str(path), os.path.join(REPO, "scripts")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_plugin_import_is_silent_and_changes_nothing_global():
     code = r"""
 import argparse, io, logging, sys, warnings, contextlib
