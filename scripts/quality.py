@@ -22,8 +22,9 @@ that checkpoint and the last validation's NLL beside it in the table.
 (model, width) the learning rate with the lowest mean valid loss is kept, and each model's
 best points form its *frontier* (valid loss against parameters). The report gives, per model,
 the distance to the frontier of the baseline (``--frontier-baseline``, default fairseq's
-``transformer`` / ``transformer_lm`` run of the plan): the valid-loss difference at equal
-parameters and the baseline's parameters at equal loss, with the seed spread.
+``transformer`` / ``transformer_lm`` run of the plan; the lower convex hull of its best points
+over log parameters, :func:`frontier_points`): the valid-loss difference at equal parameters and
+the baseline's parameters at equal loss, with the seed spread.
 
 ``--lr-sweep-dim D`` sweeps the rates at width D only and trains the other widths at each
 model's best rate there; ``--lr-extend N`` tries one more rate beyond the grid (up to N times)
@@ -407,21 +408,36 @@ def frontier_name(baseline_label, corpus):
 
 
 def frontier_points(best, corpus, labels):
-    """The frontier of ``labels``' best points: (log10 params, valid NLL, its std) by parameters,
-    keeping a point only when it beats every point with fewer parameters (with several labels,
-    the best of them at each size; one model whose loss falls with width keeps every width)."""
+    """The frontier of ``labels``' best points: (log10 params, valid NLL, its std) by parameters.
+
+    A point is kept when it beats every point with fewer parameters, and when it lies on or below
+    the straight line (over log10 params) between its kept neighbours: the lower convex hull. A
+    family's valid loss falls ever more slowly as it grows, so the line between two of its sizes
+    is what sizes in between reach; a point above that line is a shape the baseline's other
+    sizes beat (with several labels, e.g. the separate-embedding transformer at a size between
+    two widths of the shared-embedding one). One model whose loss falls with width, ever more
+    slowly, keeps every width."""
     points = sorted((math.log10(r["params"]), r["valid_nll"][0], r["valid_nll"][1])
                     for r in best if r["corpus"] == corpus and r["label"] in labels and r["params"])
     front = []
     for point in points:
-        if not front or point[1] < front[-1][1]:
-            front.append(point)
+        if front and point[1] >= front[-1][1]:
+            continue
+        while len(front) >= 2 and _above_line(front[-1], front[-2], point):
+            front.pop()
+        front.append(point)
     return front
 
 
+def _above_line(middle, left, right):
+    """Whether ``middle`` lies above the straight line from ``left`` to ``right`` ((x, y, ...))."""
+    return ((middle[1] - left[1]) * (right[0] - left[0])
+            > (right[1] - left[1]) * (middle[0] - left[0]))
+
+
 def frontier_rows(best, baseline_label):
-    """Each best point against the baseline's frontier (valid NLL over log10 params; with several
-    baseline labels, the best of them at each size: :func:`frontier_points`).
+    """Each best point against the baseline's frontier (valid NLL over log10 params; the lower
+    convex hull of the baseline labels' best points: :func:`frontier_points`).
 
     ``delta_nll``: the point's valid NLL minus the baseline frontier's at the same parameter count
     (negative = better), with the spread ``sqrt(std_point^2 + std_baseline^2)`` (baseline std taken
@@ -662,7 +678,8 @@ def markdown(rows, args, baseline_label):
         lines += [f"**{title}: best learning rate per model and width, against the "
                   f"{frontier_name(baseline_label, corpus)} frontier**", "",
                   "Δ NLL = valid NLL (bits/token) minus the baseline frontier's at the same parameter "
-                  "count (negative = better; ± combines both seed spreads; *extrap.* = outside the "
+                  "count (the frontier: the lower convex hull of the baseline's best points over log "
+                  "parameters; negative = better; ± combines both seed spreads; *extrap.* = outside the "
                   "baseline's sizes). params ratio = parameters over those the baseline needs for the "
                   "same valid NLL (< 1 = fewer).", ""]
         head = ["model", "d", "best lr", "params", "valid NLL", "Δ NLL vs frontier", "params ratio"]
@@ -812,8 +829,9 @@ def get_parser():
     p.add_argument("--no-baseline", action="store_true", help="do not add fairseq's transformer(_lm)")
     p.add_argument("--frontier-baseline", metavar="LABEL[,LABEL...]",
                    help="label whose frontier the others are measured against (default: fairseq's "
-                        "transformer / transformer_lm of the plan); with several, the frontier is the "
-                        "best of them at each size, and the per-width comparison uses the first")
+                        "transformer / transformer_lm of the plan); the frontier is the lower convex hull of "
+                        "their best points over log parameters (with several, of all their points), "
+                        "and the per-width comparison uses the first")
     p.add_argument("--name", default="quality")
     p.add_argument("--out")
     p.add_argument("--dim", dest="dims", type=_int_list, default=[256], metavar="D[,D...]",

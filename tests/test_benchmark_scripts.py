@@ -617,6 +617,22 @@ def test_quality_frontier_and_verdict_helpers():
     assert cmp["delta_nll"] == pytest.approx(0.5) and cmp["verdict"].startswith("worse")
 
 
+def test_quality_frontier_drops_a_baseline_point_above_the_line_of_its_neighbours():
+    """The frontier is the lower convex hull over log params: a baseline point that beats every
+    smaller one but lies above the line from the point before it to a larger one (here b at 200
+    parameters, 4.9 against the line's 4.5) drops out, so a model of that size is measured
+    against the line, not against a shape the baseline's other sizes beat."""
+    runs = [_curve_run(label, dim, 1e-3, 1, [(10, nll)], params=params)
+            for label, dim, params, nll in (("a", 32, 100, 5.0), ("b", 32, 200, 4.9), ("a", 64, 400, 4.0),
+                                            ("slim", 32, 200, 4.6))]
+    best = quality.best_rows(quality.summarise(runs))
+    front = quality.frontier_points(best, "wikitext", ["a", "b"])
+    assert [(round(10 ** x), y) for x, y, _ in front] == [(100, 5.0), (400, 4.0)]
+    rows = {f["label"]: f for f in quality.frontier_rows(best, {"wikitext": "a,b"})}
+    assert rows["slim"]["delta_nll"] == pytest.approx(4.6 - 4.5)
+    assert rows["b"]["delta_nll"] == pytest.approx(4.9 - 4.5)
+
+
 def test_quality_frontier_of_several_baselines_is_the_best_of_them_at_each_size(tmp_path, capsys):
     """--frontier-baseline A,B: the frontier is made of the points of A and B that beat every point
     with fewer parameters (a larger point that loses drops out), the report names both, and the
