@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import importlib.util
 import os
 import re
@@ -28,10 +29,11 @@ EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_PATTERN = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
 
 
+@functools.lru_cache(maxsize=None)
 def _checkpoint_safety():
-    """slim_fairseq/checkpoint_safety.py, loaded by path so that reading a checkpoint does not
-    import fairseq (the package's __init__ registers every model); the loaded package's module
-    when it is already imported."""
+    """slim_fairseq/checkpoint_safety.py, loaded by path (once per process) so that reading a
+    checkpoint does not import fairseq (the package's __init__ registers every model); the loaded
+    package's module when it is already imported."""
     module = sys.modules.get("slim_fairseq.checkpoint_safety")
     if module is None:
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "slim_fairseq",
