@@ -731,7 +731,8 @@ def params_axis(ax):
 def plot(runs, rows, out_dir, baseline_label=None):
     """valid_loss_<corpus>.png (the curves of each best point) and params_vs_quality.png (each
     model's best points against parameters; the frontier baseline of ``baseline_label`` drawn as a
-    thick dashed black line)."""
+    thick dashed black line, and with several baseline labels the frontier the tables use, the
+    lower hull of their points (:func:`frontier_points`), as a wide grey band under them)."""
     import logging
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib
@@ -750,7 +751,7 @@ def plot(runs, rows, out_dir, baseline_label=None):
         labels = frontier.split(",") if frontier else []
         if label in labels:
             return dict(color="black" if label == labels[0] else "grey", linestyle="--", linewidth=2.2,
-                        label=f"{label} (frontier)", zorder=3)
+                        label=f"{label} ({'frontier' if len(labels) == 1 else 'baseline'})", zorder=3)
         return dict(color=colour[label], label=label)
     for corpus in sorted({r["corpus"] for r in runs}):
         frontier = (baseline_label or {}).get(corpus)
@@ -798,6 +799,13 @@ def plot(runs, rows, out_dir, baseline_label=None):
             ax.errorbar([r["params"] for r in pts], [r[metric][0] for r in pts],
                         yerr=[r[metric][1] or 0.0 for r in pts], marker="s" if pts[0]["baseline"] else "o",
                         markersize=4, capsize=2, **look(label, frontier))
+        labels = frontier.split(",") if frontier else []
+        if metric == "valid_nll" and len(labels) > 1:
+            # what the tables measure against: the lower hull of the baselines' points together
+            hull = frontier_points(best, corpus, labels)
+            ax.plot([10 ** x for x, _y, _std in hull], [y for _x, y, _std in hull], color="black",
+                    linewidth=7, alpha=0.18, solid_capstyle="round", zorder=2,
+                    label="frontier (lower hull of " + " + ".join(labels) + ")")
         params_axis(ax)
         ax.set_xlabel("parameters (log scale)")
         ax.set_ylabel("test BLEU" if metric == "test_bleu" else "valid NLL (bits/token)")

@@ -666,6 +666,32 @@ def test_quality_frontier_of_several_baselines_is_the_best_of_them_at_each_size(
             in capsys.readouterr().err)
 
 
+def test_quality_plot_draws_the_frontier_of_several_baselines(tmp_path, monkeypatch):
+    """With --frontier-baseline A,B the plot draws, besides A's and B's own lines, the frontier the
+    tables measure against (their lower hull), so a reader can see where a model sits against it."""
+    from matplotlib.figure import Figure
+    runs = [_curve_run(label, dim, 1e-3, 1, [(10, nll)], params=params)
+            for label, dim, params, nll in (("a", 32, 100, 5.0), ("b", 32, 200, 4.9), ("a", 64, 400, 4.0),
+                                            ("slim", 32, 200, 4.6))]
+    saved = {}
+    real_savefig = Figure.savefig
+
+    def keep(fig, path, *args, **kwargs):
+        saved[os.path.basename(path)] = [(line.get_label(), list(line.get_xdata()), list(line.get_ydata()))
+                                         for ax in fig.axes for line in ax.get_lines()]
+        saved["legend"] = {label for ax in fig.axes for label in ax.get_legend_handles_labels()[1]}
+        return real_savefig(fig, path, *args, **kwargs)
+    monkeypatch.setattr(Figure, "savefig", keep)
+    quality.plot(runs, quality.summarise(runs), str(tmp_path), {"wikitext": "a,b"})
+    hull = [line for line in saved["params_vs_quality.png"] if line[0].startswith("frontier")]
+    assert [(label, xs, ys) for label, xs, ys in hull] == [
+        ("frontier (lower hull of a + b)", pytest.approx([100.0, 400.0]), [5.0, 4.0])]
+    assert saved["legend"] >= {"a (baseline)", "b (baseline)", "frontier (lower hull of a + b)"}
+    quality.plot(runs, quality.summarise(runs), str(tmp_path), {"wikitext": "a"})
+    assert not [line for line in saved["params_vs_quality.png"] if line[0].startswith("frontier")]
+    assert "a (frontier)" in saved["legend"]
+
+
 def _curve_run(label, dim, lr, seed, curve, params=1000, baseline=False):
     """A finished study run with the valid NLL ``curve`` [(updates, nll)]."""
     points = [[u, nll, nll, 2 ** nll] for u, nll in curve]

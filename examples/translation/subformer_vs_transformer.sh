@@ -24,8 +24,9 @@
 #        fairseq ships it); --pre-ln: both pre-LN; --post-ln: both post-LN (the paper's Subformer).
 #        --dry-run: print the two fairseq-train commands, run nothing. --eval-only: reuse the
 #        checkpoints of an earlier run (translate + report only). --lr sets both models' Adam
-#        rate (default 1e-3), --subformer-lr the Subformer's alone (default: --lr); on WikiText-2
-#        the Subformer's best rate differed from the transformer's (docs/TRAINING.md).
+#        rate (default 1e-3, the best rate measured nearest this shape for both models:
+#        docs/TRAINING.md, "Learning rate"), --subformer-lr the Subformer's alone (default:
+#        --lr); on WikiText-2 the Subformer's best rate differed from the transformer's.
 # env:   THREADS (per model, default 1); the two runs go in parallel unless --sequential.
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
