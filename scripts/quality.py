@@ -605,6 +605,7 @@ def family_summary(front):
         ratios = [f["params_ratio"] for f in points if f["params_ratio"] is not None]
         out.append({"corpus": key[0], "label": key[1], "widths": [f["dim"] for f in points],
                     "deltas": [(f["delta_nll"], f["delta_std"]) for f in points],
+                    "params": [f["params"] for f in points], "test_bleu": [f["test_bleu"] for f in points],
                     "params_ratios": ratios, "where": where + (" (one seed: spread unknown)" if one_seed else ""),
                     "extrapolated": any(f["extrapolated"] for f in points)})
     return out
@@ -701,17 +702,19 @@ def markdown(rows, args, baseline_label):
         if families:
             lines += [f"**{title}: each model against the {frontier_name(baseline_label, corpus)} frontier, "
                       "over its widths**", "",
-                      "| model | widths | Δ NLL vs frontier (bits), smallest width first | params ratio at equal "
-                      "NLL | where it sits |", "|---|---|---|---|---|"]
+                      "| model | widths | params | Δ NLL vs frontier (bits), smallest width first | params ratio at "
+                      "equal NLL |" + (" test BLEU |" if corpus == "ende" else "") + " where it sits |",
+                      "|---|---|---|---|---|" + ("---|" if corpus == "ende" else "") + "---|"]
             for fam in families:
                 ratios = fam["params_ratios"]
-                lines.append("| " + " | ".join([
-                    fam["label"], ", ".join(map(str, fam["widths"])),
-                    ", ".join(fmt(d, s, digits=3, signed=True) for d, s in fam["deltas"])
-                    + (" (some *extrap.*)" if fam["extrapolated"] else ""),
-                    "—" if not ratios else (f"{min(ratios):.2f}" if len(ratios) == 1
-                                            else f"{min(ratios):.2f}–{max(ratios):.2f}"),
-                    fam["where"]]) + " |")
+                cells = [fam["label"], ", ".join(map(str, fam["widths"])), " / ".join(f"{p:,}" for p in fam["params"]),
+                         ", ".join(fmt(d, s, digits=3, signed=True) for d, s in fam["deltas"])
+                         + (" (some *extrap.*)" if fam["extrapolated"] else ""),
+                         "—" if not ratios else (f"{min(ratios):.2f}" if f"{min(ratios):.2f}" == f"{max(ratios):.2f}"
+                                                 else f"{min(ratios):.2f}–{max(ratios):.2f}")]
+                if corpus == "ende":
+                    cells.append(", ".join(fmt(*bleu) for bleu in fam["test_bleu"]))
+                lines.append("| " + " | ".join(cells + [fam["where"]]) + " |")
             lines.append("")
     return "\n".join(lines)
 

@@ -658,7 +658,9 @@ def test_quality_frontier_of_several_baselines_is_the_best_of_them_at_each_size(
     quality.main(["--out", str(tmp_path), "--report-only", "--frontier-baseline", "a,b"])
     table = (tmp_path / "table.md").read_text()
     assert "against the `a` + `b` frontier, over its widths" in table
-    assert "| b | 32, 64 | +0.000 ± 0.010, +0.300 ± 0.010 (some *extrap.*) |" in table
+    assert "| b | 32, 64 | 200 / 800 | +0.000 ± 0.010, +0.300 ± 0.010 (some *extrap.*) |" in table
+    # a ratio that is the same at every width is given once, not as a range from it to itself
+    assert "| a | 32, 64 | 100 / 400 | +0.000 ± 0.010, +0.000 ± 0.010 | 1.00 |" in table
     assert "each model against `a` (best learning rates)" in table
     with pytest.raises(SystemExit):
         quality.main(["--out", str(tmp_path), "--report-only", "--frontier-baseline", "a,typo"])
@@ -690,6 +692,23 @@ def test_quality_plot_draws_the_frontier_of_several_baselines(tmp_path, monkeypa
     quality.plot(runs, quality.summarise(runs), str(tmp_path), {"wikitext": "a"})
     assert not [line for line in saved["params_vs_quality.png"] if line[0].startswith("frontier")]
     assert "a (frontier)" in saved["legend"]
+
+
+def test_quality_family_table_gives_bleu_at_each_width_for_translation(tmp_path):
+    """The per-model table over widths gives, for en-de, the test BLEU at each width beside the
+    valid-loss distance (what issue 14 asks the RESULTS table to say for MT)."""
+    runs = [dict(_curve_run(label, dim, 1e-3, seed, [(10, nll + 0.01 * seed)], params=params),
+                 corpus="ende", test_bleu=bleu + seed)
+            for label, dim, params, nll, bleu in (("base", 32, 100, 5.0, 1.0), ("base", 64, 400, 4.0, 3.0),
+                                                  ("slim", 32, 100, 4.5, 2.0), ("slim", 64, 400, 3.9, 5.0))
+            for seed in (1, 2)]
+    (tmp_path / "results.json").write_text(json.dumps({"argv": [
+        "quality.py", "--corpus", "ende", "--model", "base=transformer", "--model", "slim=transformer",
+        "--no-baseline", "--dim", "32,64"], "runs": runs}))
+    quality.main(["--out", str(tmp_path), "--report-only", "--frontier-baseline", "base"])
+    table = (tmp_path / "table.md").read_text()
+    assert ("| slim | 32, 64 | 100 / 400 | -0.500 ± 0.010, -0.100 ± 0.010 | 0.50 | 3.50 ± 0.71, 6.50 ± 0.71 "
+            "| ahead of the frontier at every width |") in table
 
 
 def _curve_run(label, dim, lr, seed, curve, params=1000, baseline=False):
