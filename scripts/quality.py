@@ -605,7 +605,8 @@ def family_summary(front):
         ratios = [f["params_ratio"] for f in points if f["params_ratio"] is not None]
         out.append({"corpus": key[0], "label": key[1], "widths": [f["dim"] for f in points],
                     "deltas": [(f["delta_nll"], f["delta_std"]) for f in points],
-                    "params": [f["params"] for f in points], "test_bleu": [f["test_bleu"] for f in points],
+                    "params": [f["params"] for f in points],
+                    "test_bleu": [f.get("test_bleu", (None, None)) for f in points],
                     "params_ratios": ratios, "where": where + (" (one seed: spread unknown)" if one_seed else ""),
                     "extrapolated": any(f["extrapolated"] for f in points)})
     return out
