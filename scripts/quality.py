@@ -19,7 +19,8 @@ so a run that overfits late is reported at its best point (early stopping), with
 that checkpoint and the last validation's NLL beside it in the table.
 
 ``--dim 64,128,256`` and ``--lr 1e-3,3e-3,1e-2`` sweep widths and learning rates; for every
-(model, width) the learning rate with the lowest mean valid loss is kept, and each model's
+(model, width) the learning rate with the lowest valid loss is kept (compared on the seeds every
+rate has, reported as the mean over all of its seeds: :func:`best_rows`), and each model's
 best points form its *frontier* (valid loss against parameters). The report gives, per model,
 the distance to the frontier of the baseline (``--frontier-baseline``, default fairseq's
 ``transformer`` / ``transformer_lm`` run of the plan; the lower convex hull of its best points
