@@ -344,21 +344,24 @@ def _loss_on(row, seeds):
     return statistics.mean(values)
 
 
+def best_rate_row(group):
+    """Of the rows of one model and width (one per rate), the one with the lowest valid loss,
+    compared on the seeds every rate tried has (the sweep's); its own row then carries the mean
+    over all its seeds. Comparing a two-seed mean with one seed would let a second seed of the
+    chosen rate, when it lands worse, hand the choice to a rate that has one seed only (the best
+    of several single draws looks better than it is)."""
+    shared = sorted(set.intersection(*(set(r.get("seed_nll", {})) for r in group)))
+    return min(group, key=(lambda r: _loss_on(r, shared)) if shared else _loss)
+
+
 def best_rows(rows):
-    """Per (corpus, label, dim): the row of the learning rate with the lowest valid loss, compared
-    on the seeds every rate tried has (the sweep's), then reported with the mean over all its
-    seeds. Comparing a two-seed mean with one seed would let a second seed of the chosen rate,
-    when it lands worse, hand the choice to a rate that has one seed only (the best of several
-    single draws looks better than it is)."""
+    """Per (corpus, label, dim): the row of the best learning rate (:func:`best_rate_row`)."""
     groups = {}
     for row in rows:
         if row["valid_nll"][0] is not None:
             groups.setdefault((row["corpus"], row["label"], row["dim"]), []).append(row)
-    best = []
-    for group in groups.values():
-        shared = set.intersection(*(set(r.get("seed_nll", {})) for r in group))
-        best.append(min(group, key=(lambda r: _loss_on(r, sorted(shared))) if shared else _loss))
-    return sorted(best, key=lambda r: (r["corpus"], r["label"], r["params"] or 0))
+    return sorted((best_rate_row(group) for group in groups.values()),
+                  key=lambda r: (r["corpus"], r["label"], r["params"] or 0))
 
 
 def _finished_rows(runs, corpus, label, dim):
@@ -381,7 +384,7 @@ def edge_rate(runs, corpus, label, dim, grid):
     if len(rows) < 2 or all(_loss(r) == math.inf for r in rows):
         return None
     tried = sorted(r["lr"] for r in rows)
-    best = min(rows, key=_loss)["lr"]
+    best = best_rate_row(rows)["lr"]
     if best in (tried[0], tried[-1]):
         return _grid_step(best, sorted(grid), down=best == tried[0])
     return None
@@ -398,7 +401,7 @@ def rate_step_with_width(runs, corpus, label, dim, sweep_dim, grid):
         return None
     down = dim > sweep_dim
     furthest = (min if down else max)(r["lr"] for r in rows)
-    return _grid_step(furthest, sorted(grid), down) if min(rows, key=_loss)["lr"] == furthest else None
+    return _grid_step(furthest, sorted(grid), down) if best_rate_row(rows)["lr"] == furthest else None
 
 
 def interpolate(points, x):
@@ -649,6 +652,11 @@ def comparison_markdown(runs, baseline_label):
     return "\n".join(lines)
 
 
+def _span(low, high):
+    """``low–high``, or ``low`` alone when the two read the same."""
+    return low if low == high else f"{low}–{high}"
+
+
 def markdown(rows, args, baseline_label):
     dims = ",".join(map(str, args.dims))
     lines = [f"Equal budget: {args.max_update} updates of ≤{args.max_tokens} tokens"
@@ -726,8 +734,7 @@ def markdown(rows, args, baseline_label):
                 cells = [fam["label"], ", ".join(map(str, fam["widths"])), " / ".join(f"{p:,}" for p in fam["params"]),
                          ", ".join(fmt(d, s, digits=3, signed=True) for d, s in fam["deltas"])
                          + (" (some *extrap.*)" if fam["extrapolated"] else ""),
-                         "—" if not ratios else (f"{min(ratios):.2f}" if f"{min(ratios):.2f}" == f"{max(ratios):.2f}"
-                                                 else f"{min(ratios):.2f}–{max(ratios):.2f}")]
+                         "—" if not ratios else _span(f"{min(ratios):.2f}", f"{max(ratios):.2f}")]
                 if corpus == "ende":
                     cells.append(", ".join(fmt(*bleu) for bleu in fam["test_bleu"]))
                 lines.append("| " + " | ".join(cells + [fam["where"]]) + " |")
@@ -818,7 +825,7 @@ def plot(runs, rows, out_dir, baseline_label=None):
             ax.errorbar([r["params"] for r in pts], [r[metric][0] for r in pts],
                         yerr=[r[metric][1] or 0.0 for r in pts], marker="s" if pts[0]["baseline"] else "o",
                         markersize=4, capsize=2, **look(label, frontier))
-        labels = frontier.split(",") if frontier else []
+        labels = frontier_labels(baseline_label, corpus) if frontier else []
         if metric == "valid_nll" and len(labels) > 1:
             # what the tables measure against: the lower hull of the baselines' points together
             hull = frontier_points(best, corpus, labels)

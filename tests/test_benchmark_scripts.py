@@ -719,6 +719,10 @@ def test_quality_best_rate_is_chosen_on_the_seeds_every_rate_has():
             _curve_run("m", 128, 3e-3, 1, [(10, 5.1)]), _curve_run("m", 128, 1e-2, 1, [(10, 7.0)])]
     (best,) = quality.best_rows(quality.summarise(runs))
     assert best["lr"] == 1e-3 and best["seeds"] == [1, 2] and best["valid_nll"][0] == pytest.approx(5.15)
+    # the planning of further rates makes the same choice: 1e-3 is the grid's lower edge, so the
+    # next rate is one step below it, not one above 3e-3
+    assert quality.edge_rate(runs[:3], "wikitext", "m", 128, [1e-3, 3e-3]) == pytest.approx(1e-3 / 3)
+    assert quality.rate_step_with_width(runs[:3], "wikitext", "m", 128, 64, [1e-3, 3e-3]) == pytest.approx(1e-3 / 3)
     # a diverged shared seed ranks that rate last; rows without per-seed values use the mean
     runs.append(_curve_run("m", 128, 3e-4, 1, [(10, float("nan"))]))
     assert quality.best_rows(quality.summarise(runs))[0]["lr"] == 1e-3
