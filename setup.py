@@ -10,7 +10,7 @@ setup(
     name="slim_fairseq",
     version="0.1.0",
     description="Anthe, Subformer, STLM weight tying and skipless transformers for fairseq (--user-dir)",
-    packages=find_packages(include=["slim_fairseq", "slim_fairseq.*"]),
+    packages=find_packages(include=["slim_fairseq", "slim_fairseq.*", "slim_fairseq_lab", "slim_fairseq_lab.*"]),
     py_modules=["slim_fairseq_user_dir"],
     python_requires=">=3.10",
     entry_points={"console_scripts": [
