@@ -8,7 +8,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="slim_fairseq",
-    version="0.1.0",
+    version="0.2.0",
     description="Anthe, Subformer, STLM weight tying and skipless transformers for fairseq (--user-dir)",
     packages=find_packages(include=["slim_fairseq", "slim_fairseq.*", "slim_fairseq_lab", "slim_fairseq_lab.*"]),
     py_modules=["slim_fairseq_user_dir"],

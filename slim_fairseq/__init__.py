@@ -10,7 +10,7 @@ import os
 
 from slim_fairseq import checkpoint_safety, clean_exit
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 checkpoint_safety.install()
 clean_exit.install()

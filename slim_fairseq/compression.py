@@ -304,8 +304,10 @@ def model_flags(model_cfg, model_name):
         if action.dest not in chosen:
             continue
         value, flag = chosen[action.dest], action.option_strings[-1]
-        if isinstance(action, argparse._StoreTrueAction):
-            flags += [flag] if value else []
+        if isinstance(action, argparse.BooleanOptionalAction):
+            flags += [action.option_strings[0] if value else action.option_strings[1]]
+        elif isinstance(action, argparse._StoreTrueAction):
+            flags += [action.option_strings[0]] if value else []
         elif isinstance(action, argparse._StoreFalseAction):
             flags += [] if value else [flag]
         else:
@@ -327,13 +329,13 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
     ratios = dict(tc_ff=tc_ff, tc_patt=tc_patt, tc_layer=tc_layer, tc_emb=tc_emb, tc_output=tc_output)
     for place, ratio in ratios.items():
         if not 0.0 <= ratio <= 1.0:
-            raise CompressionError(f"--{place.replace('_', '-')}={ratio!r} is not allowed; "
+            raise CompressionError(f"--{place.replace('_', '-')}={ratio}: not a parameter ratio; "
                                    "allowed: a ratio in [0, 1] (0 = dense)")
     if not any(ratios.values()):
         raise CompressionError("nothing to compress: give at least one of --tc-ff, --tc-patt, "
                                "--tc-layer, --tc-emb, --tc-output > 0")
     if tc_length < 2:
-        raise CompressionError(f"--tc-length={tc_length} is not allowed; allowed: an integer >= 2")
+        raise CompressionError(f"--tc-length={tc_length}: too short for a chain; allowed: an integer >= 2")
     state = _load_state(path, data)
     cfg = _model_cfg(state)
     arch = _arch_of(cfg.model)
@@ -358,7 +360,7 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
         setattr(slim_cfg, place, float(ratio))
     slim_cfg.tc_length = int(tc_length)
     try:
-        validate_slim_args(slim_cfg)
+        validate_slim_args(slim_cfg, slim_name)
         _, slim = _build_task_and_model(cfg, state, model_cfg=copy.deepcopy(slim_cfg))
         # the plugin's model with every chain off must be exactly the checkpoint's model
         same_cfg = without_tensor_chains(copy.deepcopy(slim_cfg))
@@ -427,12 +429,10 @@ def other_techniques(model_cfg):
     """Flags of every plugin technique except Tensor Chains that ``model_cfg`` switches on
     (empty: the dense export is exactly fairseq's transformer / transformer_lm)."""
     from slim_fairseq.models.slim_options import set_slim_defaults
-    from slim_fairseq.modules.weight_tying import set_tying_defaults
     defaults = argparse.Namespace()
     set_slim_defaults(defaults)
-    set_tying_defaults(defaults)
-    # the chains and the options that only shape them go with the export; bert_init: init only
-    skip = {*TC_PLACES, *dict(TC_SHAPE_DEFAULTS), "ffn_lora_alpha", "bert_init"}
+    # the chains and the options that only shape them go with the export; inits: init only
+    skip = {*TC_PLACES, *dict(TC_SHAPE_DEFAULTS), "ffn_lora_alpha", "bert_init", "init_std"}
     return ["--" + key.replace("_", "-") for key, default in vars(defaults).items()
             if key not in skip and getattr(model_cfg, key, default) not in (default, None)]
 
@@ -440,10 +440,8 @@ def other_techniques(model_cfg):
 def _plain_fairseq(cfg, state, dense_cfg, dense, model_name):
     """(config, model) of fairseq's own model holding the tensors of the dense export."""
     from slim_fairseq.models.slim_options import set_slim_defaults
-    from slim_fairseq.modules.weight_tying import set_tying_defaults
     plugin_only = argparse.Namespace()
     set_slim_defaults(plugin_only)
-    set_tying_defaults(plugin_only)
     plain_name = next(name for name, slim in SLIM_OF.items() if slim == model_name)
     plain_cfg = argparse.Namespace(**{k: v for k, v in vars(dense_cfg).items()
                                       if not hasattr(plugin_only, k)})

@@ -5,6 +5,9 @@ catch it in Python) and a ``SystemExit``: uncaught in ``fairseq-train`` / ``fair
 / ..., Python prints its ``code`` (``fairseq-train: error: --flag ...``, argparse's format) and
 exits with status 1, without a traceback.
 
+Every option error has one format, ``--flag=value: what is wrong; allowed: what would work``
+(:func:`option_error`; a flag that takes no value is written without ``=value``).
+
 The plugin checks its options twice: right after fairseq parses the command line (the
 architecture preset is wrapped by :func:`checked_preset`, so nothing is loaded or logged
 before the error) and again when the model is built (``build_model``, also the hub route).
@@ -16,6 +19,8 @@ import functools
 import os
 import sys
 
+from slim_fairseq.checkpoint_upgrade import upgrade_args
+
 
 class OptionError(ValueError, SystemExit):
     """A bad option value or combination; the message names the flag."""
@@ -24,6 +29,13 @@ class OptionError(ValueError, SystemExit):
         super().__init__(message)
         prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fairseq"
         self.code = f"{prog}: error: {message}"
+
+
+def option_error(flag, value, problem, allowed):
+    """The plugin's one option-error format: ``--flag=value: problem; allowed: allowed``
+    (``value`` None or True: a flag without a value). Returns the :class:`OptionError` to raise."""
+    shown = flag if value is None or value is True else f"{flag}={value}"
+    return OptionError(f"{shown}: {problem}; allowed: {allowed}")
 
 
 def names_a_flag(error):
@@ -66,15 +78,15 @@ def check_task(is_lm, arch, task):
     if cls is None:
         return
     if not is_lm and issubclass(cls, LanguageModelingTask):
-        raise OptionError(
-            f"--arch {arch}: an encoder-decoder (translation) model cannot be used with "
-            f"--task {_task_name(task, cls)} (language models: {LM_ARCH_HINT}); for a translation "
-            "checkpoint use fairseq-generate / fairseq-interactive with --task translation")
+        raise option_error(
+            "--arch", arch, f"an encoder-decoder (translation) model cannot be used with --task "
+            f"{_task_name(task, cls)}", f"a language model ({LM_ARCH_HINT}); for a translation "
+            "checkpoint fairseq-generate / fairseq-interactive with --task translation")
     if is_lm and issubclass(cls, TranslationTask):
-        raise OptionError(
-            f"--arch {arch}: a language model cannot be used with --task {_task_name(task, cls)}; "
-            "use --task language_modeling (fairseq-eval-lm, or fairseq-generate/-interactive "
-            "with --task language_modeling) or an encoder-decoder arch such as anthe_base")
+        raise option_error(
+            "--arch", arch, f"a language model cannot be used with --task {_task_name(task, cls)}",
+            "--task language_modeling (fairseq-eval-lm, or fairseq-generate/-interactive with "
+            "--task language_modeling), or an encoder-decoder arch such as anthe_base")
 
 
 def _task_name(task, cls):
@@ -88,11 +100,14 @@ def _task_name(task, cls):
 
 
 def checked_preset(preset, model_cls):
-    """Wrap an architecture preset so that fairseq's ``parse_args_and_arch`` (which calls the
-    preset last) also checks the options with ``model_cls.check_args(args)``."""
+    """Wrap an architecture preset so that options stored by earlier versions take today's
+    names first (:func:`slim_fairseq.checkpoint_upgrade.upgrade_args`; fairseq calls the preset
+    when it builds a model from a checkpoint) and fairseq's ``parse_args_and_arch`` (which calls
+    the preset last) also checks the options with ``model_cls.check_args(args)``."""
 
     @functools.wraps(preset)
     def checked(args):
+        upgrade_args(args)
         preset(args)
         with one_line_option_errors():
             model_cls.check_args(args)

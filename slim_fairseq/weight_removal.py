@@ -28,6 +28,9 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from slim_fairseq.checkpoint_upgrade import upgrade_state_dict
+from slim_fairseq.option_errors import option_error
+
 DEFAULT_MAX_CONDITION = 1e8
 REMOVABLE = ("q", "k", "v")
 
@@ -48,22 +51,29 @@ def _set(cfg, name, value):
 def check_removable(model_args, removed: str):
     """Raise a one-line ValueError if ``removed`` cannot be removed exactly from this model."""
     if removed not in REMOVABLE:
-        raise ValueError(f"--removed-weights: got {removed!r}, allowed q|k|v")
+        raise option_error("--removed-weights", removed, "not a projection", "q|k|v")
+    if (_get(model_args, "skipless_layout", "none") or "none") == "none":
+        raise option_error("--removed-weights", removed, "exact removal needs a skipless model "
+                           "(no residual, no norm)", "a skipless_* arch or --skipless-layout")
     already = _get(model_args, "removed_weights", "none") or "none"
     if already != "none":
-        raise ValueError(f"--removed-weights: the model is already reduced (--removed-weights {already})")
+        raise option_error("--removed-weights", removed, "the model is already reduced "
+                           f"(--removed-weights {already})", "an unreduced model")
     heads = _get(model_args, "decoder_attention_heads")
     kv_heads = _get(model_args, "kv_heads", 0) or heads
     if removed in ("k", "v") and kv_heads != heads:
-        raise ValueError(
-            f"--removed-weights {removed}: W_{removed.upper()} is d x {kv_heads}*d_h, only square with MHA "
-            f"(--kv-heads {kv_heads}, {heads} heads); allowed with MQA/GQA: q"
-        )
-    if _get(model_args, "embed_layernorm", False):
-        raise ValueError(
-            f"--removed-weights {removed}: the first block's W_{removed.upper()} cannot be absorbed "
-            "through --embed-layernorm (the embedding is normalised before it); allowed: none"
-        )
+        raise option_error("--removed-weights", removed, f"W_{removed.upper()} is d x {kv_heads}*d_h, "
+                           f"only square with MHA (--kv-heads {kv_heads}, {heads} heads)",
+                           "q with MQA/GQA")
+    for flag, dest in (("--self-attn-gate", "self_attn_gate"), ("--tc-ff", "tc_ff"),
+                       ("--tc-layer", "tc_layer"), ("--tc-emb", "tc_emb")):
+        if _get(model_args, dest, None) not in (None, "none", 0, 0.0):
+            raise option_error("--removed-weights", removed, f"exact removal merges dense "
+                               f"projections, which {flag} changes", f"a model without {flag}")
+    if _get(model_args, "layernorm_embedding", False):
+        raise option_error("--removed-weights", removed, f"the first block's W_{removed.upper()} "
+                           "cannot be absorbed through --layernorm-embedding (the embedding is "
+                           "normalised before it)", "none")
 
 
 def _row(sd, key):
@@ -96,7 +106,7 @@ def convert_state_dict(
     """Reduce a skipless model's state dict (docs/TECHNIQUES.md#weight-removal).
 
     Args:
-        state_dict: the ``model`` state dict of a ``skipless_lm`` arch (unreduced).
+        state_dict: the ``model`` state dict of a skipless model (unreduced).
         model_args: its model config (Namespace or dict) with the arch defaults filled.
         removed: ``"q"``, ``"k"`` or ``"v"``.
         max_condition: largest accepted condition number of a removed matrix.
@@ -111,11 +121,12 @@ def convert_state_dict(
     dim = _get(model_args, "decoder_embed_dim")
     scale = 1.0 if _get(model_args, "no_scale_embedding", False) else math.sqrt(dim)
     mlp_scale = float(_get(model_args, "mlp_branch_scale", 1.0))
-    parallel_scale = 1.0 / math.sqrt(1.0 + mlp_scale ** 2)  # SkiplessBlock.parallel_output_scale
+    parallel_scale = 1.0 / math.sqrt(1.0 + mlp_scale ** 2)  # SkiplessDecoderLayer.parallel_output_scale
     tied = bool(_get(model_args, "share_decoder_input_output_embed", False))
     has_bias = bool(_get(model_args, "linear_bias", False))
     if has_bias and not parallel and mlp_scale == 0.0:
-        raise ValueError("--mlp-branch-scale: 0 makes the FFN output constant; nothing to convert")
+        raise option_error("--mlp-branch-scale", 0.0, "makes the FFN output constant; nothing to "
+                           "convert", "a number > 0")
 
     sd = {k: v for k, v in state_dict.items()}
     dtypes = {k: v.dtype for k, v in sd.items()}
@@ -123,7 +134,7 @@ def convert_state_dict(
     others = [s for s in REMOVABLE if s != removed]
     report = []
 
-    embed_key = "decoder.embed_tokens.weight"
+    embed_key = "decoder.embed_tokens.table.weight"
     embedding = sd[embed_key].to(torch.float64)
     if tied:
         new["decoder.output_projection.weight"] = embedding.clone()
@@ -142,7 +153,7 @@ def convert_state_dict(
     conds = []
     for i in range(layers):
         p = f"decoder.layers.{i}."
-        attn, ffn = p + "self_attn.", p + "ffn."
+        attn, ffn = p + "self_attn.", p
         dmat, cond = _checked_matrix(sd, f"{attn}{removed}_proj.weight", i, removed, max_condition)
         conds.append(cond)
         b_d = _bias(sd, f"{attn}{removed}_proj.bias", dim)
@@ -152,17 +163,17 @@ def convert_state_dict(
             new[embed_key] = embedding @ dmat + b_d / scale
         else:
             q = f"decoder.layers.{i - 1}."
-            fc2 = _row(sd, q + "ffn.fc2.weight")
-            b2 = _bias(sd, q + "ffn.fc2.bias", dim)
-            put(q + "ffn.fc2.weight", fc2 @ dmat)
+            fc2 = _row(sd, q + "fc2.weight")
+            b2 = _bias(sd, q + "fc2.bias", dim)
+            put(q + "fc2.weight", fc2 @ dmat)
             if parallel:
                 prev_p = new.pop(q + "self_attn.out_proj.weight").t()  # already reduced by step 3
                 b_p = new.pop(q + "self_attn.out_proj.bias", _bias(sd, q + "self_attn.out_proj.bias", dim))
                 put(q + "self_attn.out_proj.weight", prev_p @ dmat)
                 put_bias(q + "self_attn.out_proj.bias", b_p @ dmat + b_d / parallel_scale)
-                put_bias(q + "ffn.fc2.bias", b2 @ dmat)
+                put_bias(q + "fc2.bias", b2 @ dmat)
             else:
-                put_bias(q + "ffn.fc2.bias", b2 @ dmat + b_d / mlp_scale)
+                put_bias(q + "fc2.bias", b2 @ dmat + b_d / mlp_scale)
 
         # 2. the other two projections read x' = x D + b_D
         for name in others:
@@ -172,7 +183,8 @@ def convert_state_dict(
             put_bias(f"{attn}{name}_proj.bias", _bias(sd, f"{attn}{name}_proj.bias", mat.shape[1]) - b_d @ reduced)
 
         # 3. FFN input linears
-        ffn_inputs = [n for n in ("fc1", "fc_gate") if f"{ffn}{n}.weight" in sd]
+        # a plain FFN's fc1, a GLU's two input linears (fc1.w1 through the activation, fc1.w3)
+        ffn_inputs = [n for n in ("fc1", "fc1.w1", "fc1.w3") if f"{ffn}{n}.weight" in sd]
         if parallel:
             for n in ffn_inputs:
                 mat = _row(sd, f"{ffn}{n}.weight")
@@ -221,9 +233,11 @@ def convert_state_dict(
 def reduce_model(model, removed: str = "q", max_condition: float = DEFAULT_MAX_CONDITION):
     """In-memory conversion: returns ``(reduced_model, report_lines)`` of the same class, with the
     same dtype as ``model`` (convert a float64 copy for the 1e-12 equivalence)."""
-    args = model.decoder.args
-    state, new_args, report = convert_state_dict(model.state_dict(), args, removed, max_condition)
-    reduced = type(model)(type(model.decoder)(new_args, model.decoder.dictionary))
+    state, new_args, report = convert_state_dict(model.state_dict(), model.args, removed,
+                                                 max_condition)
+    dictionary = model.decoder.dictionary
+    task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    reduced = type(model).build_model(new_args, task)
     reduced.to(next(model.parameters()).dtype)
     reduced.load_state_dict(state, strict=True)
     return reduced, report
@@ -248,9 +262,12 @@ def convert_checkpoint(src_path: str, dst_path: str, removed: str = "q",
         raise ValueError(f"{src_path}: no model config (cfg.model / args) in the checkpoint")
     model_args = _get(*holders[0])
     arch = _get(model_args, "arch", _get(model_args, "_name"))
-    if not (isinstance(arch, str) and arch.startswith("skipless")):
-        raise ValueError(f"{src_path}: arch {arch!r} is not a skipless_lm arch; allowed: skipless_*")
+    if not (isinstance(arch, str) and arch.startswith("skipless")) and (
+            _get(model_args, "skipless_layout", "none") or "none") == "none":
+        raise ValueError(f"{src_path}: arch {arch!r} is not a skipless model; allowed: skipless_* "
+                         "archs and models trained with --skipless-layout")
     filled = _with_arch_defaults(model_args)
+    upgrade_state_dict(state["model"], tied=bool(_get(filled, "share_decoder_input_output_embed", False)))
     model_state, new_args, report = convert_state_dict(state["model"], filled, removed, max_condition)
     state["model"] = model_state
     for holder, name in holders:

@@ -17,7 +17,7 @@ from fairseq.modules.transformer_layer import (  # noqa: E402
 
 from slim_fairseq.models.slim_layers import SlimDecoderLayer, SlimEncoderLayer  # noqa: E402
 from slim_fairseq.models.slim_options import set_slim_defaults  # noqa: E402
-from slim_fairseq.modules.gated_attention import GatedMultiheadAttention  # noqa: E402
+from slim_fairseq.modules.attention import SlimMultiheadAttention  # noqa: E402
 from slim_fairseq.modules.glu import GLUProjection  # noqa: E402
 from slim_fairseq.modules.hsoftpos import HSoftPOSEmbedding  # noqa: E402
 from slim_fairseq.modules.tensor_chain import TensorChainLinear  # noqa: E402
@@ -112,7 +112,7 @@ def test_anthe_base_preset_options_and_override():
     assert isinstance(layer.fc1, GLUProjection) and layer.fc1.activation == "silu"
     assert isinstance(layer.self_attn.k_proj, TensorChainLinear)
     assert model.decoder.output_projection.bias is not None
-    _, model = _tiny("anthe_base", "--self-attn-gate", "vgk", "--glu-activation", "gelu")
+    _, model = _tiny("anthe_base", "--self-attn-gate", "vgk", "--activation-fn", "gelu")
     assert model.encoder.layers[0].self_attn.gate == "vgk"
     assert model.encoder.layers[0].fc1.activation == "gelu"
 
@@ -168,6 +168,6 @@ def test_lm_presets():
     _, _, model = build("anthe_lm_gpt2_small",
                         SlimLanguageModel.contract_overrides("anthe_lm_gpt2_small"), True)
     layer = model.decoder.layers[0]
-    assert isinstance(layer.self_attn, GatedMultiheadAttention) and layer.self_attn.gate == "qgv"
+    assert isinstance(layer.self_attn, SlimMultiheadAttention) and layer.self_attn.gate == "qgv"
     assert layer.encoder_attn is None
     assert isinstance(model.decoder.embed_tokens, HSoftPOSEmbedding)

@@ -1,4 +1,4 @@
-"""Anthe modules (issue 3, docs/TECHNIQUES.md#anthe): Tensor Chain, GLU, gated attention, H-SoftPOS."""
+"""Anthe modules (docs/TECHNIQUES.md#anthe): Tensor Chain, GLU, gated attention, H-SoftPOS."""
 import math
 
 import pytest
@@ -10,12 +10,8 @@ from helpers import load_plugin
 
 load_plugin()  # registers the plugin the way --user-dir does; then its modules import normally
 
-from slim_fairseq.modules.gated_attention import (
-    CROSS_GATES,
-    GATES,
-    GatedMultiheadAttention,
-    build_attention,
-)
+from slim_fairseq.modules.attention import SlimMultiheadAttention, build_attention
+from slim_fairseq.modules.gated_attention import CROSS_GATES, GATES
 from slim_fairseq.modules.glu import GLUProjection, glu_hidden_dim
 from slim_fairseq.modules.hsoftpos import HSoftPOSEmbedding
 from slim_fairseq.modules.tensor_chain import (
@@ -225,14 +221,15 @@ def test_tc_embedding_rows_and_padding(length):
 def test_glu_projection_formula_and_width():
     assert glu_hidden_dim(2048) == 1365
     torch.manual_seed(0)
-    for activation, act in (("silu", F.silu), ("gelu", F.gelu)):
+    for activation, act in (("silu", F.silu), ("gelu", F.gelu), ("relu", F.relu)):
         glu = GLUProjection(16, glu_hidden_dim(48), activation)
         x = torch.randn(3, 16)
         expected = act(x @ glu.w1.weight.t() + glu.w1.bias) * (x @ glu.w3.weight.t() + glu.w3.bias)
         assert glu(x).shape == (3, 32)
         assert torch.allclose(glu(x), expected, atol=1e-6)
-    with pytest.raises(ValueError, match="--glu-activation"):
-        GLUProjection(16, 32, "relu")
+    with pytest.raises(ValueError, match=r"^--activation-fn=tanh: .*; allowed: silu\|gelu\|relu$"):
+        GLUProjection(16, 32, "tanh")
+    assert glu_hidden_dim(48, "full") == 48 and glu_hidden_dim(48, "two-thirds") == 32
 
 
 def test_glu_with_tensor_chain():
@@ -290,7 +287,7 @@ def _reference_attention(mha, query, key, value, attn_mask=None, key_padding_mas
 @pytest.mark.parametrize("gate", GATES)
 def test_self_attention_gate_matches_formula(gate, no_patt, need_weights, causal):
     torch.manual_seed(0)
-    mha = GatedMultiheadAttention(16, 4, self_attention=True, gate=gate, no_patt=no_patt).eval()
+    mha = SlimMultiheadAttention(16, 4, self_attention=True, gate=gate, no_patt=no_patt).eval()
     x = torch.randn(5, 2, 16)
     pad = torch.zeros(2, 5, dtype=torch.bool)
     mask = None
@@ -308,7 +305,7 @@ def test_self_attention_gate_matches_formula(gate, no_patt, need_weights, causal
 
 def test_no_patt_qgv_is_v_times_sigmoid_q():
     torch.manual_seed(0)
-    mha = GatedMultiheadAttention(8, 1, self_attention=True, gate="qgv", no_patt=True).eval()
+    mha = SlimMultiheadAttention(8, 1, self_attention=True, gate="qgv", no_patt=True).eval()
     x = torch.randn(4, 1, 8)
     q, k, v = mha.project_inputs(x, x, x)
     assert torch.equal(q, x) and torch.equal(k, x)
@@ -318,7 +315,7 @@ def test_no_patt_qgv_is_v_times_sigmoid_q():
 @pytest.mark.parametrize("gate", CROSS_GATES)
 def test_cross_attention_gate_matches_formula(gate):
     torch.manual_seed(0)
-    mha = GatedMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate).eval()
+    mha = SlimMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate).eval()
     query, enc = torch.randn(3, 2, 16), torch.randn(7, 2, 16)
     out, _ = mha(query, enc, enc, static_kv=True)
     assert torch.allclose(out, _reference_attention(mha, query, enc, enc), atol=1e-5)
@@ -328,10 +325,10 @@ def test_cross_attention_gate_matches_formula(gate):
 def test_forbidden_cross_gates_raise(gate):
     cfg = type("Cfg", (), {"cross_attn_gate": gate, "no_patt": False, "tc_patt": 0.0,
                            "tc_layer": 0.0, "tc_length": 2})()
-    with pytest.raises(ValueError, match=r"--cross-attn-gate.*none\|kgv\|vgk.*leak"):
+    with pytest.raises(ValueError, match=r"^--cross-attn-gate=.*leaks.*; allowed: none\|kgv\|vgk$"):
         build_attention(cfg, 16, 4, role="cross", dropout=0.0)
     with pytest.raises(ValueError, match="--cross-attn-gate"):
-        GatedMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate)
+        SlimMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate)
 
 
 def test_gate_none_is_fairseq_attention():
@@ -339,7 +336,7 @@ def test_gate_none_is_fairseq_attention():
     torch.manual_seed(0)
     ref = MultiheadAttention(16, 4, self_attention=True)
     torch.manual_seed(0)
-    mine = GatedMultiheadAttention(16, 4, self_attention=True)
+    mine = SlimMultiheadAttention(16, 4, self_attention=True)
     assert [n for n, _ in ref.named_parameters()] == [n for n, _ in mine.named_parameters()]
     x = torch.randn(5, 2, 16)
     assert torch.equal(ref(x, x, x)[0], mine(x, x, x)[0])
@@ -352,7 +349,7 @@ def _causal_mask(t):
 @pytest.mark.parametrize("gate", ["qgv", "kgv", "vgq", "qgk"])
 def test_decoder_self_attention_incremental_with_reorder(gate):
     torch.manual_seed(0)
-    mha = GatedMultiheadAttention(16, 4, self_attention=True, gate=gate, tc_ratio=0.3).eval()
+    mha = SlimMultiheadAttention(16, 4, self_attention=True, gate=gate, tc_ratio=0.3).eval()
     x = torch.randn(6, 3, 16)
     full, _ = mha(x, x, x, attn_mask=_causal_mask(6))
     state = {}
@@ -375,7 +372,7 @@ def test_decoder_self_attention_incremental_with_reorder(gate):
 @pytest.mark.parametrize("gate", CROSS_GATES)
 def test_cross_attention_incremental_static_kv(gate):
     torch.manual_seed(0)
-    mha = GatedMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate).eval()
+    mha = SlimMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate).eval()
     query, enc = torch.randn(4, 2, 16), torch.randn(7, 2, 16)
     pad = torch.zeros(2, 7, dtype=torch.bool)
     pad[0, :3] = True
@@ -391,7 +388,7 @@ def test_cross_attention_beamable_encoder_output(gate):
     """With set_beam_size(k) the encoder output, repeated per beam, is projected once per
     sentence (fairseq's beamable enc-dec attention); results equal the unshared path."""
     torch.manual_seed(0)
-    mha = GatedMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate).eval()
+    mha = SlimMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate).eval()
     enc = torch.randn(7, 2, 16).repeat_interleave(3, dim=1)  # 2 sentences x 3 beams
     pad = torch.zeros(2, 7, dtype=torch.bool)
     pad[1, :2] = True
@@ -406,7 +403,7 @@ def test_cross_attention_beamable_encoder_output(gate):
 
 
 def test_tc_patt_projection_counts():
-    mha = GatedMultiheadAttention(512, 8, self_attention=True, gate="qgv", tc_ratio=0.07)
+    mha = SlimMultiheadAttention(512, 8, self_attention=True, gate="qgv", tc_ratio=0.07)
     assert n_params(mha) == 3 * 18432 + 262656
     x = torch.randn(3, 1, 512)
     out, _ = mha(x, x, x)

@@ -27,7 +27,7 @@ def _is_png(path):
 
 def test_parse_model_spec():
     assert benchmark.parse_model_spec("glu=slim_transformer --ffn-glu --glu-activation gelu") == (
-        "glu", "slim_transformer", ["--ffn-glu", "--glu-activation", "gelu"])
+        "glu", "slim_transformer", ["--ffn-glu", "--activation-fn", "gelu"])
     assert benchmark.parse_model_spec("anthe_base") == ("anthe_base", "anthe_base", [])
     with pytest.raises(ValueError, match="--model"):
         benchmark.parse_model_spec("   ")
@@ -57,17 +57,17 @@ def test_dense_export_matches_tensor_chain_model():
 def test_dense_export_of_tc_attention_runs_fairseq_attention():
     """After the export, an ungated attention with TC q/k/v holds three nn.Linear and runs
     fairseq's own MultiheadAttention forward (``plain``), with unchanged outputs."""
-    from slim_fairseq.modules.gated_attention import GatedMultiheadAttention
+    from slim_fairseq.modules.attention import SlimMultiheadAttention
     _, task, model = build("slim_transformer", ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
                                                 "--encoder-layers", "1", "--decoder-layers", "1",
                                                 "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
                                                 "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
                                                 "--tc-patt", "0.5"], lm=False)
     model.eval()
-    attentions = [m for m in model.modules() if isinstance(m, GatedMultiheadAttention)]
+    attentions = [m for m in model.modules() if isinstance(m, SlimMultiheadAttention)]
     assert attentions and not any(m.plain for m in attentions)
     dense = benchmark.export_dense(model).eval()
-    assert all(m.plain for m in dense.modules() if isinstance(m, GatedMultiheadAttention))
+    assert all(m.plain for m in dense.modules() if isinstance(m, SlimMultiheadAttention))
     src = torch.randint(4, len(task.source_dictionary), (2, 6))
     prev = torch.randint(4, len(task.target_dictionary), (2, 4))
     with torch.no_grad():

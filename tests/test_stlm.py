@@ -1,5 +1,5 @@
-"""STLM weight tying (issue 5, docs/TECHNIQUES.md#stlm-weight-tying): parameter counts of the presets, shared Parameters,
-per-layer LoRA, option errors, RMSNorm/RoPE/GQA behaviour, tying on slim_lm layers."""
+"""STLM weight tying (docs/TECHNIQUES.md#stlm-weight-tying): parameter counts of the presets, shared
+Parameters, per-layer LoRA, option errors, RMSNorm/RoPE/GQA behaviour, tying on slim_lm layers."""
 import argparse
 
 import pytest
@@ -13,8 +13,8 @@ load_plugin()
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY  # noqa: E402
 
-from slim_fairseq.models.stlm_lm import STLM_PRESETS  # noqa: E402
-from slim_fairseq.modules.gqa_attention import GroupedQueryAttention  # noqa: E402
+from slim_fairseq.models.archs_stlm import STLM_PRESETS  # noqa: E402
+from slim_fairseq.modules.attention import SlimMultiheadAttention  # noqa: E402
 from slim_fairseq.modules.lora import LoRALinear  # noqa: E402
 from slim_fairseq.modules.rmsnorm import RMSNorm  # noqa: E402
 from slim_fairseq.modules.rope import RotaryEmbedding  # noqa: E402
@@ -63,6 +63,14 @@ def _build(arch, task, device=None, **options):
 
 def _count(model):
     return sum(p.numel() for p in model.parameters())  # shared Parameters count once
+
+
+FFN_LINEARS = {"w1": "fc1.w1", "w3": "fc1.w3", "w2": "fc2"}  # the SwiGLU's w1, w3 (fc1) and w2
+
+
+def _ffn(layer, name):
+    """Linear ``name`` (w1, w2, w3) of an STLM block's SwiGLU."""
+    return layer.get_submodule(FFN_LINEARS[name])
 
 
 TINY = dict(decoder_embed_dim=32, decoder_ffn_embed_dim=40, decoder_attention_heads=4,
@@ -120,13 +128,13 @@ def test_shared_ffn_weights_are_the_same_tensors(k, small_task):
     layers = model.decoder.layers
     shared = tied_layer_range(k, len(layers))
     assert shared == list(range(1 + k, 7 - k))
-    owner = layers[shared[0]].ffn
+    owner = layers[shared[0]]
     for i, layer in enumerate(layers):
-        assert layer.ffn is not owner or i == shared[0]  # separate module objects
+        assert layer.fc1 is not owner.fc1 or i == shared[0]  # separate module objects
         for name in ("w1", "w2", "w3"):
-            same = getattr(layer.ffn, name).weight is getattr(owner, name).weight
+            same = _ffn(layer, name).weight is _ffn(owner, name).weight
             assert same == (i in shared), f"layer {i} {name}"
-    assert layers[0].ffn.w1.weight is not owner.w1.weight  # layer 0 is never shared
+    assert _ffn(layers[0], "w1").weight is not _ffn(owner, "w1").weight  # layer 0 is never shared
     # attention stays per layer, and every module keeps its own incremental-state id
     ids = {layer.self_attn._incremental_state_id for layer in layers}
     assert len(ids) == len(layers)
@@ -140,7 +148,7 @@ def test_attention_projection_sharing_is_independent(small_task):
     for i, layer in enumerate(layers):
         assert (layer.self_attn.out_proj.weight is owner) == (2 <= i <= 5)
         assert layer.self_attn.q_proj.weight is not layers[(i + 1) % 7].self_attn.q_proj.weight
-    assert layers[3].ffn.w1.weight is not layers[4].ffn.w1.weight
+    assert _ffn(layers[3], "w1").weight is not _ffn(layers[4], "w1").weight
 
 
 def test_lora_adapters_are_per_layer(small_task):
@@ -151,10 +159,10 @@ def test_lora_adapters_are_per_layer(small_task):
     adapters = []
     for i, layer in enumerate(layers):
         for name in ("w1", "w2", "w3"):
-            linear = getattr(layer.ffn, name)
+            linear = _ffn(layer, name)
             assert isinstance(linear, LoRALinear) == (2 <= i <= 5), f"layer {i} {name}"
             if isinstance(linear, LoRALinear):
-                assert linear.weight is getattr(layers[2].ffn, name).weight
+                assert linear.weight is _ffn(layers[2], name).weight
                 assert linear.scaling == 2.0 and linear.lora_A.shape[0] == rank
                 adapters += [linear.lora_A, linear.lora_B]
     assert len({id(p) for p in adapters}) == 4 * 3 * 2
@@ -172,7 +180,7 @@ def test_lora_adds_exactly_zero_at_init(small_task):
         reference = plain(tokens)[0]
         out = adapted(tokens)[0]
         assert torch.equal(out, reference)
-        adapted.decoder.layers[3].ffn.w2.lora_B.fill_(0.1)  # a trained adapter does change it
+        _ffn(adapted.decoder.layers[3], "w2").lora_B.fill_(0.1)  # a trained adapter does change it
         assert not torch.allclose(adapted(tokens)[0], reference)
 
 
@@ -188,11 +196,11 @@ def test_shared_weight_gradient_is_the_sum_over_sharing_layers(small_task):
         model(tokens)[0].pow(2).mean().backward()
     layers = untied.decoder.layers
     for name in ("w1", "w2", "w3"):
-        shared = getattr(tied.decoder.layers[1].ffn, name).weight.grad
-        summed = sum(getattr(layers[i].ffn, name).weight.grad for i in range(1, 7))
+        shared = _ffn(tied.decoder.layers[1], name).weight.grad
+        summed = sum(_ffn(layers[i], name).weight.grad for i in range(1, 7))
         assert shared.abs().sum() > 0
         assert torch.allclose(shared, summed, atol=1e-7, rtol=1e-4)
-        assert not torch.allclose(shared, getattr(layers[1].ffn, name).weight.grad)
+        assert not torch.allclose(shared, _ffn(layers[1], name).weight.grad)
 
 
 # ------------------------------------------------------------------------- errors
@@ -262,21 +270,32 @@ def test_rope_scores_depend_only_on_relative_position():
     assert torch.allclose(rope(q.expand(1, 1, 5, 8))[..., 3, :], rope(q, offset=3)[..., 0, :])
 
 
+def _causal(length):
+    return torch.triu(torch.full((length, length), float("-inf")), 1)
+
+
+def _gqa(kv_heads, head_dim, rope_theta):
+    return SlimMultiheadAttention(24 if head_dim == 6 else 16, 4, bias=False, self_attention=True,
+                                  kv_heads=kv_heads, head_dim=head_dim, rope_theta=rope_theta)
+
+
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])  # MHA, GQA, MQA
 def test_gqa_incremental_equals_full_with_reorder(kv_heads):
     torch.manual_seed(kv_heads)
-    attn = GroupedQueryAttention(24, 4, kv_heads, head_dim=6, rope_theta=10000.0).eval()
-    x = torch.randn(3, 8, 24)
+    attn = _gqa(kv_heads, 6, 10000.0).eval()
+    x = torch.randn(8, 3, 24)  # (T, B, C)
     with torch.no_grad():
-        full, _ = attn(x)
+        full, _ = attn(x, x, x, attn_mask=_causal(8), need_weights=False)
         state, diffs = {}, []
         order = torch.tensor([2, 2, 0])
         for t in range(8):
             if t == 5:  # beam-like reordering of the cache, as fairseq's generator does
                 attn.reorder_incremental_state(state, order)
-                x, full = x[order], attn(x[order])[0]
-            step = attn(x[:, t : t + 1], incremental_state=state)[0]
-            diffs.append((step - full[:, t : t + 1]).abs().max().item())
+                x = x[:, order]
+                full = attn(x, x, x, attn_mask=_causal(8), need_weights=False)[0]
+            step = attn(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state,
+                        need_weights=False)[0]
+            diffs.append((step - full[t : t + 1]).abs().max().item())
         assert max(diffs) <= 1e-5
     assert attn.k_proj.weight.shape == (kv_heads * 6, 24)
 
@@ -284,7 +303,7 @@ def test_gqa_incremental_equals_full_with_reorder(kv_heads):
 def test_gqa_matches_explicit_grouped_attention():
     """Query head h reads kv head h // (heads // kv_heads); causal softmax(q k^T / sqrt(d))."""
     torch.manual_seed(0)
-    attn = GroupedQueryAttention(16, 4, 2, head_dim=4, rope_theta=None).eval()
+    attn = _gqa(2, 4, 0.0).eval()
     x = torch.randn(2, 5, 16)
     q = attn.q_proj(x).view(2, 5, 4, 4).transpose(1, 2)
     k = attn.k_proj(x).view(2, 5, 2, 4).transpose(1, 2)
@@ -295,14 +314,17 @@ def test_gqa_matches_explicit_grouped_attention():
         scores = scores.masked_fill(torch.ones(5, 5).triu(1).bool(), float("-inf"))
         heads.append(scores.softmax(-1) @ v[:, h // 2])
     expected = attn.out_proj(torch.stack(heads, 1).transpose(1, 2).reshape(2, 5, 16))
-    assert torch.allclose(attn(x)[0], expected, atol=1e-6)
+    xt = x.transpose(0, 1)
+    for need_weights in (False, True):  # the fused and the explicit path
+        out = attn(xt, xt, xt, attn_mask=_causal(5), need_weights=need_weights)[0]
+        assert torch.allclose(out.transpose(0, 1), expected, atol=1e-6)
 
 
 def test_model_incremental_equals_full(small_task):
     torch.manual_seed(0)
     model = _build("stlm_ffn_lora_k1_wide", small_task, ffn_lora_rank=4, **TINY).eval()
     for layer in model.decoder.layers[2:5]:  # make the adapters non-trivial
-        torch.nn.init.normal_(layer.ffn.w1.lora_B, std=0.1)
+        torch.nn.init.normal_(_ffn(layer, "w1").lora_B, std=0.1)
     tokens = torch.randint(small_task.target_dictionary.nspecial, 60, (2, 10))
     with torch.no_grad():
         full = model(tokens)[0]

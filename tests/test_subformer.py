@@ -467,12 +467,12 @@ def test_sandwich_cross_norm_needs_a_wide_encoder_decoder_sandwich():
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--sandwich-dim", "64"], "--sandwich-dim=64 shapes the shared middle layers of --sandwich, which is off"),
-    (["--sandwich-ffn-dim", "64"], "--sandwich-ffn-dim=64 shapes"),
-    (["--sandwich-heads", "2"], "--sandwich-heads=2 shapes"),
-    (["--safe-output", "mlp"], "--safe-output=mlp needs SAFE"),
-    (["--glu-activation", "gelu"], "--glu-activation=gelu acts on the GLU feed-forward, which is off"),
-    (["--tc-length", "3"], "--tc-length=3 has no Tensor Chain to act on"),
+    (["--sandwich-dim", "64"], "--sandwich-dim=64: shapes the shared middle layers of --sandwich, which is off"),
+    (["--sandwich-ffn-dim", "64"], "--sandwich-ffn-dim=64: shapes"),
+    (["--sandwich-heads", "2"], "--sandwich-heads=2: shapes"),
+    (["--safe-output", "mlp"], "--safe-output=mlp: shapes SAFE, which is off"),
+    (["--glu-hidden", "full"], "--glu-hidden=full: shapes the GLU feed-forward, which is off"),
+    (["--tc-length", "3"], "--tc-length=3: shapes a Tensor Chain, which is off"),
 ])
 @pytest.mark.parametrize("lm", [False, True], ids=["slim_transformer", "slim_lm"])
 def test_options_of_a_technique_that_is_off_are_refused(extra, message, lm):
@@ -501,7 +501,8 @@ def test_language_model_refuses_cross_attention_gates(arch):
     with pytest.raises(ValueError) as err:
         build_lm(arch, shape + ["--cross-attn-gate", "kgv"])
     message = str(err.value)
-    assert message.startswith("--cross-attn-gate=kgv acts on cross-attention") and "\n" not in message
+    assert message.startswith("--cross-attn-gate=kgv: not available in slim_lm: it acts on "
+                              "cross-attention") and "\n" not in message
 
 
 def middle_cross_attention_rms(model, dictionary):
@@ -537,3 +538,47 @@ def test_checkpoint_activations_allowed_under_legacy_ddp():
     model, _ = build_translation("subformer_small", SHRINK + ["--checkpoint-activations",
                                                                  "--ddp-backend", "legacy_ddp"])
     assert count(model) > 0
+
+
+@pytest.mark.parametrize("arch, width, expected", [
+    # the paper's d_s, f_s and d_e scaled with the width (512 -> 128: a quarter)
+    ("subformer_base", 128, dict(sandwich_dim=256, sandwich_ffn_dim=768, safe_embed_dim=80,
+                                 encoder_ffn_embed_dim=512, encoder_attention_heads=2)),
+    ("subformer_small", 256, dict(sandwich_dim=384, sandwich_ffn_dim=1024, safe_embed_dim=128,
+                                  encoder_ffn_embed_dim=1024, encoder_attention_heads=4)),
+    ("subformer_base", 512, dict(sandwich_dim=1024, sandwich_ffn_dim=3072, safe_embed_dim=320,
+                                 encoder_ffn_embed_dim=2048, encoder_attention_heads=8)),
+])
+def test_a_narrower_preset_is_proportionally_smaller(arch, width, expected):
+    """A preset's derived widths follow --encoder-embed-dim unless given: subformer_base at
+    width 128 has a 256-wide middle, not the paper's 1024 (it trained a 23M-parameter model at
+    width 128 before); an explicit value still wins; slim-fairseq-help shows the result."""
+    from slim_fairseq.arch_help import describe, preset_values
+
+    args = preset_values(arch, ["--encoder-embed-dim", str(width)])
+    assert {key: getattr(args, key) for key in expected} == expected
+    assert args.decoder_embed_dim == width
+    given = preset_values(arch, ["--encoder-embed-dim", str(width), "--sandwich-dim", "512"])
+    assert given.sandwich_dim == 512 and given.safe_embed_dim == expected["safe_embed_dim"]
+    text = describe(arch, ["--encoder-embed-dim", str(width)], vocab=1000)
+    assert f"--sandwich-dim {expected['sandwich_dim']}" in text and "parameters at a vocabulary" in text
+
+
+def test_narrower_presets_of_every_family_build_and_shrink():
+    """Every preset at a quarter of its width has fewer parameters than at its own width (no
+    derived width stays at the paper's size), and builds."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    from slim_fairseq.arch_help import parameter_count, preset_values
+
+    for arch in ("anthe_base", "subformer_base", "sandwich_base", "subformer_lm_wiki103_83m",
+                 "anthe_lm_gpt2_small", "stlm_tied", "stlm_ffn_lora_all_wide", "skipless_lm_mistral_7b"):
+        lm = arch.startswith(("stlm", "skipless", "subformer_lm", "anthe_lm"))
+        side = "decoder" if lm else "encoder"
+        full = preset_values(arch, [])
+        width = getattr(full, f"{side}_embed_dim")
+        small = preset_values(arch, [f"--{side}-embed-dim", str(width // 4)])
+        vocab = 267_744 if getattr(full, "adaptive_input", False) else 1000
+        big_count, small_count = parameter_count(arch, full, vocab), parameter_count(arch, small, vocab)
+        ratio = small_count / big_count
+        assert ratio < 0.2, (arch, big_count, small_count)
+        assert ARCH_MODEL_REGISTRY[arch]

@@ -458,8 +458,8 @@ def test_tc_backward_store_gives_the_same_step_and_keeps_more_for_backward():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--arch", "anthe_base", "--tc-backward", "keep"], "--tc-backward='keep' is not allowed; allowed: recompute|store"),
-    (["--arch", "slim_transformer", "--tc-backward", "store"], "--tc-backward=store has no Tensor Chain to act on"),
+    (["--arch", "anthe_base", "--tc-backward", "keep"], "--tc-backward=keep: not one of the choices; allowed: recompute|store"),
+    (["--arch", "slim_transformer", "--tc-backward", "store"], "--tc-backward=store: shapes a Tensor Chain, which is off"),
 ])
 def test_tc_backward_option_errors(argv, message):
     from helpers import build

@@ -1,5 +1,5 @@
-"""The paths users take (issue 15): the option table of docs/DESIGN.md, one meaning per option,
-one-line option errors, the Python hub route per family, TensorBoard logging."""
+"""The paths users take: the option table of docs/DESIGN.md, one meaning per option, one-line
+option errors, the Python hub route per family, TensorBoard logging."""
 import argparse
 import glob
 import os
@@ -32,34 +32,37 @@ def _registered_plugin_options():
     return out
 
 
-def _design_table():
-    """{flag: {model name}} from the option table of docs/DESIGN.md."""
+def test_design_table_is_the_option_vocabulary():
+    """docs/DESIGN.md holds the option table of slim_options.OPTIONS word for word, and that
+    table lists every flag the plugin's models add to fairseq's, each in every model's parser."""
+    from slim_fairseq.arch_help import options_table
+    from slim_fairseq.models.slim_options import FAIRSEQ_READINGS, OPTIONS
+
     with open(os.path.join(REPO, "docs", "DESIGN.md"), encoding="utf-8") as f:
-        text = f.read()
-    section = text.split("## Options", 1)[1]
-    table = {}
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 3 or not cells[0].startswith("`--"):
-            continue
-        models = {m.strip() for m in cells[1].split(",")}
-        for flag in re.findall(r"`(--[a-z0-9-]+)", cells[0]):
-            assert flag not in table, f"{flag} is listed twice in docs/DESIGN.md"
-            table[flag] = models
-    return table
-
-
-def test_design_table_lists_every_plugin_option_with_its_models():
+        design = f.read()
+    assert options_table() in design, "docs/DESIGN.md: paste `slim-fairseq-help --options` in"
     registered = _registered_plugin_options()
-    table = _design_table()
+    listed = {flag for option in OPTIONS for flag in option.flags()}
+    listed |= {flag for flag, _, _ in FAIRSEQ_READINGS if flag.startswith("--no-")}
+    assert set(registered) == listed
+    assert all(models == {"slim_transformer", "slim_lm"} for models in registered.values())
     assert {"--kv-heads", "--tie-ffn", "--ffn-lora-rank", "--tie-attn-proj", "--removed-weights",
-            "--skipless-layout", "--self-attn-gate"} <= set(registered)
-    missing = sorted(set(registered) - set(table))
-    stale = sorted(set(table) - set(registered))
-    assert not missing, f"options missing from docs/DESIGN.md: {missing}"
-    assert not stale, f"docs/DESIGN.md lists options no model registers: {stale}"
-    wrong = {f: (sorted(table[f]), sorted(m)) for f, m in registered.items() if table[f] != m}
-    assert not wrong, f"docs/DESIGN.md lists the wrong models (table, registered): {wrong}"
+            "--skipless-layout", "--self-attn-gate", "--norm", "--rope-theta"} <= listed
+
+
+def test_every_flag_has_one_default_in_every_model():
+    """A model built without any option has every option at the table's default."""
+    from slim_fairseq.models.slim_options import OPTIONS
+
+    for arch, lm in (("slim_transformer", False), ("slim_lm", True)):
+        args, _, _ = build(arch, ["--encoder-layers", "1", "--decoder-layers", "1"] if not lm
+                           else ["--decoder-layers", "1"], lm)
+        for option in OPTIONS:
+            value = getattr(args, option.dest)
+            if option.dest == "norm":
+                assert value == "layernorm"
+            else:
+                assert value == option.default, (arch, option.flag, value)
 
 
 # ---------------------------------------------------------------------------- --kv-heads
@@ -82,8 +85,8 @@ def test_kv_heads_means_the_same_in_both_models(arch, kv, expected):
 @pytest.mark.parametrize("arch", ["stlm_tied", "skipless_lm"])
 @pytest.mark.parametrize("kv", ["-1", "3"])
 def test_kv_heads_errors_read_the_same(arch, kv):
-    with pytest.raises(ValueError, match=r"^--kv-heads: .*(>= 0 \(0 = MHA\)|must divide "
-                                         r"--decoder-attention-heads 4 \(0 = MHA, 1 = MQA\))"):
+    with pytest.raises(ValueError, match=rf"^--kv-heads={kv}: (negative|does not divide the 4 "
+                                         r"query heads); allowed: .*0"):
         build(arch, STLM_TINY + ["--kv-heads", kv], lm=True)
 
 
@@ -98,18 +101,82 @@ TRANSLATION_TINY = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
 
 @pytest.mark.parametrize("arch, lm, options, pattern", [
     ("subformer_base", False, ["--safe-embed-dim", "32"],
-     r"^--safe-embed-dim=32 is not allowed; allowed: 0 \(off\) or an integer below the model width 32"),
-    ("slim_transformer", False, ["--safe-embed-dim", "64"], r"^--safe-embed-dim=64 .* width 32"),
-    ("slim_lm", True, ["--safe-embed-dim", "40"], r"^--safe-embed-dim=40 .* width 32"),
+     r"^--safe-embed-dim=32: .*; allowed: 0 \(off\) or an integer below the model width 32$"),
+    ("slim_transformer", False, ["--safe-embed-dim", "64"], r"^--safe-embed-dim=64: .* width 32"),
+    ("slim_lm", True, ["--safe-embed-dim", "40"], r"^--safe-embed-dim=40: .* width 32"),
     ("slim_transformer", False, ["--no-patt", "--tc-patt", "0.1"],
-     r"^--tc-patt=0.1 cannot be combined with --no-patt"),
-    ("anthe_base", False, ["--no-patt"], r"^--tc-patt=0.07 cannot be combined with --no-patt"),
+     r"^--tc-patt=0.1: cannot be combined with --no-patt"),
+    ("anthe_base", False, ["--no-patt"], r"^--tc-patt=0.07: cannot be combined with --no-patt"),
 ])
 def test_options_that_would_do_nothing_are_errors(arch, lm, options, pattern):
     tiny = TRANSLATION_TINY if not lm else ["--decoder-embed-dim", "32", "--decoder-layers", "1",
                                             "--decoder-attention-heads", "4"]
     with pytest.raises(ValueError, match=pattern):
         build(arch, tiny + options, lm=lm)
+
+
+@pytest.mark.parametrize("arch, lm, options, pattern", [
+    # options that were accepted and then did nothing
+    ("anthe_base", False, ["--quant-noise-pq", "0.1"],
+     r"^--quant-noise-pq=0.1: acts on fairseq's dense linears, which --ffn-glu replaces"),
+    ("slim_transformer", False, ["--tc-ff", "0.1", "--quant-noise-pq", "0.1"],
+     r"^--quant-noise-pq=0.1: .* which --tc-ff/--tc-patt/--tc-layer replaces"),
+    ("stlm_tied", True, ["--tie-ffn", "-1"], r"^--tie-ffn=-1: not a layer offset; allowed: none"),
+    ("stlm_tied", True, ["--rope-theta", "-5"], r"^--rope-theta=-5.0: negative; allowed: a number >= 0"),
+    ("stlm_tied", True, ["--ffn-lora-alpha", "8"],
+     r"^--ffn-lora-alpha=8.0: scales a LoRA adapter, and --ffn-lora-rank is 0"),
+    ("slim_lm", True, ["--ffn-lora-alpha", "8", "--tie-ffn", "0"],
+     r"^--ffn-lora-alpha=8.0: scales a LoRA adapter, and --ffn-lora-rank is 0"),
+    # tracebacks before
+    ("anthe_base", False, ["--encoder-attention-heads", "5"],
+     r"^--encoder-attention-heads=5: does not divide --encoder-embed-dim=32"),
+    ("slim_transformer", False, ["--decoder-attention-heads", "3"],
+     r"^--decoder-attention-heads=3: does not divide --decoder-embed-dim=32"),
+    ("slim_lm", True, ["--decoder-attention-heads", "5"],
+     r"^--decoder-attention-heads=5: does not divide --decoder-embed-dim=32"),
+])
+def test_silent_options_and_tracebacks_are_one_line_errors(arch, lm, options, pattern):
+    tiny = TRANSLATION_TINY if not lm else ["--decoder-embed-dim", "32", "--decoder-layers", "3",
+                                            "--decoder-attention-heads", "4"]
+    with pytest.raises(ValueError, match=pattern) as error:
+        build(arch, tiny + options, lm=lm)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("ffn_glu", [False, True])
+def test_activation_fn_is_the_feed_forwards_activation_with_and_without_glu(ffn_glu):
+    """--activation-fn means the feed-forward's activation in every model: under --ffn-glu the
+    gate's (it used to be ignored there), silu by default."""
+    glu = ["--ffn-glu"] if ffn_glu else []
+    for activation, expected in (("gelu", "gelu"), ("silu", "silu"), (None, "silu" if ffn_glu else "relu")):
+        given = ["--activation-fn", activation] if activation else []
+        for arch, lm, sides in (("slim_transformer", False, ("encoder", "decoder")),
+                                ("slim_lm", True, ("decoder",))):
+            tiny = TRANSLATION_TINY if not lm else ["--decoder-embed-dim", "32", "--decoder-layers", "1",
+                                                    "--decoder-attention-heads", "4"]
+            args, task, model = build(arch, tiny + glu + given, lm=lm)
+            assert args.activation_fn == expected
+            layer = getattr(model, sides[0]).layers[0] if not lm else model.decoder.layers[0]
+            x = torch.linspace(-3, 3, 32).view(1, 1, 32)
+            if ffn_glu:
+                assert layer.fc1.activation == expected
+            else:
+                reference = {"gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
+                             "relu": torch.relu}[expected]
+                assert torch.allclose(layer.activation_fn(x), reference(x), atol=1e-6)
+
+
+def test_hub_load_with_a_wrong_data_path_is_one_line():
+    """A language model loaded through the hub from a folder without its dictionary."""
+    from fairseq.models.transformer_lm import TransformerLanguageModel
+
+    folder = os.path.join(REPO, "tests", "fixtures", "checkpoints_0_1_0", "stlm_tied")
+    with pytest.raises(ValueError) as error:
+        TransformerLanguageModel.from_pretrained(folder, "checkpoint.pt",
+                                                 data_name_or_path="/nonexistent/data-bin")
+    message = str(error.value)
+    assert message.startswith("--task=language_modeling: found no dictionary") and "\n" not in message
+    assert "data_name_or_path=DATA" in message
 
 
 def test_no_patt_preset_does_not_set_tc_patt():
@@ -128,7 +195,7 @@ def test_architecture_on_the_wrong_task_is_refused(arch, lm):
     with pytest.raises(ValueError) as error:
         parse_train_args(wrong + ["--arch", arch, "--user-dir", USER_DIR, "--cpu"])
     message = str(error.value)
-    assert message.startswith(f"--arch {arch}: ") and "\n" not in message
+    assert message.startswith(f"--arch={arch}: ") and "\n" not in message
     assert ("cannot be used with --task language_modeling" in message) != lm
     assert ("cannot be used with --task translation" in message) == lm
 
@@ -147,14 +214,14 @@ def _fail_cli(tool, argv, cwd=None):
 @pytest.mark.parametrize("options, flag", [
     (["--arch", "anthe_base", "--tc-ff", "2"], "--tc-ff=2.0"),
     (["--arch", "anthe_base", "--self-attn-gate", "xyz"],
-     "--self-attn-gate='xyz' is not allowed; allowed: none|qgv|kgv|vgq|vgk|qgk|kgq"),
+     "--self-attn-gate=xyz: not one of the choices; allowed: none|qgv|kgv|vgq|vgk|qgk|kgq"),
     (["--arch", "skipless_lm", "--skipless-layout", "diagonal"],
-     "--skipless-layout: got 'diagonal', allowed serial|parallel"),
+     "--skipless-layout=diagonal: not one of the choices; allowed: none|serial|parallel"),
     (["--arch", "subformer_base", "--safe-embed-dim", "512"], "--safe-embed-dim=512"),
-    (["--arch", "stlm_tied", "--task", "translation", "--kv-heads", "3"], "--kv-heads: 3"),
-    (["--arch", "stlm_tied", "--tie-ffn", "9", "--task", "translation"], "--tie-ffn: K=9"),
+    (["--arch", "stlm_tied", "--task", "translation", "--kv-heads", "3"], "--kv-heads=3"),
+    (["--arch", "stlm_tied", "--tie-ffn", "9", "--task", "translation"], "--tie-ffn=9"),
     (["--arch", "anthe_lm_gpt2_small", "--task", "language_modeling", "--cross-attn-gate", "kgv"],
-     "--cross-attn-gate=kgv acts on cross-attention"),
+     "--cross-attn-gate=kgv: not available in slim_lm"),
 ])
 def test_option_errors_are_one_line_before_anything_is_loaded(options, flag, tmp_path):
     """The preset check runs when fairseq parses the command line: no traceback, no data or

@@ -2,56 +2,54 @@
 
 Counts: docs/TECHNIQUES.md#anthe-presets-and-parameter-counts.
 
-Every preset only sets defaults (options given on the command line win) and then calls the
-base arch function of ``slim_transformer`` / ``slim_lm``. The flag set of each row is listed
-in examples/translation/ANTHE.md.
+Every preset only fills what the command line left unset (:func:`~slim_fairseq.models.presets.fill`)
+and then calls the base arch function of ``slim_transformer`` / ``slim_lm``; the FFN width and
+the heads follow a width given on the command line. The flag set of each row is listed in
+examples/translation/ANTHE.md.
 """
 from fairseq.models import register_model_architecture
-from fairseq.utils import safe_getattr
 
+from slim_fairseq.models.presets import fill, heads_for, scaled, width_of
 from slim_fairseq.models.slim_lm import slim_lm_base
 from slim_fairseq.models.slim_transformer import slim_transformer_base
 
-
-def _default(args, **values):
-    for name, value in values.items():
-        setattr(args, name, safe_getattr(args, name, value))
-
-
 def _transformer_base_shape(args):
-    """Paper base: d 512, 6+6 layers, 8 heads, f 2048, post-LN, dropout 0.1, sinusoidal."""
-    _default(args, encoder_embed_dim=512, encoder_ffn_embed_dim=2048, encoder_layers=6,
-             encoder_attention_heads=8, decoder_embed_dim=512, decoder_ffn_embed_dim=2048,
-             decoder_layers=6, decoder_attention_heads=8, encoder_normalize_before=False,
+    """Paper base: d 512, 6+6 layers, 8 heads, f 2048, post-LN, dropout 0.1, sinusoidal (at
+    another width d: f = 4 d, d // 64 heads)."""
+    width = width_of(args, 512)
+    heads, ffn = heads_for(width), scaled(2048, width, 512)
+    fill(args, encoder_embed_dim=width, encoder_ffn_embed_dim=ffn, encoder_layers=6,
+             encoder_attention_heads=heads, decoder_embed_dim=width, decoder_ffn_embed_dim=ffn,
+             decoder_layers=6, decoder_attention_heads=heads, encoder_normalize_before=False,
              decoder_normalize_before=False, dropout=0.1)
 
 
 def _separate_embeddings(args):
     """"B": separate encoder embedding, decoder embedding and output projection, output bias."""
-    _default(args, share_all_embeddings=False, share_decoder_input_output_embed=False,
+    fill(args, share_all_embeddings=False, share_decoder_input_output_embed=False,
              output_bias=True)
 
 
 def _glu(args):
     """"B'": GLU feed-forward, SiLU as in the reference code (docs/TECHNIQUES.md#glu-feed-forward)."""
-    _default(args, ffn_glu=True, glu_activation="silu")
+    fill(args, ffn_glu=True, activation_fn="silu")
 
 
 def _gates_and_hsoftpos(args):
     """qgv in self-attention, kgv in cross-attention, H-SoftPOS with 2 levels."""
-    _default(args, self_attn_gate="qgv", cross_attn_gate="kgv", hsoftpos_levels=2)
+    fill(args, self_attn_gate="qgv", cross_attn_gate="kgv", hsoftpos_levels=2)
 
 
 def _tensor_chain(args):
     """TC_{ff:.005, patt:.07}, chain length 2."""
-    _default(args, tc_ff=0.005, tc_patt=0.07, tc_length=2)
+    fill(args, tc_ff=0.005, tc_patt=0.07, tc_length=2)
 
 
 @register_model_architecture("slim_transformer", "anthe_ablation_transformer_shared")
 def anthe_ablation_transformer_shared(args):
     """Table 1 row "Transformer + shared embeddings" (60,522,496 params at V=32000)."""
     _transformer_base_shape(args)
-    _default(args, share_all_embeddings=True, output_bias=False)
+    fill(args, share_all_embeddings=True, output_bias=False)
     slim_transformer_base(args)
 
 
@@ -98,23 +96,24 @@ def anthe_base(args):
 def anthe_base_nopatt(args):
     """Anthe with identity pre-attention projections (paper Table 5; 29,699,704 params); with
     no W_Q, W_K, W_V there is no TC on them (tc_patt 0)."""
-    _default(args, no_patt=True, tc_patt=0.0)
+    fill(args, no_patt=True, tc_patt=0.0)
     anthe_base(args)
 
 
 def _gpt2_small_shape(args):
     """GPT-2 small: 12 layers, d 768, 12 heads, f 3072, GELU, 1024 positions (pre-LN, as
-    fairseq's LMs always are)."""
-    _default(args, decoder_embed_dim=768, decoder_ffn_embed_dim=3072, decoder_layers=12,
-             decoder_attention_heads=12, dropout=0.1, attention_dropout=0.1,
-             activation_fn="gelu", max_target_positions=1024)
+    fairseq's LMs always are; at another width d: f = 4 d, d // 64 heads)."""
+    width = width_of(args, 768, sides=("decoder",))
+    fill(args, decoder_embed_dim=width, decoder_ffn_embed_dim=scaled(3072, width, 768),
+             decoder_layers=12, decoder_attention_heads=heads_for(width), dropout=0.1,
+             attention_dropout=0.1, activation_fn="gelu", max_target_positions=1024)
 
 
 @register_model_architecture("slim_lm", "slim_lm_gpt2_small")
 def slim_lm_gpt2_small(args):
     """GPT-2-small-shaped baseline LM: learned positions, tied input/output embeddings."""
     _gpt2_small_shape(args)
-    _default(args, decoder_learned_pos=True, share_decoder_input_output_embed=True)
+    fill(args, decoder_learned_pos=True, share_decoder_input_output_embed=True)
     slim_lm_base(args)
 
 
@@ -122,9 +121,9 @@ def slim_lm_gpt2_small(args):
 def anthe_lm_gpt2_small(args):
     """Anthe recipe on the GPT-2-small shape: GLU (SiLU), qgv, H-SoftPOS(l=2, sinusoidal),
     TC_{ff:.005, patt:.07}, separate output projection with bias."""
-    _gpt2_small_shape(args)
-    _default(args, decoder_learned_pos=False, share_decoder_input_output_embed=False,
-             output_bias=True, ffn_glu=True, glu_activation="silu", self_attn_gate="qgv",
+    fill(args, decoder_learned_pos=False, share_decoder_input_output_embed=False,
+             output_bias=True, ffn_glu=True, activation_fn="silu", self_attn_gate="qgv",
              hsoftpos_levels=2)
+    _gpt2_small_shape(args)
     _tensor_chain(args)
     slim_lm_base(args)

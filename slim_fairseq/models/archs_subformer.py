@@ -1,37 +1,39 @@
 """Subformer / sandwich presets (arXiv:2101.00234 App. B) on ``slim_transformer`` and ``slim_lm``;
 counts in docs/TECHNIQUES.md#subformer-presets-and-parameter-counts.
 
-Each preset only sets defaults (any option can still be overridden on the command line) and
-then calls the base arch. Encoder-decoder presets: post-LN, ``--share-all-embeddings`` (joined
+Each preset only fills what the command line left unset (:func:`~slim_fairseq.models.presets.fill`)
+and then calls the base arch. Encoder-decoder presets: post-LN, ``--share-all-embeddings`` (joined
 dictionary), f_m = 4 d_m, heads = width // 64. The paper trained with BERT-style init: add ``--bert-init``.
 LM presets (Wikitext-103): adaptive input / tied adaptive softmax instead of SAFE, 12 layers,
 pre-norm, sandwich sharing; the decoder has no encoder attention, so every parameter is used.
+
+Every width a preset derives (f_m, heads, the middle d_s and f_s, SAFE's d_e, the LM's input and
+output widths) follows a model width given on the command line in the preset's proportions:
+``--arch subformer_base --encoder-embed-dim 128`` is a 128-wide Subformer with a 256-wide middle
+(FFN 768) and d_e 80, not a 128-wide model with the 1024-wide middle of the paper's.
 """
 from fairseq.models import register_model_architecture
-from fairseq.utils import safe_getattr
 
+from slim_fairseq.models.presets import fill, heads_for, scaled, width_of
 from slim_fairseq.models.slim_lm import slim_lm_base
 from slim_fairseq.models.slim_transformer import slim_transformer_base
 
 
-def _set(args, **defaults):
-    for key, value in defaults.items():
-        if safe_getattr(args, key, None) is None:
-            setattr(args, key, value)
-
-
-def _subformer(args, model_dim, middle_dim, middle_ffn, safe_dim, layers, model_ffn=None):
-    """Encoder-decoder Subformer preset: d_m, d_s, f_s, d_e (0 = no SAFE), L per side."""
-    model_ffn = model_ffn or 4 * model_dim
-    _set(args,
-         encoder_embed_dim=model_dim, decoder_embed_dim=model_dim,
-         encoder_ffn_embed_dim=model_ffn, decoder_ffn_embed_dim=model_ffn,
-         encoder_attention_heads=model_dim // 64, decoder_attention_heads=model_dim // 64,
+def _subformer(args, model_dim, middle_dim, middle_ffn, safe_dim, layers):
+    """Encoder-decoder Subformer preset at the paper's d_m: d_s, f_s, d_e (0 = no SAFE), L per
+    side; at another width everything scales with it."""
+    width = width_of(args, model_dim)
+    ffn, heads = scaled(4 * model_dim, width, model_dim), heads_for(width)
+    fill(args,
+         encoder_embed_dim=width, decoder_embed_dim=width,
+         encoder_ffn_embed_dim=ffn, decoder_ffn_embed_dim=ffn,
+         encoder_attention_heads=heads, decoder_attention_heads=heads,
          encoder_layers=layers, decoder_layers=layers,
          encoder_normalize_before=False, decoder_normalize_before=False,
          share_all_embeddings=True,
-         sandwich=True, sandwich_dim=middle_dim, sandwich_ffn_dim=middle_ffn,
-         safe_embed_dim=safe_dim)
+         sandwich=True, sandwich_dim=scaled(middle_dim, width, model_dim),
+         sandwich_ffn_dim=scaled(middle_ffn, width, model_dim),
+         safe_embed_dim=scaled(safe_dim, width, model_dim) if safe_dim else 0)
     slim_transformer_base(args)
 
 
@@ -86,11 +88,14 @@ def subformer_enro_base(args):
 
 def _subformer_lm(args, model_dim, model_ffn, middle_dim, middle_ffn, layers=12):
     """Wikitext-103 Subformer LM: adaptive input + tied adaptive softmax, sandwich sharing."""
-    _set(args,
-         decoder_embed_dim=model_dim, decoder_input_dim=model_dim, decoder_output_dim=model_dim,
-         decoder_ffn_embed_dim=model_ffn, decoder_attention_heads=model_dim // 64,
+    width = width_of(args, model_dim, sides=("decoder",))
+    fill(args,
+         decoder_embed_dim=width, decoder_input_dim=width, decoder_output_dim=width,
+         decoder_ffn_embed_dim=scaled(model_ffn, width, model_dim),
+         decoder_attention_heads=heads_for(width),
          decoder_layers=layers, decoder_normalize_before=True,
-         sandwich=True, sandwich_dim=middle_dim, sandwich_ffn_dim=middle_ffn,
+         sandwich=True, sandwich_dim=scaled(middle_dim, width, model_dim),
+         sandwich_ffn_dim=scaled(middle_ffn, width, model_dim),
          adaptive_input=True, adaptive_input_factor=4, adaptive_input_cutoff="20000,60000",
          adaptive_softmax_cutoff="20000,60000", adaptive_softmax_factor=4,
          adaptive_softmax_dropout=0.2, tie_adaptive_weights=True, tie_adaptive_proj=True,

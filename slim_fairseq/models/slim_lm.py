@@ -1,8 +1,15 @@
-"""``slim_lm``: decoder-only LM (fairseq ``language_modeling`` task) with the plugin's techniques.
+"""``slim_lm``: the plugin's decoder-only LM (fairseq ``language_modeling`` task).
 
-Uses the same decoder as ``slim_transformer`` without encoder attention, so every option of
-slim_options (gates, GLU, H-SoftPOS, Tensor Chain, SAFE, sandwich sharing) applies.
+The decoder of ``slim_transformer`` without encoder attention, so every option of
+:mod:`~slim_fairseq.models.slim_options` applies, and the LM-only ones too: Anthe (gates, GLU,
+H-SoftPOS, Tensor Chain), Subformer (SAFE, sandwich sharing), STLM (tying with LoRA; the block
+of its presets is ``--norm rmsnorm --decoder-normalize-before --ffn-glu --glu-hidden full
+--kv-heads 4 --rope-theta 10000 --no-linear-bias``) and skipless blocks (``--skipless-layout``,
+weight removal). The ``stlm_*`` and ``skipless_lm*`` architectures are presets of this model
+(``archs_stlm.py``, ``archs_skipless.py``).
 """
+import sys
+
 from fairseq import options
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
@@ -15,67 +22,77 @@ from fairseq.models.transformer_lm import (
 )
 from fairseq.modules import AdaptiveInput
 
-from slim_fairseq.models.slim_options import add_slim_args, set_slim_defaults, validate_slim_args
+from slim_fairseq.checkpoint_upgrade import upgrade_state_dict
+from slim_fairseq.models.slim_options import (
+    add_slim_args,
+    extend_fairseq_args,
+    set_slim_defaults,
+    validate_slim_args,
+)
 from slim_fairseq.models.slim_transformer import (
     ContractOverridesMixin,
     SlimTransformerDecoder,
     finish_build,
 )
 from slim_fairseq.modules.input_embedding import build_token_table, token_table_dim
-from slim_fairseq.modules.weight_tying import (
-    add_tying_args,
-    apply_weight_tying,
-    tying_enabled,
-    validate_tying,
-)
-from slim_fairseq.option_errors import check_task, one_line_option_errors
+from slim_fairseq.option_errors import check_task, one_line_option_errors, option_error
 
 
 @register_model("slim_lm")
 class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
     """Decoder-only transformer LM with the plugin's techniques as options."""
 
+    SIDES = ("decoder",)
+
     @classmethod
     def add_args(cls, parser):
         gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
         add_slim_args(parser)
-        add_tying_args(parser)  # STLM weight tying (docs/TECHNIQUES.md#tying-schemes, issue 5)
+        extend_fairseq_args(parser)
 
     @classmethod
     def check_args(cls, args, task=None):
         """Option checks that need no data (run right after parsing and again at build)."""
-        validate_slim_args(args)
-        # options of the encoder-decoder's cross-attention: refused, never silently ignored
-        for flag, attr, default in (("--cross-attn-gate", "cross_attn_gate", "none"),
-                                    ("--sandwich-cross-norm", "sandwich_cross_norm", "layernorm")):
-            if getattr(args, attr) != default:
-                raise ValueError(f"{flag}={getattr(args, attr)} acts on cross-attention, which a "
-                                 "language model does not have; drop it")
-        validate_tying(args, args.decoder_layers)
+        set_slim_defaults(args)
+        validate_slim_args(args, "slim_lm")
         check_task(True, getattr(args, "arch", "slim_lm"),
                    task if task is not None else getattr(args, "task", None))
+        if getattr(args, "character_embeddings", False):
+            raise option_error("--character-embeddings", None, "not built by slim_lm",
+                               "fairseq's transformer_lm for character embeddings")
+        if args.tie_adaptive_weights and not args.adaptive_input:
+            raise option_error("--tie-adaptive-weights", None, "ties an adaptive input, which "
+                               "is off", "add --adaptive-input")
+
+    @classmethod
+    def contract_overrides(cls, arch):
+        tiny = super().contract_overrides(arch)
+        return tiny + ["--decoder-input-dim", cls.TINY["embed_dim"],
+                       "--decoder-output-dim", cls.TINY["embed_dim"]]
 
     @classmethod
     def build_model(cls, args, task):
+        slim_lm_base(args)
         with one_line_option_errors():
+            cls.check_args(args, task)
             return cls._build_model(args, task)
 
     @classmethod
     def _build_model(cls, args, task):
-        slim_lm_base(args)
-        cls.check_args(args, task)
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = getattr(args, "tokens_per_sample",
                                                 DEFAULT_MAX_TARGET_POSITIONS)
-        if getattr(args, "character_embeddings", False):
-            raise ValueError("--character-embeddings is not supported by slim_lm")
-        dictionary = task.source_dictionary
+        dictionary = getattr(task, "source_dictionary", None) or task.target_dictionary
+        if dictionary is None:
+            where = _data_path(task)
+            where = f"in the data directory {where}" if where else "(the data directory given does not exist)"
+            raise option_error("--task", getattr(args, "task", "language_modeling"),
+                               f"found no dictionary (dict.txt) {where}", "the data-bin the model was "
+                               "trained on (fairseq-eval-lm DATA, or from_pretrained(..., "
+                               "data_name_or_path=DATA))")
         if args.adaptive_input:
-            if args.hsoftpos_levels or args.safe_embed_dim or args.tc_emb:
-                raise ValueError("--adaptive-input replaces the token table; it cannot be combined "
-                                 "with --hsoftpos-levels, --safe-embed-dim or --tc-emb")
             table = AdaptiveInput(
                 len(dictionary), dictionary.pad(), args.decoder_input_dim,
                 args.adaptive_input_factor, args.decoder_embed_dim,
@@ -84,29 +101,56 @@ class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
         else:
             cfg = TransformerConfig.from_namespace(args)
             table = build_token_table(cfg, dictionary, token_table_dim(cfg, args.decoder_input_dim))
-        if args.tie_adaptive_weights:
-            if not args.adaptive_input:
-                raise ValueError("--tie-adaptive-weights needs --adaptive-input")
-            if (args.adaptive_input_factor != args.adaptive_softmax_factor
-                    or args.adaptive_softmax_cutoff != args.adaptive_input_cutoff
-                    or args.decoder_input_dim != args.decoder_output_dim):
-                raise ValueError("--tie-adaptive-weights needs equal adaptive input/softmax "
-                                 "factors, cutoffs and decoder input/output dims")
+        if args.tie_adaptive_weights and (
+                args.adaptive_input_factor != args.adaptive_softmax_factor
+                or args.adaptive_softmax_cutoff != args.adaptive_input_cutoff
+                or args.decoder_input_dim != args.decoder_output_dim):
+            raise option_error("--tie-adaptive-weights", None, "needs equal adaptive input/softmax "
+                               "factors, cutoffs and decoder input/output dims", "matching values")
         decoder = SlimTransformerDecoder(TransformerConfig.from_namespace(args),
                                          task.target_dictionary, table, no_encoder_attn=True)
-        model = finish_build(cls(decoder), args)
-        if tying_enabled(args):  # STLM FFN / attention-projection tying + LoRA (arXiv:2405.14159)
-            apply_weight_tying(decoder.layers, args)
-        return model
+        model = cls(decoder)
+        model.args = args  # the options it was built with (weight removal rebuilds it)
+        return finish_build(model, args, [decoder.layers])
 
-    @classmethod
-    def contract_overrides(cls, arch):
-        tiny = []
-        for key, value in cls.TINY.items():
-            tiny += [f"--decoder-{key.replace('_', '-')}", value]
-        tiny += ["--decoder-input-dim", cls.TINY["embed_dim"],
-                 "--decoder-output-dim", cls.TINY["embed_dim"]]
-        return tiny + cls.technique_overrides(cls.arch_defaults(arch))
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Checkpoints of the earlier LM classes (their layer and table names;
+        :mod:`slim_fairseq.checkpoint_upgrade`), then fairseq's own upgrades."""
+        upgrade_state_dict(state_dict, name, tied=self.decoder.share_input_output_embed)
+        super().upgrade_state_dict_named(state_dict, name)
+
+    def prepare_for_inference_(self, cfg):
+        """In fairseq-eval-lm, refuse blocks longer than the positions the model has: fairseq
+        would skip every block and print ``Perplexity: 1.00``."""
+        task_cfg = getattr(cfg, "task", None)
+        block = getattr(task_cfg, "tokens_per_sample", None) if task_cfg is not None else None
+        if block and _in_eval_lm():
+            block += getattr(getattr(cfg, "eval_lm", None), "context_window", 0) or 0
+            limit = self.decoder.max_positions()
+            if limit and block > limit:
+                raise option_error("--tokens-per-sample", block, f"blocks longer than the {limit} "
+                                   "positions the model has are all skipped (the perplexity "
+                                   "would be of nothing)", f"at most {limit}, with "
+                                   "--context-window")
+        super().prepare_for_inference_(cfg)
+
+
+def _data_path(task):
+    for holder in (getattr(task, "cfg", None), getattr(task, "args", None)):
+        if getattr(holder, "data", None):
+            return holder.data
+    return None
+
+
+def _in_eval_lm():
+    """Called from fairseq-eval-lm (fairseq_cli.eval_lm), where ``--tokens-per-sample`` is the
+    length of the blocks scored; fairseq-generate and the hub ignore it."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "fairseq_cli.eval_lm":
+            return True
+        frame = frame.f_back
+    return False
 
 
 @register_model_architecture("slim_lm", "slim_lm")

@@ -1,168 +1,545 @@
-"""Command-line options of the plugin's encoder-decoder model and LM (see docs/DESIGN.md).
+"""The plugin's option vocabulary: every option it adds to fairseq's, once, for both models
+(``slim_transformer`` and ``slim_lm``; docs/DESIGN.md, "Options", is this table in prose).
 
-Options are declared without ``default=`` (fairseq parses model args with
-``argument_default=SUPPRESS``); :func:`set_slim_defaults` fills what an arch preset did not set.
-Values are checked by :func:`validate_slim_args`, not by argparse ``choices``: it runs right
-after parsing and fails with one line (argparse would print its whole usage first).
+:data:`OPTIONS` is the one list: flag, default, help, the technique it belongs to and the models
+it applies to. :func:`add_slim_args` declares them (without ``default=``: fairseq parses model
+options with ``argument_default=SUPPRESS``, and a preset fills what the command line did not
+set), :func:`set_slim_defaults` fills the defaults, :func:`validate_slim_args` checks values and
+combinations. Values are checked here, not by argparse ``choices`` (argparse prints its whole
+usage first): every error is one line in the format of :func:`~slim_fairseq.option_errors.option_error`.
+
+fairseq's own options keep their meaning, with two readings the plugin adds in every model:
+``--activation-fn`` is the feed-forward's activation, the gate's activation under ``--ffn-glu``
+(default relu, silu under ``--ffn-glu``; ``silu`` is added to fairseq's choices), and
+``--share-decoder-input-output-embed`` gets a ``--no-`` form, for presets that tie by default.
 Plugin-only flags never start with ``encoder-``/``decoder-`` (docs/TECHNIQUES.md#plugin-option-names).
 """
+import argparse
+from dataclasses import dataclass
+from typing import Tuple
 
-from slim_fairseq.modules.gated_attention import CROSS_GATE_WHY, CROSS_GATES, GATES
+from fairseq.models.transformer import TransformerConfig
 
-GLU_ACTIVATIONS = ("silu", "gelu")
-SAFE_OUTPUTS = ("linear", "mlp")
-SANDWICH_CROSS_NORMS = ("layernorm", "none")
+from slim_fairseq.modules.attention import heads_for
+from slim_fairseq.modules.gated_attention import CROSS_GATES, GATES, check_gate
+from slim_fairseq.modules.glu import GLU_ACTIVATIONS, GLU_HIDDEN_RULES
+from slim_fairseq.modules.hsoftpos import hsoftpos_dims
+from slim_fairseq.modules.sandwich import validate_sandwich
+from slim_fairseq.modules.shaped_attention import REMOVABLE
+from slim_fairseq.modules.weight_tying import validate_tying
+from slim_fairseq.option_errors import option_error
+
+MODELS = ("slim_transformer", "slim_lm")
 TC_PLACES = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
 TC_BACKWARD_MODES = ("recompute", "store")
 # options that only shape a Tensor Chain, with their defaults: the values a model without any
 # chain must have (validate_slim_args; compression.without_tensor_chains restores them)
 TC_SHAPE_DEFAULTS = (("tc_backward", "recompute"), ("tc_length", 2), ("tc_min_bond", 0))
+NORMS = ("layernorm", "rmsnorm", "none")
+SKIPLESS_LAYOUTS = ("none", "serial", "parallel")
+SAFE_OUTPUTS = ("linear", "mlp")
+SANDWICH_CROSS_NORMS = ("layernorm", "none")
+# fairseq's --activation-fn choices plus silu (SwiGLU's gate, and a plain feed-forward's)
+ACTIVATIONS = ("relu", "gelu", "gelu_fast", "gelu_accurate", "tanh", "linear", "silu")
+
+ANTHE = "Anthe (arXiv:2305.10991; docs/TECHNIQUES.md#anthe)"
+SUBFORMER = "Subformer (arXiv:2101.00234; docs/TECHNIQUES.md#subformer)"
+STLM = "STLM weight tying (arXiv:2405.14159; docs/TECHNIQUES.md#tying-schemes)"
+BLOCK = "block: heads, positions, normalisation, biases, init (docs/TECHNIQUES.md#stlm-block)"
+SKIPLESS = "skipless blocks (arXiv:2311.01906, arXiv:2404.12362; docs/TECHNIQUES.md#skipless-transformers)"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One plugin option. ``check`` names the value rule (``nonneg``, ``positive``, ``ratio``,
+    ``length``, ``tie``, or ``choice`` with ``choices``); ``only`` names the one model it applies
+    to (None: both) and ``why_only`` says why in the other's refusal; ``negatable`` adds a
+    ``--no-`` form to an on/off option that presets switch on."""
+
+    flag: str
+    default: object
+    help: str
+    group: str
+    kind: type = str
+    check: str = ""
+    choices: Tuple[str, ...] = ()
+    metavar: str = None
+    only: str = None
+    why_only: str = ""
+    negatable: bool = False
+    shown_default: str = None
+
+    def default_text(self):
+        """The default as docs/DESIGN.md shows it."""
+        if self.shown_default is not None:
+            return self.shown_default
+        if self.kind is bool:
+            return "on" if self.default else "off"
+        return str(self.default)
+
+    def flags(self):
+        return (self.flag, "--no-" + self.flag[2:]) if self.negatable else (self.flag,)
+
+    @property
+    def dest(self):
+        return self.flag[2:].replace("-", "_")
+
+    def models(self):
+        return (self.only,) if self.only else MODELS
+
+
+_CROSS_ONLY = "it acts on cross-attention, which a language model does not have"
+_LM_ONLY = "skipless blocks are defined for causal decoder-only models (He & Hofmann)"
+
+OPTIONS = (
+    # ------------------------------------------------------------------ Anthe
+    Option("--self-attn-gate", "none", "gated pre-attention in every self-attention: "
+           + "|".join(GATES), ANTHE, check="choice", choices=GATES, metavar="GATE"),
+    Option("--cross-attn-gate", "none", "gate of the encoder-decoder attention: "
+           + "|".join(CROSS_GATES) + " (gates mixing the two sequences need S == T and leak future "
+           "tokens)", ANTHE, check="choice", choices=CROSS_GATES, metavar="GATE",
+           only="slim_transformer", why_only=_CROSS_ONLY),
+    Option("--no-patt", False, "the pre-attention projections W_Q, W_K, W_V are the identity",
+           ANTHE, kind=bool),
+    Option("--ffn-glu", False, "GLU feed-forward w2(act(w1 x) * w3 x); act = --activation-fn "
+           "(default silu under --ffn-glu)", ANTHE, kind=bool, negatable=True),
+    Option("--glu-hidden", "two-thirds", "hidden width of the GLU: two-thirds = floor(2F/3) of "
+           "the --*-ffn-embed-dim F (a plain FFN's parameters; Anthe), full = F (STLM, "
+           "LLaMA-style shapes)", ANTHE, check="choice", choices=GLU_HIDDEN_RULES, metavar="RULE"),
+    Option("--hsoftpos-levels", 0, "H-SoftPOS hierarchical embedding with L levels; 0 = off",
+           ANTHE, kind=int, check="nonneg", metavar="L"),
+    Option("--hsoftpos-min-token-dim", 0, "H-SoftPOS token-table width of at least M (narrower "
+           "soft-position slots); 0 = the paper's d - (2l-1) floor(d/2l), only d/4 at l=2",
+           ANTHE, kind=int, check="nonneg", metavar="M"),
+    Option("--tc-ff", 0.0, "Tensor-Chain factorisation of the feed-forward linears with "
+           "parameter ratio R; 0 = dense", ANTHE, kind=float, check="ratio", metavar="R"),
+    Option("--tc-patt", 0.0, "Tensor-Chain factorisation of W_Q, W_K, W_V with parameter ratio "
+           "R; 0 = dense", ANTHE, kind=float, check="ratio", metavar="R"),
+    Option("--tc-layer", 0.0, "Tensor-Chain ratio of both the feed-forward and W_Q, W_K, W_V "
+           "(--tc-ff / --tc-patt win where set); 0 = dense", ANTHE, kind=float, check="ratio",
+           metavar="R"),
+    Option("--tc-emb", 0.0, "Tensor-Chain factorisation of the token table with parameter "
+           "ratio R; 0 = dense", ANTHE, kind=float, check="ratio", metavar="R"),
+    Option("--tc-output", 0.0, "Tensor-Chain factorisation of the vocabulary projection with "
+           "parameter ratio R; 0 = dense", ANTHE, kind=float, check="ratio", metavar="R"),
+    Option("--tc-length", 2, "Tensor-Chain length n (>= 2)", ANTHE, kind=int, check="length",
+           metavar="N"),
+    Option("--tc-min-bond", 0, "lowest bond dimension of every Tensor Chain; 0 = as the ratio "
+           "gives (the paper). At small widths a ratio like .005 gives bond 2, which all but "
+           "removes the layer", ANTHE, kind=int, check="nonneg", metavar="B"),
+    Option("--tc-backward", "recompute", "what Tensor-Chain layers keep for backward: recompute "
+           "(the input and the cores; least memory) or store (plain autograd: more memory, "
+           "fewer matmuls)", ANTHE, check="choice", choices=TC_BACKWARD_MODES, metavar="MODE"),
+    Option("--output-bias", False, "bias on the vocabulary projection", ANTHE, kind=bool,
+           negatable=True),
+    # ------------------------------------------------------------------ Subformer
+    Option("--safe-embed-dim", 0, "SAFE self-attentive factorised embeddings of width E below "
+           "the model width; 0 = off", SUBFORMER, kind=int, check="nonneg", metavar="E"),
+    Option("--safe-output", "linear", "SAFE output path d -> E: linear (reference) or mlp (with "
+           "a nonlinearity)", SUBFORMER, check="choice", choices=SAFE_OUTPUTS, metavar="PATH"),
+    Option("--sandwich", False, "sandwich-style sharing of the middle layers", SUBFORMER,
+           kind=bool, negatable=True),
+    Option("--sandwich-dim", 0, "width of the shared middle layers; 0 = the model width",
+           SUBFORMER, kind=int, check="nonneg", metavar="D"),
+    Option("--sandwich-ffn-dim", 0, "FFN width of the shared middle layers; 0 = the model's FFN "
+           "width", SUBFORMER, kind=int, check="nonneg", metavar="F"),
+    Option("--sandwich-heads", 0, "attention heads of the shared middle layers; 0 = their width "
+           "// 64", SUBFORMER, kind=int, check="nonneg", metavar="H"),
+    Option("--sandwich-cross-norm", "layernorm", "closing norm of the wider middle decoder "
+           "layers' cross-attention path: layernorm (reference) or none", SUBFORMER,
+           check="choice", choices=SANDWICH_CROSS_NORMS, metavar="NORM", only="slim_transformer",
+           why_only=_CROSS_ONLY),
+    Option("--bert-init", False, "BERT-style init: N(0, 0.02) weights, zero biases, zero pad row "
+           "(the Subformer training setup)", SUBFORMER, kind=bool, negatable=True),
+    # ------------------------------------------------------------------ STLM tying
+    Option("--tie-ffn", "none", "share the FFN of layer 1+K with layers 1+K..D-K-1 (0-based; "
+           "layer 0 never shared; K=0 = all but the first); none = off", STLM, check="tie",
+           metavar="K"),
+    Option("--ffn-lora-rank", 0, "rank of a per-layer LoRA adapter on every shared FFN linear; "
+           "0 = off; needs --tie-ffn", STLM, kind=int, check="nonneg", metavar="R"),
+    Option("--ffn-lora-alpha", None, "LoRA scale numerator: the update is multiplied by A/R "
+           "(default A = R); needs --ffn-lora-rank", STLM, kind=float, check="positive",
+           metavar="A", shown_default="R"),
+    Option("--tie-attn-proj", "none", "share the self-attention output projection over layers "
+           "1+K..D-K-1 like --tie-ffn; none = off", STLM, check="tie", metavar="K"),
+    # ------------------------------------------------------------------ block
+    Option("--kv-heads", 0, "key/value heads: 0 = as many as the query heads (MHA), 1 = MQA, a "
+           "divisor of the heads = GQA", BLOCK, kind=int, check="nonneg", metavar="N"),
+    Option("--head-dim", 0, "channels per head; 0 = width // heads, rounded down to even with "
+           "RoPE", BLOCK, kind=int, check="nonneg", metavar="N"),
+    Option("--rope-theta", 0.0, "RoPE base on the self-attention's queries and keys; 0 = no "
+           "RoPE", BLOCK, kind=float, check="nonneg", metavar="T"),
+    Option("--norm", None, "normalisation of the blocks and the final norm: layernorm, "
+           "rmsnorm or none (default layernorm; none, and only none, with skipless blocks)",
+           BLOCK, check="choice", choices=NORMS, metavar="NORM",
+           shown_default="layernorm; none with --skipless-layout"),
+    Option("--rms-norm-eps", 1e-6, "RMSNorm epsilon; needs --norm rmsnorm", BLOCK, kind=float,
+           check="positive", metavar="E"),
+    Option("--linear-bias", True, "biases on the attention and feed-forward linears "
+           "(--no-linear-bias: none, as in the STLM and skipless presets)", BLOCK, kind=bool,
+           negatable=True),
+    Option("--init-std", 0.0, "GPT-2 init: N(0, S) tables and linears, residual outputs "
+           "S / sqrt(2 x layers), zero pad row; 0 = the model's own init", BLOCK, kind=float,
+           check="nonneg", metavar="S"),
+    # ------------------------------------------------------------------ skipless
+    Option("--skipless-layout", "none", "skipless blocks (no residual, no norm, shaped "
+           "attention): serial s * FFN(Attn(x)) or parallel (Attn(x) + s * FFN(x)) / sqrt(1 + "
+           "s^2); none = residual blocks", SKIPLESS, check="choice", choices=SKIPLESS_LAYOUTS,
+           metavar="LAYOUT", only="slim_lm", why_only=_LM_ONLY),
+    Option("--mlp-branch-scale", 1.0, "the factor s on the FFN output of a skipless block",
+           SKIPLESS, kind=float, check="positive", metavar="S", only="slim_lm",
+           why_only=_LM_ONLY),
+    Option("--removed-weights", "none", "reduced skipless form without W_Q (or W_K, W_V) and "
+           "P: none|q|k|v; k and v need as many key/value heads as heads", SKIPLESS,
+           check="choice", choices=("none",) + REMOVABLE, metavar="W", only="slim_lm",
+           why_only=_LM_ONLY),
+    Option("--keep-attn-out-proj", False, "reduced form that keeps P (exact conversion of a "
+           "parallel model)", SKIPLESS, kind=bool, negatable=True, only="slim_lm",
+           why_only=_LM_ONLY),
+)
+BY_DEST = {option.dest: option for option in OPTIONS}
+
+# fairseq's own options that read the same in both models, with the plugin's addition
+FAIRSEQ_READINGS = (
+    ("--activation-fn", "relu; silu with --ffn-glu", "the feed-forward's activation; under "
+     "--ffn-glu the gate's (" + "|".join(GLU_ACTIVATIONS) + "); the plugin adds silu to fairseq's "
+     "choices"),
+    ("--no-share-decoder-input-output-embed", "tied as the preset says", "unties the vocabulary "
+     "projection of a preset that ties it (stlm_tied and the STLM rows)"),
+)
+
+
+def options_markdown():
+    """docs/DESIGN.md's option tables: every option of :data:`OPTIONS` (flag, models, default,
+    meaning), then fairseq's options the plugin reads in its own way. ``slim-fairseq-help
+    --options`` prints it; tests/test_usability.py checks DESIGN.md holds exactly this."""
+    def cell(text):
+        return text.replace("|", "\\|")
+
+    header = ["| flag | models | default | meaning |", "|---|---|---|---|"]
+    lines, group = [], None
+    for option in OPTIONS:
+        if option.group != group:
+            group = option.group
+            lines += ["", f"**{group}**", ""] + header
+        flags = " / ".join(f"`{flag}`" for flag in option.flags())
+        metavar = f" {option.metavar}" if option.metavar else ""
+        flags = flags.replace(f"`{option.flag}`", f"`{option.flag}{metavar}`", 1)
+        models = ", ".join(option.models())
+        lines.append(f"| {flags} | {models} | {cell(option.default_text())} | {cell(option.help)} |")
+    lines += ["", "**fairseq's own options, with what the plugin adds** (both models)", ""] + header
+    for flag, default, meaning in FAIRSEQ_READINGS:
+        lines.append(f"| `{flag}` | {', '.join(MODELS)} | {cell(default)} | {cell(meaning)} |")
+    return "\n".join(lines[1:]) + "\n"
 
 
 def add_slim_args(parser):
-    """Technique options shared by ``slim_transformer`` and ``slim_lm``."""
-    g = parser.add_argument_group("slim_fairseq: Anthe (arXiv:2305.10991; docs/TECHNIQUES.md#anthe)")
-    g.add_argument("--self-attn-gate", metavar="GATE",
-                   help="gated pre-attention in every self-attention (Anthe, arXiv:2305.10991): "
-                        + "|".join(GATES) + "; default none")
-    g.add_argument("--cross-attn-gate", metavar="GATE",
-                   help="gate of encoder-decoder attention: none|kgv|vgk (gates mixing the two "
-                        "sequences are rejected: they need S == T and leak future tokens)")
-    g.add_argument("--no-patt", action="store_true",
-                   help="pre-attention projections W_Q, W_K, W_V become identity")
-    g.add_argument("--ffn-glu", action="store_true",
-                   help="GLU feed-forward w2(act(w1 x) * w3 x), hidden floor(2f/3) (Anthe, arXiv:2305.10991)")
-    g.add_argument("--glu-activation", metavar="ACT",
-                   help="GLU activation: silu|gelu; default silu (SwiGLU, as the Anthe reference code; the paper "
-                        "text says GEGLU)")
-    g.add_argument("--hsoftpos-levels", type=int, metavar="L",
-                   help="H-SoftPOS hierarchical embedding with L levels; 0 = off (Anthe, arXiv:2305.10991)")
-    for place, what in (("ff", "feed-forward linears"), ("patt", "W_Q, W_K, W_V"),
-                        ("layer", "ff and patt"), ("emb", "token embedding"),
-                        ("output", "vocabulary projection")):
-        g.add_argument(f"--tc-{place}", type=float, metavar="R",
-                       help=f"Tensor-Chain factorisation of the {what} with parameter ratio R "
-                            "(0 = dense) (Anthe, arXiv:2305.10991)")
-    g.add_argument("--tc-length", type=int, metavar="N", help="Tensor-Chain length n (>= 2)")
-    g.add_argument("--tc-min-bond", type=int, metavar="B",
-                   help="lowest bond dimension of every Tensor Chain; 0 = as the ratio gives (the "
-                        "paper). At small widths a ratio like .005 gives bond 2, which all but "
-                        "removes the layer; a floor keeps it useful at more parameters than R")
-    g.add_argument("--tc-backward", metavar="MODE",
-                   help="what Tensor-Chain layers keep for backward: recompute (default: the input "
-                        "and the cores; intermediates are recomputed, least memory) or store (plain "
-                        "autograd keeps every intermediate: more memory, fewer matmuls in backward)")
-    g.add_argument("--hsoftpos-min-token-dim", type=int, metavar="M",
-                   help="H-SoftPOS token-table width of at least M (narrower soft-position slots); "
-                        "0 = the paper's d - (2l-1) floor(d/2l), only d/4 at l=2")
-    g.add_argument("--output-bias", action="store_true", help="bias on the vocabulary projection")
+    """Declare every option of :data:`OPTIONS`, grouped by technique."""
+    groups = {}
+    for option in OPTIONS:
+        if option.group not in groups:
+            groups[option.group] = parser.add_argument_group(f"slim_fairseq: {option.group}")
+        group = groups[option.group]
+        help_text = option.help + ("" if option.only is None else f" ({option.only} only)")
+        if option.kind is bool:
+            if option.negatable:
+                group.add_argument(option.flag, action=argparse.BooleanOptionalAction,
+                                   help=help_text)
+            else:
+                group.add_argument(option.flag, action="store_true", help=help_text)
+        else:
+            # choices and ranges are checked by validate_slim_args (one line, no usage dump)
+            kind = str if option.check in ("choice", "tie") else option.kind
+            group.add_argument(option.flag, type=kind, metavar=option.metavar, help=help_text)
 
-    g = parser.add_argument_group("slim_fairseq: Subformer (arXiv:2101.00234; docs/TECHNIQUES.md#subformer)")
-    g.add_argument("--safe-embed-dim", type=int, metavar="E",
-                   help="SAFE self-attentive factorised embeddings of width E; 0 = off (Subformer, arXiv:2101.00234)")
-    g.add_argument("--safe-output", metavar="PATH",
-                   help="SAFE output path d_m -> d_e: linear (reference, default) or mlp (with a "
-                        "nonlinearity)")
-    g.add_argument("--sandwich", action="store_true",
-                   help="sandwich-style parameter sharing of the middle layers (Subformer, arXiv:2101.00234)")
-    g.add_argument("--sandwich-dim", type=int, metavar="D",
-                   help="width of the shared middle layers (0 = model width)")
-    g.add_argument("--sandwich-ffn-dim", type=int, metavar="F",
-                   help="FFN width of the shared middle layers (0 = model FFN width)")
-    g.add_argument("--sandwich-heads", type=int, metavar="H",
-                   help="attention heads of the shared middle layers (0 = width // 64)")
-    g.add_argument("--sandwich-cross-norm", metavar="NORM",
-                   help="closing norm of the wider middle decoder layers' cross-attention path: "
-                        "layernorm (reference code, default) or none (trains better at small "
-                        "widths; docs/TECHNIQUES.md#sandwich-sharing)")
-    g.add_argument("--bert-init", action="store_true",
-                   help="BERT-style init: N(0, 0.02) weights, zero biases, zero pad row")
+
+def extend_fairseq_args(parser):
+    """fairseq options with the plugin's reading in every model: ``--activation-fn`` also takes
+    silu (the GLU gate's default), and ``--share-decoder-input-output-embed`` a ``--no-`` form."""
+    for action in parser._actions:
+        if "--activation-fn" in action.option_strings and action.choices is not None:
+            action.choices = list(ACTIVATIONS)
+            action.help = ("the feed-forward's activation (under --ffn-glu: the gate's; default "
+                           "relu, silu under --ffn-glu): " + "|".join(ACTIVATIONS))
+    if "--share-decoder-input-output-embed" in parser._option_string_actions:
+        parser.add_argument("--no-share-decoder-input-output-embed", action="store_false",
+                            dest="share_decoder_input_output_embed",
+                            help="separate vocabulary projection (for presets that tie it)")
 
 
 def set_slim_defaults(args):
-    """Defaults of every option of :func:`add_slim_args` (called by the base arch functions)."""
-    defaults = dict(
-        self_attn_gate="none", cross_attn_gate="none", no_patt=False,
-        ffn_glu=False, glu_activation="silu", hsoftpos_levels=0,
-        tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=0.0, tc_output=0.0, **dict(TC_SHAPE_DEFAULTS),
-        hsoftpos_min_token_dim=0,
-        output_bias=False,
-        safe_embed_dim=0, safe_output="linear", sandwich=False, sandwich_dim=0,
-        sandwich_ffn_dim=0, sandwich_heads=0, sandwich_cross_norm="layernorm", bert_init=False,
-    )
-    for key, value in defaults.items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
+    """Fill every option of :data:`OPTIONS` the command line and the preset left unset, and the
+    defaults that follow a rule: ``--norm`` none with skipless blocks, else layernorm;
+    ``--activation-fn`` silu under ``--ffn-glu``."""
+    for option in OPTIONS:
+        if getattr(args, option.dest, None) is None and option.default is not None:
+            setattr(args, option.dest, option.default)
+    if getattr(args, "ffn_lora_alpha", None) is None:
+        args.ffn_lora_alpha = None
+    if getattr(args, "norm", None) is None:
+        args.norm = "none" if args.skipless_layout != "none" else "layernorm"
+    if getattr(args, "activation_fn", None) is None and args.ffn_glu:
+        args.activation_fn = "silu"
 
 
-def _fail(flag, value, allowed, why=""):
-    raise ValueError(f"{flag}={value!r} is not allowed; allowed: {allowed}" + (f" ({why})" if why else ""))
+def _flag(dest):
+    return "--" + dest.replace("_", "-")
 
 
-def validate_slim_args(args):
-    """One-line errors for bad option values, before anything is built."""
-    if args.self_attn_gate not in GATES:
-        _fail("--self-attn-gate", args.self_attn_gate, "|".join(GATES))
-    if args.cross_attn_gate not in CROSS_GATES:
-        _fail("--cross-attn-gate", args.cross_attn_gate, "|".join(CROSS_GATES), CROSS_GATE_WHY)
-    if args.glu_activation not in GLU_ACTIVATIONS:
-        _fail("--glu-activation", args.glu_activation, "|".join(GLU_ACTIVATIONS))
-    if args.safe_output not in SAFE_OUTPUTS:
-        _fail("--safe-output", args.safe_output, "|".join(SAFE_OUTPUTS))
-    if args.sandwich_cross_norm not in SANDWICH_CROSS_NORMS:
-        _fail("--sandwich-cross-norm", args.sandwich_cross_norm, "|".join(SANDWICH_CROSS_NORMS))
-    if args.sandwich_cross_norm != "layernorm" and not args.sandwich:
-        raise ValueError(f"--sandwich-cross-norm={args.sandwich_cross_norm} has no sandwich to act on; "
-                         "add --sandwich with a --sandwich-dim wider than the model, or drop it")
-    if args.hsoftpos_levels < 0:
-        _fail("--hsoftpos-levels", args.hsoftpos_levels, "an integer >= 0")
-    for place in TC_PLACES:
-        r = getattr(args, place)
-        if not 0.0 <= r <= 1.0:
-            _fail("--" + place.replace("_", "-"), r, "a ratio in [0, 1] (0 = dense)")
-    if args.tc_backward not in TC_BACKWARD_MODES:
-        _fail("--tc-backward", args.tc_backward, "|".join(TC_BACKWARD_MODES))
-    if args.tc_length < 2:
-        _fail("--tc-length", args.tc_length, "an integer >= 2")
-    for flag in ("safe_embed_dim", "sandwich_dim", "sandwich_ffn_dim", "sandwich_heads", "tc_min_bond",
-                 "hsoftpos_min_token_dim"):
-        if getattr(args, flag) < 0:
-            _fail("--" + flag.replace("_", "-"), getattr(args, flag), "an integer >= 0")
-    # options that only shape a technique which is off: refused, never silently ignored
-    if not args.sandwich:
-        for flag in ("sandwich_dim", "sandwich_ffn_dim", "sandwich_heads"):
-            if getattr(args, flag):
-                option = "--" + flag.replace("_", "-")
-                raise ValueError(f"{option}={getattr(args, flag)} shapes the shared middle layers of "
-                                 f"--sandwich, which is off; add --sandwich, or {option} 0")
-    if args.safe_output != "linear" and not args.safe_embed_dim:
-        raise ValueError(f"--safe-output={args.safe_output} needs SAFE; set --safe-embed-dim E, or drop "
-                         "--safe-output")
-    if args.glu_activation != "silu" and not args.ffn_glu:
-        raise ValueError(f"--glu-activation={args.glu_activation} acts on the GLU feed-forward, which is "
-                         "off; add --ffn-glu, or drop --glu-activation")
+def _check_value(option, value):
+    allowed = {
+        "nonneg": "an integer >= 0" if option.kind is int else "a number >= 0",
+        "positive": "a number > 0",
+        "ratio": "a ratio in [0, 1] (0 = dense)",
+        "length": "an integer >= 2",
+        "choice": "|".join(option.choices),
+    }
+    check = option.check
+    if check == "choice" and value not in option.choices:
+        if option.dest == "cross_attn_gate" and value in GATES:
+            check_gate(value, "cross")
+        raise option_error(option.flag, value, "not one of the choices", allowed[check])
+    if check == "nonneg" and value < 0:
+        raise option_error(option.flag, value, "negative", allowed[check])
+    if check == "positive" and value is not None and value <= 0:
+        raise option_error(option.flag, value, "not positive", allowed[check])
+    if check == "ratio" and not 0.0 <= value <= 1.0:
+        raise option_error(option.flag, value, "not a parameter ratio", allowed[check])
+    if check == "length" and value < 2:
+        raise option_error(option.flag, value, "too short for a chain", allowed[check])
+
+
+def _is_set(args, option):
+    value = getattr(args, option.dest, option.default)
+    return value is not None and value != option.default
+
+
+def _off(flag, value, technique, fix):
+    """Refusal of an option that shapes a technique which is off."""
+    return option_error(flag, value, f"shapes {technique}, which is off", fix)
+
+
+def _sides(args, model):
+    return ("encoder", "decoder") if model == "slim_transformer" else ("decoder",)
+
+
+def validate_slim_args(args, model):
+    """One-line errors for bad values and for combinations that do nothing or make no sense,
+    before anything is built (``model``: ``slim_transformer`` or ``slim_lm``)."""
+    for option in OPTIONS:
+        value = getattr(args, option.dest, option.default)
+        if option.check not in ("", "tie"):
+            _check_value(option, value)
+        if model not in option.models() and _is_set(args, option):
+            raise option_error(option.flag, value, f"not available in {model}: {option.why_only}",
+                               "drop it")
+    for side in _sides(args, model):
+        validate_tying(args, getattr(args, f"{side}_layers"))
+    _check_feed_forward(args)
+    _check_tensor_chains(args)
+    _check_embeddings(args, model)
+    _check_sandwich(args, model)
+    _check_attention(args, model)
+    _check_norm_and_init(args, model)
+    _check_skipless(args)
+
+
+def _check_feed_forward(args):
+    if args.ffn_lora_rank and (args.tc_ff or args.tc_layer):
+        raise option_error("--ffn-lora-rank", args.ffn_lora_rank, "LoRA adapts dense linears, and "
+                           "--tc-ff/--tc-layer make the feed-forward Tensor Chains",
+                           "0 with a Tensor-Chain feed-forward")
+    activation = getattr(args, "activation_fn", None) or "relu"
+    if args.ffn_glu and activation not in GLU_ACTIVATIONS:
+        raise option_error("--activation-fn", activation, "not a GLU gate activation (--ffn-glu)",
+                           "|".join(GLU_ACTIVATIONS))
+    if activation not in ACTIVATIONS:
+        raise option_error("--activation-fn", activation, "not an activation", "|".join(ACTIVATIONS))
+    if args.glu_hidden != "two-thirds" and not args.ffn_glu:
+        raise _off("--glu-hidden", args.glu_hidden, "the GLU feed-forward",
+                   "add --ffn-glu, or drop --glu-hidden")
+    noise = getattr(args, "quant_noise_pq", 0) or 0
+    if noise:
+        custom = [flag for flag, on in (
+            ("--ffn-glu", args.ffn_glu), ("--tc-ff/--tc-patt/--tc-layer",
+                                          args.tc_ff or args.tc_patt or args.tc_layer),
+            ("--self-attn-gate", args.self_attn_gate != "none"),
+            ("--cross-attn-gate", getattr(args, "cross_attn_gate", "none") != "none"),
+            ("--no-patt", args.no_patt), ("--skipless-layout", args.skipless_layout != "none"))
+            if on]
+        if custom:
+            raise option_error("--quant-noise-pq", noise, "acts on fairseq's dense linears, which "
+                               f"{custom[0]} replaces or bypasses", "0 with " + custom[0])
+
+
+def _check_tensor_chains(args):
     if not any(getattr(args, place) for place in TC_PLACES):
         for key, default in TC_SHAPE_DEFAULTS:
             if getattr(args, key) != default:
-                flag = "--" + key.replace("_", "-")
-                raise ValueError(f"{flag}={getattr(args, key)} has no Tensor Chain to act on; set one of "
-                                 f"--tc-ff/--tc-patt/--tc-layer/--tc-emb/--tc-output, or drop {flag}")
-    if args.hsoftpos_min_token_dim and not args.hsoftpos_levels:
-        raise ValueError(f"--hsoftpos-min-token-dim={args.hsoftpos_min_token_dim} needs H-SoftPOS; "
-                         "set --hsoftpos-levels L >= 1, or --hsoftpos-min-token-dim 0")
-    if args.hsoftpos_levels and args.safe_embed_dim:
-        raise ValueError("--hsoftpos-levels and --safe-embed-dim are alternative input embeddings; "
-                         "choose one (set the other to 0)")
-    for side in ("encoder", "decoder"):
-        width = getattr(args, f"{side}_embed_dim", None)
-        if args.safe_embed_dim and width and args.safe_embed_dim >= width:
-            _fail("--safe-embed-dim", args.safe_embed_dim,
-                  f"0 (off) or an integer below the model width {width}",
-                  "SAFE factorises the embedding through a narrower width; at or above the "
-                  "width it slims nothing")
-    if args.no_patt and args.tc_patt:
-        raise ValueError(f"--tc-patt={args.tc_patt!r} cannot be combined with --no-patt (W_Q, W_K, "
-                         "W_V are the identity, there is nothing to factorise); set --tc-patt 0")
+                raise _off(_flag(key), getattr(args, key), "a Tensor Chain",
+                           f"one of --tc-ff/--tc-patt/--tc-layer/--tc-emb/--tc-output, or drop "
+                           f"{_flag(key)}")
+    if args.no_patt and (args.tc_patt or args.tc_layer and not args.tc_ff):
+        ratio = args.tc_patt or args.tc_layer
+        raise option_error("--tc-patt" if args.tc_patt else "--tc-layer", ratio,
+                           "cannot be combined with --no-patt (W_Q, W_K, W_V are the identity, "
+                           "nothing to factorise)", "--tc-patt 0 / --tc-ff instead of --tc-layer")
     if args.tc_emb and args.safe_embed_dim:
-        raise ValueError("--tc-emb cannot be combined with --safe-embed-dim (SAFE already factorises "
-                         "the embedding); set --tc-emb 0")
+        raise option_error("--tc-emb", args.tc_emb, "cannot be combined with --safe-embed-dim "
+                           "(SAFE already factorises the embedding)", "--tc-emb 0")
+    if args.tc_output and (getattr(args, "share_decoder_input_output_embed", False)
+                           or getattr(args, "share_all_embeddings", False)):
+        raise option_error("--tc-output", args.tc_output, "cannot be combined with tied input/"
+                           "output embeddings", "--tc-output 0, or --no-share-decoder-input-"
+                           "output-embed / no --share-all-embeddings")
+
+
+def _check_embeddings(args, model):
+    tied = (getattr(args, "share_decoder_input_output_embed", False)
+            or getattr(args, "share_all_embeddings", False))
+    narrow = ("--hsoftpos-levels", args.hsoftpos_levels) if args.hsoftpos_levels else (
+        ("--tc-emb", args.tc_emb) if args.tc_emb else None)
+    if tied and narrow and not args.safe_embed_dim:
+        raise option_error(narrow[0], narrow[1], "its token table cannot be the vocabulary "
+                           "projection (H-SoftPOS's is narrower than the model, a Tensor Chain's "
+                           "is never built)", "untied embeddings (--no-share-decoder-input-output-"
+                           "embed, no --share-all-embeddings), or drop it")
+    if args.hsoftpos_min_token_dim and not args.hsoftpos_levels:
+        raise _off("--hsoftpos-min-token-dim", args.hsoftpos_min_token_dim, "H-SoftPOS",
+                   "--hsoftpos-levels L >= 1, or --hsoftpos-min-token-dim 0")
+    if args.hsoftpos_levels and args.safe_embed_dim:
+        raise option_error("--hsoftpos-levels", args.hsoftpos_levels, "and --safe-embed-dim are "
+                           "alternative input embeddings", "one of them (set the other to 0)")
+    if args.safe_output != "linear" and not args.safe_embed_dim:
+        raise _off("--safe-output", args.safe_output, "SAFE", "--safe-embed-dim E, or drop "
+                   "--safe-output")
+    for side in _sides(args, model):
+        width = getattr(args, f"{side}_embed_dim", None)
+        if args.hsoftpos_levels and width:
+            hsoftpos_dims(width, args.hsoftpos_levels, args.hsoftpos_min_token_dim)
+        if args.safe_embed_dim and width and args.safe_embed_dim >= width:
+            raise option_error("--safe-embed-dim", args.safe_embed_dim, "at or above the model "
+                               f"width {width}, SAFE slims nothing",
+                               f"0 (off) or an integer below the model width {width}")
+        learned = getattr(args, f"{side}_learned_pos", False)
+        if learned and getattr(args, "no_token_positional_embeddings", False):
+            raise option_error(f"--{side}-learned-pos", None, "shapes positions that "
+                               "--no-token-positional-embeddings removes", "one of the two")
+    if args.safe_embed_dim:
+        if args.tc_output or args.output_bias:
+            flag = "--tc-output" if args.tc_output else "--output-bias"
+            raise option_error(flag, args.tc_output or None, "acts on the vocabulary projection, "
+                               "which SAFE replaces with its own path tied to the token table",
+                               "drop it with --safe-embed-dim")
+        if (getattr(args, "share_decoder_input_output_embed", False)
+                and not getattr(args, "share_all_embeddings", False)):
+            raise option_error("--share-decoder-input-output-embed", None, "SAFE's output path "
+                               "is always tied to its token table", "drop it with --safe-embed-dim")
+    if getattr(args, "adaptive_softmax_cutoff", None) and (args.tc_output or args.output_bias
+                                                           or args.safe_embed_dim):
+        flag = ("--tc-output" if args.tc_output else "--output-bias" if args.output_bias
+                else "--safe-embed-dim")
+        raise option_error(flag, None, "acts on the vocabulary projection, which "
+                           "--adaptive-softmax-cutoff replaces", "one output layer")
+    if getattr(args, "adaptive_input", False) and (args.hsoftpos_levels or args.safe_embed_dim
+                                                   or args.tc_emb):
+        raise option_error("--adaptive-input", None, "replaces the token table that "
+                           "--hsoftpos-levels / --safe-embed-dim / --tc-emb build",
+                           "one input embedding")
+
+
+def _check_sandwich(args, model):
+    if args.sandwich:
+        cfg = TransformerConfig.from_namespace(args)
+        for side in _sides(args, model):
+            validate_sandwich(cfg, side)
+        return
+    if not args.sandwich:
+        for dest in ("sandwich_dim", "sandwich_ffn_dim", "sandwich_heads"):
+            if getattr(args, dest):
+                raise _off(_flag(dest), getattr(args, dest), "the shared middle layers of "
+                           "--sandwich", f"add --sandwich, or {_flag(dest)} 0")
+        if args.sandwich_cross_norm != "layernorm":
+            raise _off("--sandwich-cross-norm", args.sandwich_cross_norm, "the sandwich's wider "
+                       "middle", "add --sandwich with a --sandwich-dim wider than the model, or "
+                       "drop it")
+
+
+def _check_attention(args, model):
+    kv = args.kv_heads
+    for side in _sides(args, model):
+        width, heads = getattr(args, f"{side}_embed_dim"), getattr(args, f"{side}_attention_heads")
+        if heads < 1 or width % heads:
+            raise option_error(f"--{side}-attention-heads", heads, f"does not divide "
+                               f"--{side}-embed-dim={width}", f"a divisor of {width}")
+        middle = args.sandwich_heads or heads_for(args.sandwich_dim or width)
+        all_heads = [heads] + ([middle] if args.sandwich else [])
+        for count in all_heads:
+            if kv and count % kv:
+                raise option_error("--kv-heads", kv, f"does not divide the {count} query heads",
+                                   "0 (as many as the heads), 1 (MQA) or a divisor of the heads")
+        if args.rope_theta and args.head_dim % 2:
+            raise option_error("--head-dim", args.head_dim, "odd, but RoPE rotates channel pairs",
+                               "an even number, or 0")
+        narrow = (kv and kv != heads) or (args.head_dim and args.head_dim * heads != width)
+        if narrow and args.no_patt:
+            raise option_error("--no-patt", None, "W_Q, W_K, W_V are the identity, so heads span "
+                               "the model width", "--kv-heads 0 and --head-dim 0 with --no-patt")
+    gates = [("--self-attn-gate", args.self_attn_gate),
+             ("--cross-attn-gate", getattr(args, "cross_attn_gate", "none"))]
+    for flag, gate in gates:
+        if gate != "none" and gate[0] != "q" and (kv or args.head_dim):
+            raise option_error(flag, gate, f"sigmoid(W_{gate[0].upper()} {gate[0]}) must be as "
+                               f"wide as {gate[2]}, which --kv-heads / --head-dim change",
+                               "qgv or qgk, or --kv-heads 0 and --head-dim 0")
+        if gate != "none" and gate[0] == "q" and args.head_dim:
+            raise option_error(flag, gate, "sigmoid(W_Q q) must be as wide as the model, which "
+                               "--head-dim changes", "--head-dim 0")
+
+
+def _check_norm_and_init(args, model):
+    if args.rms_norm_eps != BY_DEST["rms_norm_eps"].default and args.norm != "rmsnorm":
+        raise _off("--rms-norm-eps", args.rms_norm_eps, "RMSNorm", "--norm rmsnorm, or drop "
+                   "--rms-norm-eps")
+    # (fairseq's language models are always pre-norm: base_lm_architecture sets it)
+    if args.norm == "none" and model == "slim_transformer":
+        for side in ("encoder", "decoder"):
+            if getattr(args, f"{side}_normalize_before", False):
+                raise option_error(f"--{side}-normalize-before", None, "places norms, and --norm "
+                                   "none has none", f"--norm layernorm|rmsnorm, or drop "
+                                   f"--{side}-normalize-before")
+    if args.bert_init and args.init_std:
+        raise option_error("--init-std", args.init_std, "and --bert-init are two inits",
+                           "one of them")
+
+
+def _check_skipless(args):
+    skipless = args.skipless_layout != "none"
+    if not skipless:
+        for dest in ("mlp_branch_scale", "removed_weights", "keep_attn_out_proj"):
+            if _is_set(args, BY_DEST[dest]):
+                raise _off(_flag(dest), getattr(args, dest), "skipless blocks",
+                           f"--skipless-layout serial|parallel, or drop {_flag(dest)}")
+        return
+    if args.norm != "none":
+        raise option_error("--norm", args.norm, "skipless blocks have no normalisation",
+                           "none (the default with --skipless-layout)")
+    if args.tc_patt or args.tc_layer:
+        raise option_error("--tc-patt" if args.tc_patt else "--tc-layer",
+                           args.tc_patt or args.tc_layer, "shaped attention starts from W_Q = 0, "
+                           "which a Tensor Chain cannot hold", "--tc-ff for the feed-forward")
+    if args.bert_init or args.init_std:
+        raise option_error("--bert-init" if args.bert_init else "--init-std",
+                           None if args.bert_init else args.init_std, "skipless blocks have "
+                           "their own signal-preserving init", "drop it")
+    if args.keep_attn_out_proj and args.removed_weights == "none":
+        raise _off("--keep-attn-out-proj", None, "the reduced form", "--removed-weights q|k|v")
+    if args.removed_weights != "none":
+        if args.self_attn_gate != "none" or args.no_patt:
+            raise option_error("--removed-weights", args.removed_weights, "the reduced form "
+                               "drops a plain projection, which gates and --no-patt change",
+                               "none with --self-attn-gate / --no-patt")
+        if args.removed_weights in ("k", "v") and args.kv_heads not in (0, args.decoder_attention_heads):
+            raise option_error("--removed-weights", args.removed_weights, f"W_{args.removed_weights.upper()}"
+                               f" is only square with as many key/value heads as heads (--kv-heads "
+                               f"{args.kv_heads})", "q with MQA/GQA")

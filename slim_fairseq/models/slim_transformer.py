@@ -1,8 +1,10 @@
 """``slim_transformer``: fairseq's transformer with every slimming technique as an option.
 
-Anthe (gates, GLU, H-SoftPOS, Tensor Chain; arXiv:2305.10991) and Subformer (SAFE, sandwich sharing;
-arXiv:2101.00234; docs/TECHNIQUES.md) switch on by options and combine freely. Named architectures are presets that only
-set defaults (see ``archs_*.py``). Extension points: docs/DESIGN.md.
+Anthe (gates, GLU, H-SoftPOS, Tensor Chain; arXiv:2305.10991), Subformer (SAFE, sandwich
+sharing; arXiv:2101.00234), STLM (FFN / attention-projection tying with LoRA; the block's GQA,
+RoPE, RMSNorm; arXiv:2405.14159) switch on by options of :mod:`slim_options` and combine
+freely; the decoder and its layers are also ``slim_lm``'s. Named architectures are presets that
+only set defaults (``archs_*.py``). Extension points: docs/DESIGN.md.
 """
 import argparse
 from typing import Dict, List, Optional
@@ -24,21 +26,32 @@ from fairseq.modules import AdaptiveSoftmax
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq import utils
 
-from slim_fairseq.models.slim_layers import SlimDecoderLayer, SlimEncoderLayer
-from slim_fairseq.models.slim_options import add_slim_args, set_slim_defaults, validate_slim_args
-from slim_fairseq.modules.weight_tying import (
-    add_tying_args,
-    apply_weight_tying,
-    tying_enabled,
-    validate_tying,
+from slim_fairseq.models.slim_layers import (
+    SkiplessDecoderLayer,
+    SlimDecoderLayer,
+    SlimEncoderLayer,
+    build_norm,
+)
+from slim_fairseq.models.slim_options import (
+    add_slim_args,
+    extend_fairseq_args,
+    set_slim_defaults,
+    validate_slim_args,
 )
 from slim_fairseq.modules.dropout import slim_dropouts
-from slim_fairseq.option_errors import check_task, one_line_option_errors
+from slim_fairseq.modules.glu import store_intermediates_
+from slim_fairseq.modules.initialization import bert_init_, gpt2_init_
 from slim_fairseq.modules.input_embedding import (
     build_input_embedding,
     build_token_table,
     token_table_dim,
 )
+from slim_fairseq.modules.safe import SAFEOutputProjection
+from slim_fairseq.modules.sandwich import build_layer_stack
+from slim_fairseq.modules.skipless import init_skipless_table_
+from slim_fairseq.modules.tensor_chain import TensorChainLinear
+from slim_fairseq.modules.weight_tying import apply_weight_tying, tying_enabled
+from slim_fairseq.option_errors import check_task, one_line_option_errors, option_error
 
 
 def _wrap_layer(cfg, layer):
@@ -49,13 +62,12 @@ def _wrap_layer(cfg, layer):
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
-def _build_stack(cfg, side, make_layer):
-    """Plain stack of L layers, or the sandwich stack with shared middle layers (docs/TECHNIQUES.md#sandwich-sharing)."""
-    if not getattr(cfg, "sandwich", False):
-        num_layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
-        return [make_layer(cfg) for _ in range(num_layers)]
-    from slim_fairseq.modules.sandwich import build_layer_stack
-    return build_layer_stack(cfg, side, make_layer)
+def _swap_final_norm(module, cfg):
+    """fairseq's final LayerNorm (pre-norm stacks) as ``--norm`` selects."""
+    if getattr(module, "layer_norm", None) is not None and getattr(cfg, "norm", "layernorm") != "layernorm":
+        module.layer_norm = build_norm(cfg, module.layer_norm.normalized_shape[0]
+                                       if hasattr(module.layer_norm, "normalized_shape")
+                                       else module.layer_norm.weight.shape[0])
 
 
 class SlimTransformerEncoder(TransformerEncoderBase):
@@ -73,7 +85,8 @@ class SlimTransformerEncoder(TransformerEncoderBase):
             cfg.encoder.layers = num_layers
         self.embed_positions = None  # positions live in the input embedding
         slim_dropouts(self, ("dropout_module",))
-        self.layers.extend(_build_stack(cfg, "encoder", self.build_encoder_layer))
+        _swap_final_norm(self, cfg)
+        self.layers.extend(build_layer_stack(cfg, "encoder", self.build_encoder_layer))
         self.num_layers = len(self.layers)
 
     def build_encoder_layer(self, cfg):
@@ -107,17 +120,21 @@ class SlimTransformerDecoder(TransformerDecoderBase):
             cfg.decoder.layers = num_layers
         self.embed_positions = None  # positions live in the input embedding
         slim_dropouts(self, ("dropout_module",))
-        self.layers.extend(_build_stack(
+        _swap_final_norm(self, cfg)
+        self.layers.extend(build_layer_stack(
             cfg, "decoder", lambda layer_cfg: self.build_decoder_layer(layer_cfg, no_encoder_attn)))
         self.num_layers = len(self.layers)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        if getattr(cfg, "skipless_layout", "none") not in (None, "none"):
+            return _wrap_layer(cfg, SkiplessDecoderLayer(cfg))
         return _wrap_layer(cfg, SlimDecoderLayer(cfg, no_encoder_attn))
 
     def build_output_projection(self, cfg, dictionary, embed_tokens):
         """Vocabulary projection: adaptive softmax, SAFE, Tensor Chain or dense (tied or not)."""
         if getattr(cfg, "base_layers", 0):
-            raise ValueError("--base-layers is not supported by slim_fairseq models")
+            raise option_error("--base-layers", cfg.base_layers, "not built by slim_fairseq models",
+                               "0 (fairseq's transformer_lm for BASE layers)")
         table = embed_tokens.table if hasattr(embed_tokens, "table") else embed_tokens
         vocab = len(dictionary)
         if cfg.adaptive_softmax_cutoff is not None:
@@ -128,14 +145,9 @@ class SlimTransformerDecoder(TransformerDecoderBase):
                 adaptive_inputs=table if cfg.tie_adaptive_weights else None,
                 factor=cfg.adaptive_softmax_factor, tie_proj=cfg.tie_adaptive_proj)
         elif getattr(cfg, "safe_embed_dim", 0):
-            from slim_fairseq.modules.safe import SAFEOutputProjection
             self.output_projection = SAFEOutputProjection.from_cfg(
                 cfg, table, self.output_embed_dim, vocab)
         elif getattr(cfg, "tc_output", 0.0):
-            if self.share_input_output_embed:
-                raise ValueError("--tc-output cannot be combined with tied input/output embeddings "
-                                 "(--share-decoder-input-output-embed / --share-all-embeddings)")
-            from slim_fairseq.modules.tensor_chain import TensorChainLinear
             self.output_projection = TensorChainLinear(
                 self.output_embed_dim, vocab, ratio=cfg.tc_output, length=cfg.tc_length,
                 bias=getattr(cfg, "output_bias", False), min_bond=getattr(cfg, "tc_min_bond", 0))
@@ -166,8 +178,11 @@ class SlimTransformerDecoder(TransformerDecoderBase):
         alignment_layer: Optional[int] = None,
         alignment_heads: Optional[int] = None,
     ):
-        """fairseq's decoder pass with the input embedding given the incremental state
-        (H-SoftPOS convolutions and SAFE attention cache per step)."""
+        """fairseq's decoder pass (``TransformerDecoderBase.extract_features_scriptable``) with one
+        change: the input embedding gets the incremental state, because H-SoftPOS convolutions
+        and SAFE attention keep a cache per step, and positions live in it. Copied because the
+        embedding is computed inside fairseq's method; tests/test_attention.py pins this pass
+        to fairseq's own output with every option off."""
         if alignment_layer is None:
             alignment_layer = self.num_layers - 1
         enc: Optional[Tensor] = None
@@ -221,22 +236,31 @@ class SlimTransformerDecoder(TransformerDecoderBase):
         return self.max_target_positions
 
 
-def finish_build(model, cfg):
-    """Post-build hooks shared by the encoder-decoder model and the LM."""
+def finish_build(model, cfg, stacks):
+    """Post-build steps shared by the encoder-decoder model and the LM, in this order: the
+    whole-model init (``--bert-init``, ``--init-std``; skipless token tables), weight tying
+    with LoRA over each layer stack in ``stacks``, and ``--tc-backward store``."""
     if getattr(cfg, "bert_init", False):
-        from slim_fairseq.modules.sandwich import bert_init_
         bert_init_(model)
+    if getattr(cfg, "init_std", 0.0):
+        gpt2_init_(model, cfg.init_std, stacks)
+    if getattr(cfg, "skipless_layout", "none") not in (None, "none"):
+        table = getattr(model.decoder.embed_tokens, "table", None)
+        init_skipless_table_(table, getattr(table, "padding_idx", None))
+    if tying_enabled(cfg):  # STLM FFN / attention-projection tying + LoRA (arXiv:2405.14159)
+        for layers in stacks:
+            apply_weight_tying(layers, cfg)
     if getattr(cfg, "tc_backward", "recompute") == "store":
-        from slim_fairseq.modules.tensor_chain import store_intermediates_
         store_intermediates_(model)
     return model
 
 
 class ContractOverridesMixin:
-    """``contract_overrides(arch)``: CLI overrides that shrink any arch of a model to a tiny one,
-    used by the architecture contract suite (tests/test_contract.py)."""
+    """``contract_overrides(arch)``: CLI overrides that shrink any arch of a model to a tiny model
+    of the same kind, used by the architecture contract suite (tests/test_contract.py)."""
 
     TINY = {"embed_dim": "32", "ffn_embed_dim": "48", "layers": "3", "attention_heads": "4"}
+    SIDES = ("encoder", "decoder")
 
     @classmethod
     def arch_defaults(cls, arch):
@@ -246,12 +270,34 @@ class ContractOverridesMixin:
         return args
 
     @classmethod
+    def contract_overrides(cls, arch):
+        defaults = cls.arch_defaults(arch)
+        tiny = dict(cls.TINY)
+        offsets = [int(k) for k in (getattr(defaults, "tie_ffn", "none"),
+                                    getattr(defaults, "tie_attn_proj", "none")) if str(k) != "none"]
+        if offsets:  # layers 1+K .. D-K-1 must hold two layers
+            tiny["layers"] = str(max(3, 2 * max(offsets) + 3))
+        out = []
+        for side in cls.SIDES:
+            for key, value in tiny.items():
+                out += [f"--{side}-{key.replace('_', '-')}", value]
+        return out + cls.technique_overrides(defaults)
+
+    @classmethod
     def technique_overrides(cls, defaults):
         out = []
         if getattr(defaults, "safe_embed_dim", 0):
             out += ["--safe-embed-dim", "16"]
         if getattr(defaults, "sandwich", False):
             out += ["--sandwich-dim", "48", "--sandwich-ffn-dim", "64", "--sandwich-heads", "4"]
+        if getattr(defaults, "kv_heads", 0):
+            out += ["--kv-heads", "2"]
+        if getattr(defaults, "ffn_lora_rank", 0):
+            out += ["--ffn-lora-rank", "4"]
+        if getattr(defaults, "skipless_layout", "none") != "none" and getattr(defaults, "ffn_glu", False):
+            # a skipless GLU stack squares the signal scale per block (degree-2 homogeneous):
+            # down-weight the branch so the tiny model's log-probs stay O(log V) for fp32 checks
+            out += ["--mlp-branch-scale", "0.5"]
         if getattr(defaults, "adaptive_input", False):
             out += ["--adaptive-input-cutoff", "20,60", "--adaptive-input-factor", "2"]
         if getattr(defaults, "adaptive_softmax_cutoff", None):
@@ -268,27 +314,23 @@ class SlimTransformerModel(ContractOverridesMixin, TransformerModel):
     def add_args(cls, parser):
         TransformerModel.add_args(parser)
         add_slim_args(parser)
-        add_tying_args(parser)  # STLM tying, within the encoder and within the decoder
+        extend_fairseq_args(parser)
 
     @classmethod
     def check_args(cls, args, task=None):
         """Option checks that need no data (run right after parsing and again at build)."""
-        validate_slim_args(args)
-        for layers in (args.encoder_layers, args.decoder_layers):
-            validate_tying(args, layers)
+        set_slim_defaults(args)
+        validate_slim_args(args, "slim_transformer")
         check_task(False, getattr(args, "arch", "slim_transformer"),
                    task if task is not None else getattr(args, "task", None))
 
     @classmethod
     def build_model(cls, args, task):
-        set_slim_defaults(args)
+        slim_transformer_base(args)
         with one_line_option_errors():
             cls.check_args(args, task)
             model = super().build_model(args, task)
-            if tying_enabled(args):  # STLM FFN / attention-projection tying + LoRA (arXiv:2405.14159)
-                apply_weight_tying(model.encoder.layers, args)
-                apply_weight_tying(model.decoder.layers, args)
-        return finish_build(model, args)
+            return finish_build(model, args, [model.encoder.layers, model.decoder.layers])
 
     @classmethod
     def build_embedding(cls, args, dictionary, embed_dim, path=None):
@@ -296,8 +338,9 @@ class SlimTransformerModel(ContractOverridesMixin, TransformerModel):
         table = build_token_table(cfg, dictionary, token_table_dim(cfg, embed_dim))
         if path:
             if cfg.tc_emb or table.embedding_dim != embed_dim:
-                raise ValueError("--encoder-embed-path/--decoder-embed-path need the standard "
-                                 "dense embedding of the model width")
+                raise option_error("--encoder-embed-path/--decoder-embed-path", path, "needs the "
+                                   "standard dense embedding of the model width", "no "
+                                   "--hsoftpos-levels, --safe-embed-dim or --tc-emb with it")
             utils.load_embedding(utils.parse_embedding(path), dictionary, table)
         return table
 
@@ -309,14 +352,6 @@ class SlimTransformerModel(ContractOverridesMixin, TransformerModel):
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         return SlimTransformerDecoder(TransformerConfig.from_namespace(args), tgt_dict, embed_tokens,
                                       no_encoder_attn=args.no_cross_attention)
-
-    @classmethod
-    def contract_overrides(cls, arch):
-        tiny = []
-        for side in ("encoder", "decoder"):
-            for key, value in cls.TINY.items():
-                tiny += [f"--{side}-{key.replace('_', '-')}", value]
-        return tiny + cls.technique_overrides(cls.arch_defaults(arch))
 
 
 @register_model_architecture("slim_transformer", "slim_transformer")

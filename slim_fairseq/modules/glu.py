@@ -16,13 +16,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-GLU_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu}
+from slim_fairseq.modules.tc_autograd import (chain_backward, forward_autocast, linear_input_of,
+                                              mark_recomputable, recompute_recipe,
+                                              refuse_double_backward, remember_autocast)
+from slim_fairseq.modules.tc_contraction import contract_input
+from slim_fairseq.modules.tensor_chain import TensorChainLinear
+from slim_fairseq.option_errors import option_error
+
+# the activations a GLU gate takes (``--activation-fn`` under ``--ffn-glu``): SwiGLU, GEGLU, ReGLU
+GLU_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 
 
 def _activation_backward(name, grad, h):
     """Gradient of ``act(h)`` for ``grad`` with autograd's own kernels."""
     if name == "silu":
         return torch.ops.aten.silu_backward(grad, h)
+    if name == "relu":
+        return torch.ops.aten.threshold_backward(grad, h, 0)
     return torch.ops.aten.gelu_backward(grad, h)
 
 
@@ -37,7 +47,6 @@ class GatedActivation(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        from slim_fairseq.modules.tc_autograd import refuse_double_backward
         refuse_double_backward("GLU")
         h1, h3 = ctx.saved_tensors
         grad_h1 = grad_h3 = None
@@ -64,7 +73,6 @@ class ChainGLU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x2d, spec, b1, b3, *cores):
-        from slim_fairseq.modules.tc_autograd import remember_autocast
         remember_autocast(ctx, x2d)
         ctx.spec = spec
         ctx.save_for_backward(x2d, b1, b3, *cores)
@@ -73,8 +81,6 @@ class ChainGLU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        from slim_fairseq.modules.tc_autograd import (chain_backward, forward_autocast,
-                                                      refuse_double_backward)
         refuse_double_backward("GLU with Tensor-Chain linears")
         x2d, b1, b3, *cores = ctx.saved_tensors
         spec, needs = ctx.spec, ctx.needs_input_grad
@@ -110,7 +116,6 @@ class RebuildingLinear(nn.Linear):
     input when the input is marked rebuildable (a GLU output), instead of the input itself."""
 
     def forward(self, x):
-        from slim_fairseq.modules.tc_autograd import linear_input_of, recompute_recipe
         if recompute_recipe(x) is None or not torch.is_grad_enabled():
             return super().forward(x)
         y = linear_input_of(x, x.reshape(-1, self.in_features), self.weight.t(), self.bias)
@@ -128,7 +133,6 @@ def chain_glu_value(spec, x2d, b1, b3, *cores):
 
 
 def _chain_hidden(x2d, cores1, b1, cores3, b3):
-    from slim_fairseq.modules.tensor_chain import contract_input
     h1 = contract_input(x2d, list(cores1))
     h3 = contract_input(x2d, list(cores3))
     if b1 is not None:
@@ -138,9 +142,16 @@ def _chain_hidden(x2d, cores1, b1, cores3, b3):
     return h1, h3
 
 
-def glu_hidden_dim(ffn_dim):
-    """Hidden width of a GLU FFN replacing a ReLU FFN of width f: floor(2f/3) (1365 for 2048)."""
-    return (2 * ffn_dim) // 3
+GLU_HIDDEN_RULES = ("two-thirds", "full")
+
+
+def glu_hidden_dim(ffn_dim, rule="two-thirds"):
+    """Hidden width of a GLU FFN for ``--*-ffn-embed-dim f`` (``--glu-hidden``): ``two-thirds``
+    = floor(2f/3), the parameters of a plain FFN of width f (1365 for 2048; Anthe); ``full`` = f
+    (STLM, LLaMA-style shapes)."""
+    if rule not in GLU_HIDDEN_RULES:
+        raise option_error("--glu-hidden", rule, "not a rule", "|".join(GLU_HIDDEN_RULES))
+    return ffn_dim if rule == "full" else (2 * ffn_dim) // 3
 
 
 def build_linear(in_features, out_features, tc_ratio=0.0, tc_length=2, bias=True,
@@ -149,27 +160,28 @@ def build_linear(in_features, out_features, tc_ratio=0.0, tc_length=2, bias=True
     (docs/TECHNIQUES.md#tensor-chain). ``rebuild_input``: a dense layer is a
     :class:`RebuildingLinear` (a GLU's fc2)."""
     if tc_ratio:
-        from slim_fairseq.modules.tensor_chain import TensorChainLinear
         return TensorChainLinear(in_features, out_features, ratio=tc_ratio, length=tc_length,
                                  bias=bias, min_bond=tc_min_bond)
     return (RebuildingLinear if rebuild_input else nn.Linear)(in_features, out_features, bias=bias)
 
 
 class GLUProjection(nn.Module):
-    """``act(w1 x) * w3 x`` with both linears carrying a bias; activation silu (SwiGLU, the
-    Anthe reference code) or gelu (GEGLU, the paper's text)."""
+    """``act(w1 x) * w3 x`` (biases unless ``bias=False``); activation silu (SwiGLU, the Anthe
+    reference code and STLM), gelu (GEGLU, the Anthe paper's text) or relu (ReGLU)."""
 
     def __init__(self, in_features, hidden_features, activation="silu", tc_ratio=0.0,
-                 tc_length=2, tc_min_bond=0):
+                 tc_length=2, tc_min_bond=0, bias=True):
         super().__init__()
         if activation not in GLU_ACTIVATIONS:
-            raise ValueError(f"--glu-activation={activation!r} is not allowed; allowed: "
-                             + "|".join(GLU_ACTIVATIONS))
+            raise option_error("--activation-fn", activation, "not a GLU gate activation "
+                               "(--ffn-glu)", "|".join(GLU_ACTIVATIONS))
         self.in_features = in_features
         self.out_features = hidden_features
         self.activation = activation
-        self.w1 = build_linear(in_features, hidden_features, tc_ratio, tc_length, tc_min_bond=tc_min_bond)
-        self.w3 = build_linear(in_features, hidden_features, tc_ratio, tc_length, tc_min_bond=tc_min_bond)
+        self.w1 = build_linear(in_features, hidden_features, tc_ratio, tc_length, bias=bias,
+                               tc_min_bond=tc_min_bond)
+        self.w3 = build_linear(in_features, hidden_features, tc_ratio, tc_length, bias=bias,
+                               tc_min_bond=tc_min_bond)
 
     def extra_repr(self):
         return f"activation={self.activation}"
@@ -188,18 +200,27 @@ class GLUProjection(nn.Module):
             out = ChainGLU.apply(x2d, spec, self.w1.bias, self.w3.bias, *cores1, *cores3)
             out = out.reshape(*x.shape[:-1], self.out_features)
             # a Tensor-Chain fc2 may keep x2d instead of this (wider) output
-            from slim_fairseq.modules.tc_autograd import mark_recomputable
             return mark_recomputable(out, functools.partial(chain_glu_value, spec),
                                      x2d, self.w1.bias, self.w3.bias, *cores1, *cores3)
         h1, h3 = self.w1(x), self.w3(x)
         # GatedActivation keeps h1, h3 anyway: a consumer may keep them instead of the output
-        from slim_fairseq.modules.tc_autograd import mark_recomputable
         return mark_recomputable(GatedActivation.apply(h1, h3, self.activation),
                                  functools.partial(gated_activation_value, self.activation),
                                  h1, h3)
 
     def _chain_contraction(self, rows):
         """Both linears are Tensor Chains that contract the input for this many rows."""
-        from slim_fairseq.modules.tensor_chain import TensorChainLinear
         return all(isinstance(w, TensorChainLinear) and w.use_contraction(rows)
                    for w in (self.w1, self.w3))
+
+
+def store_intermediates_(model):
+    """``--tc-backward store``: every Tensor-Chain layer of ``model`` (and every GLU whose two
+    input projections are chains) trains with plain autograd, which keeps the contraction's
+    intermediates instead of recomputing them in backward (more memory, fewer matmuls; same
+    values). Dense layers keep their memory savings."""
+    for module in model.modules():
+        if isinstance(module, TensorChainLinear) or (
+                isinstance(module, GLUProjection) and isinstance(module.w1, TensorChainLinear)):
+            module.recompute_in_backward = False
+    return model

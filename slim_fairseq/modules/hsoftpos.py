@@ -21,6 +21,8 @@ from torch import Tensor
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import PositionalEmbedding
 
+from slim_fairseq.option_errors import option_error
+
 KERNEL_SIZE = 3
 
 
@@ -32,18 +34,17 @@ def hsoftpos_dims(model_dim, levels, min_token_dim=0):
     d_sp = floor((d - min_token_dim) / (2l - 1)) when the paper's d_emb is narrower.
     """
     if levels < 1:
-        raise ValueError(
-            f"--hsoftpos-levels={levels} is not allowed; allowed: an integer >= 1 (0 = off)")
+        raise option_error("--hsoftpos-levels", levels, "not a level count", "an integer >= 1 (0 = off)")
     d_sp = model_dim // (2 * levels)
     if d_sp < 1:
-        raise ValueError(f"--hsoftpos-levels={levels} is too many for model width {model_dim}; "
-                         f"allowed: 1..{model_dim // 2}")
+        raise option_error("--hsoftpos-levels", levels, f"too many for model width {model_dim}",
+                           f"1..{model_dim // 2}")
     if model_dim - (2 * levels - 1) * d_sp < min_token_dim:
         d_sp = (model_dim - min_token_dim) // (2 * levels - 1)
         if d_sp < 1:
-            raise ValueError(f"--hsoftpos-min-token-dim={min_token_dim} leaves no soft-position "
-                             f"width at d={model_dim}, l={levels}; allowed: "
-                             f"0..{model_dim - (2 * levels - 1)}")
+            raise option_error("--hsoftpos-min-token-dim", min_token_dim, "leaves no "
+                               f"soft-position width at d={model_dim}, l={levels}",
+                               f"0..{model_dim - (2 * levels - 1)}")
     return d_sp, d_sp, model_dim - (2 * levels - 1) * d_sp
 
 
@@ -53,7 +54,7 @@ class HSoftPOSEmbedding(nn.Module):
     table (``nn.Embedding`` or ``TensorChainEmbedding``); returns ``(B, T, d)`` without dropout."""
 
     def __init__(self, table, model_dim, levels, padding_idx, max_positions, learned_pos=False,
-                 scale=True, min_token_dim=0):
+                 scale=True, min_token_dim=0, positions=True):
         super().__init__()
         self.d_sp, self.n_sp, self.d_emb = hsoftpos_dims(model_dim, levels, min_token_dim)
         if table.embedding_dim != self.d_emb:
@@ -65,8 +66,9 @@ class HSoftPOSEmbedding(nn.Module):
         self.padding_idx = padding_idx
         self.num_embeddings = getattr(table, "num_embeddings", None)
         self.embed_scale = math.sqrt(self.d_emb) if scale else 1.0
-        self.embed_positions = PositionalEmbedding(max_positions, self.d_emb, padding_idx,
-                                                   learned=learned_pos)
+        # X_1's positions (off with --no-token-positional-embeddings, e.g. under RoPE)
+        self.embed_positions = (PositionalEmbedding(max_positions, self.d_emb, padding_idx,
+                                                    learned=learned_pos) if positions else None)
         self.dilations = [2 ** (i - 2) for i in range(2, levels + 1)]
         widths = [self.d_emb] + [self.d_sp] * (levels - 1)
         self.convs = nn.ModuleList(
@@ -85,29 +87,39 @@ class HSoftPOSEmbedding(nn.Module):
 
     @classmethod
     def from_cfg(cls, cfg, table, side):
-        from slim_fairseq.modules.input_embedding import side_config
-        model_dim, max_positions, learned = side_config(cfg, side)
-        return cls(table, model_dim, cfg.hsoftpos_levels, table.padding_idx, max_positions,
-                   learned_pos=learned, scale=not cfg.no_scale_embedding,
-                   min_token_dim=getattr(cfg, "hsoftpos_min_token_dim", 0) or 0)
+        """For ``side`` (:class:`~slim_fairseq.modules.input_embedding.Side`) of the model."""
+        return cls(table, side.model_dim, cfg.hsoftpos_levels, table.padding_idx,
+                   side.max_positions, learned_pos=side.learned_pos,
+                   scale=not cfg.no_scale_embedding,
+                   min_token_dim=getattr(cfg, "hsoftpos_min_token_dim", 0) or 0,
+                   positions=not getattr(cfg, "no_token_positional_embeddings", False))
 
     @property
     def weight(self):
         return self.table.weight
 
     def max_positions(self):
-        return self.embed_positions.max_positions
+        return self.embed_positions.max_positions if self.embed_positions is not None else None
+
+    def _positions(self, tokens, incremental_state):
+        if self.embed_positions is None:
+            return None
+        return self.embed_positions(tokens, incremental_state=incremental_state)
 
     def soft_positions(self, level, x):
         return torch.softmax(x[..., : self.n_sp], dim=-1) @ self.softpos[level]
 
     def forward(self, tokens: Tensor,
                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None):
-        positions = self.embed_positions(tokens, incremental_state=incremental_state)
+        positions = self._positions(tokens, incremental_state)
         if incremental_state is not None:
-            return self._step(tokens[:, -1:], positions[:, -1:], incremental_state)
-        keep = tokens.ne(self.padding_idx).unsqueeze(-1).to(positions.dtype)  # (B, T, 1)
-        x = (self.embed_scale * self.table(tokens) + positions) * keep
+            last = None if positions is None else positions[:, -1:]
+            return self._step(tokens[:, -1:], last, incremental_state)
+        x = self.embed_scale * self.table(tokens)
+        if positions is not None:
+            x = x + positions
+        keep = tokens.ne(self.padding_idx).unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+        x = x * keep
         parts = [x, self.soft_positions(0, x)]
         for level, (conv, dil) in enumerate(zip(self.convs, self.dilations), start=1):
             padded = F.pad(x.transpose(1, 2), ((KERNEL_SIZE - 1) * dil, 0))  # causal
@@ -117,8 +129,11 @@ class HSoftPOSEmbedding(nn.Module):
 
     def _step(self, token, position, incremental_state):
         """One decoding step: ``token`` (B, 1); convolution inputs of earlier steps are cached."""
-        keep = token.ne(self.padding_idx).unsqueeze(-1).to(position.dtype)
-        x = (self.embed_scale * self.table(token) + position) * keep
+        x = self.embed_scale * self.table(token)
+        if position is not None:
+            x = x + position
+        keep = token.ne(self.padding_idx).unsqueeze(-1).to(x.dtype)
+        x = x * keep
         parts = [x, self.soft_positions(0, x)]
         cache = self.get_incremental_state(incremental_state, "conv_inputs") or {}
         for level, (conv, dil) in enumerate(zip(self.convs, self.dilations), start=1):

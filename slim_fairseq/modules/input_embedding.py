@@ -6,28 +6,44 @@ With an incremental state ``tokens`` is the whole prefix and only the last posit
 returned. Dropout is applied by the caller.
 """
 import math
+from typing import NamedTuple
 
 import torch.nn as nn
 from fairseq.modules import PositionalEmbedding
 from fairseq.models.transformer import Embedding as FairseqEmbedding
 
+from slim_fairseq.modules.hsoftpos import HSoftPOSEmbedding
+from slim_fairseq.modules.safe import SAFEInputEmbedding
+from slim_fairseq.modules.tensor_chain import TensorChainEmbedding
+
+
+class Side(NamedTuple):
+    """What an input embedding needs to know of the encoder or decoder it feeds."""
+
+    model_dim: int
+    max_positions: int
+    learned_pos: bool
+    normalize_before: bool
+    causal: bool
+
 
 def side_config(cfg, side):
-    """(model width, max positions, learned positions) of one side of a TransformerConfig."""
+    """:class:`Side` of ``side`` ("encoder" or "decoder") of a TransformerConfig."""
     if side == "encoder":
-        return cfg.encoder.embed_dim, cfg.max_source_positions, cfg.encoder.learned_pos
-    if side == "decoder":
-        return cfg.decoder.embed_dim, cfg.max_target_positions, cfg.decoder.learned_pos
-    raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
+        sub, max_positions = cfg.encoder, cfg.max_source_positions
+    elif side == "decoder":
+        sub, max_positions = cfg.decoder, cfg.max_target_positions
+    else:
+        raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
+    return Side(sub.embed_dim, max_positions, bool(sub.learned_pos), bool(sub.normalize_before),
+                side == "decoder")
 
 
 def token_table_dim(cfg, model_dim):
     """Width of the token table a technique needs for a model of width ``model_dim``."""
     if getattr(cfg, "hsoftpos_levels", 0):
-        from slim_fairseq.modules.hsoftpos import HSoftPOSEmbedding
         return HSoftPOSEmbedding.token_dim(cfg, model_dim)
     if getattr(cfg, "safe_embed_dim", 0):
-        from slim_fairseq.modules.safe import SAFEInputEmbedding
         return SAFEInputEmbedding.token_dim(cfg, model_dim)
     return model_dim
 
@@ -36,7 +52,6 @@ def build_token_table(cfg, dictionary, dim):
     """The token table: fairseq's Embedding, or a Tensor-Chain embedding with ``--tc-emb`` (Anthe, arXiv:2305.10991;
     docs/TECHNIQUES.md#tensor-chain)."""
     if getattr(cfg, "tc_emb", 0.0):
-        from slim_fairseq.modules.tensor_chain import TensorChainEmbedding
         return TensorChainEmbedding(len(dictionary), dim, dictionary.pad(),
                                     ratio=cfg.tc_emb, length=cfg.tc_length,
                                     min_bond=getattr(cfg, "tc_min_bond", 0))
@@ -44,14 +59,14 @@ def build_token_table(cfg, dictionary, dim):
 
 
 def build_input_embedding(cfg, table, side):
-    """Wrap ``table`` into the input embedding selected by the options (standard, H-SoftPOS, SAFE)."""
+    """Wrap ``table`` into the input embedding selected by the options (standard, H-SoftPOS,
+    SAFE) for ``side`` ("encoder" or "decoder")."""
+    settings = side_config(cfg, side)
     if getattr(cfg, "hsoftpos_levels", 0):
-        from slim_fairseq.modules.hsoftpos import HSoftPOSEmbedding
-        return HSoftPOSEmbedding.from_cfg(cfg, table, side)
+        return HSoftPOSEmbedding.from_cfg(cfg, table, settings)
     if getattr(cfg, "safe_embed_dim", 0):
-        from slim_fairseq.modules.safe import SAFEInputEmbedding
-        return SAFEInputEmbedding.from_cfg(cfg, table, side)
-    return StandardInputEmbedding.from_cfg(cfg, table, side)
+        return SAFEInputEmbedding.from_cfg(cfg, table, settings)
+    return StandardInputEmbedding.from_cfg(cfg, table, settings)
 
 
 class StandardInputEmbedding(nn.Module):
@@ -76,9 +91,10 @@ class StandardInputEmbedding(nn.Module):
 
     @classmethod
     def from_cfg(cls, cfg, table, side):
-        model_dim, max_positions, learned = side_config(cfg, side)
+        """For ``side`` (:class:`Side`) of the model."""
         # fairseq scales by sqrt(model width) (the encoder's table always has the model width)
-        return cls(table, model_dim, table.padding_idx, max_positions, learned_pos=learned,
+        return cls(table, side.model_dim, table.padding_idx, side.max_positions,
+                   learned_pos=side.learned_pos,
                    scale=not cfg.no_scale_embedding,
                    positions=not cfg.no_token_positional_embeddings)
 

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from slim_fairseq.option_errors import option_error
+
 
 class LoRALinear(nn.Module):
     """A linear layer whose ``weight``/``bias`` are borrowed from ``shared`` plus a private
@@ -31,10 +33,11 @@ class LoRALinear(nn.Module):
         weight = getattr(shared, "weight", None)
         if not isinstance(weight, nn.Parameter) or weight.dim() != 2:
             raise ValueError(
-                f"--ffn-lora-rank: LoRA needs dense linear layers, got {type(shared).__name__}"
+                f"--ffn-lora-rank={rank}: LoRA needs dense linear layers, got "
+                f"{type(shared).__name__}; allowed: 0 with Tensor-Chain feed-forwards"
             )
         if rank < 1:
-            raise ValueError(f"--ffn-lora-rank: must be >= 1 for an adapter, got {rank}")
+            raise option_error("--ffn-lora-rank", rank, "an adapter needs a rank", "an integer >= 1")
         self.out_features, self.in_features = weight.shape
         self.weight = weight
         self.bias: Optional[nn.Parameter] = getattr(shared, "bias", None)

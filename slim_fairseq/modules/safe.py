@@ -26,25 +26,15 @@ from fairseq import utils
 from fairseq.modules import LayerNorm, MultiheadAttention, PositionalEmbedding
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
+from slim_fairseq.modules.activations import activation_function
+from slim_fairseq.modules.attention import heads_for
+from slim_fairseq.option_errors import option_error
+
 
 def safe_attention_heads(embed_dim: int) -> int:
     """Heads of the SAFE attention: width // 64 (the sandwich rule), lowered until it divides
     the width (e.g. d_e = 350 -> 5 heads of 70)."""
-    heads = max(1, embed_dim // 64)
-    while embed_dim % heads:
-        heads -= 1
-    return heads
-
-
-def _side_settings(cfg, side):
-    """(model width, max positions, learned positions, pre-norm) of one side."""
-    if side == "encoder":
-        sub, max_positions = cfg.encoder, cfg.max_source_positions
-    elif side == "decoder":
-        sub, max_positions = cfg.decoder, cfg.max_target_positions
-    else:
-        raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
-    return sub.embed_dim, max_positions, bool(sub.learned_pos), bool(sub.normalize_before)
+    return heads_for(embed_dim)
 
 
 class SAFEInputEmbedding(nn.Module):
@@ -60,8 +50,9 @@ class SAFEInputEmbedding(nn.Module):
                  scale=True, positions=True, attention_heads=0):
         super().__init__()
         if not isinstance(table, nn.Embedding):
-            raise ValueError("--safe-embed-dim needs a plain token table (it cannot be combined with "
-                             f"--adaptive-input or --tc-emb); got {type(table).__name__}")
+            raise option_error("--safe-embed-dim", table.embedding_dim if hasattr(table, "embedding_dim")
+                               else None, f"needs a plain token table, got {type(table).__name__}",
+                               "no --adaptive-input or --tc-emb with it")
         self.table = table
         self.padding_idx = table.padding_idx
         self.num_embeddings = table.num_embeddings
@@ -76,7 +67,7 @@ class SAFEInputEmbedding(nn.Module):
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         heads = attention_heads or safe_attention_heads(token_dim)
         if token_dim % heads:
-            raise ValueError(f"--safe-embed-dim={token_dim} is not divisible by the SAFE attention "
+            raise ValueError(f"--safe-embed-dim={token_dim}: not divisible by the SAFE attention "
                              f"heads ({heads}); allowed: a multiple of {heads}")
         self.self_attn = MultiheadAttention(token_dim, heads, dropout=attention_dropout,
                                             self_attention=True)
@@ -87,12 +78,12 @@ class SAFEInputEmbedding(nn.Module):
 
     @classmethod
     def from_cfg(cls, cfg, table, side):
-        model_dim, max_positions, learned_pos, normalize_before = _side_settings(cfg, side)
+        """For ``side`` (:class:`~slim_fairseq.modules.input_embedding.Side`) of the model."""
         return cls(
-            table, model_dim, causal=(side == "decoder"),
+            table, side.model_dim, causal=side.causal,
             dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
-            max_positions=max_positions, learned_pos=learned_pos,
-            normalize_before=normalize_before,
+            max_positions=side.max_positions, learned_pos=side.learned_pos,
+            normalize_before=side.normalize_before,
             scale=not getattr(cfg, "no_scale_embedding", False),
             positions=not getattr(cfg, "no_token_positional_embeddings", False),
         )
@@ -166,7 +157,7 @@ class SAFEOutputProjection(nn.Module):
                              f"(not {type(table).__name__}); drop --adaptive-softmax-cutoff/--tc-output")
         self.table = table
         self.proj = nn.Linear(model_dim, table.embedding_dim)
-        self.activation_fn = utils.get_activation_fn(activation) if mlp else None
+        self.activation_fn = activation_function(activation) if mlp else None
 
     @classmethod
     def from_cfg(cls, cfg, table, model_dim, vocab_size):

@@ -26,6 +26,9 @@ from torch import Tensor
 from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
+from slim_fairseq.modules.attention import heads_for
+from slim_fairseq.option_errors import option_error
+
 SANDWICH_PROJECTION_DROPOUT = 0.05
 _DATA_PARALLEL_WITH_BROKEN_CHECKPOINTING = ("pytorch_ddp", "c10d")
 _SHARDED_BACKENDS = ("fully_sharded",)
@@ -37,7 +40,7 @@ def sandwich_dims(cfg, side):
     model_dim, model_ffn = sub.embed_dim, sub.ffn_embed_dim
     middle_dim = getattr(cfg, "sandwich_dim", 0) or model_dim
     middle_ffn = getattr(cfg, "sandwich_ffn_dim", 0) or model_ffn
-    middle_heads = getattr(cfg, "sandwich_heads", 0) or max(1, middle_dim // 64)
+    middle_heads = getattr(cfg, "sandwich_heads", 0) or heads_for(middle_dim)
     return sub.layers, model_dim, model_ffn, middle_dim, middle_ffn, middle_heads
 
 
@@ -45,33 +48,33 @@ def validate_sandwich(cfg, side):
     """One-line errors for option combinations the sandwich stack cannot honour."""
     layers, model_dim, _, middle_dim, _, heads = sandwich_dims(cfg, side)
     if layers < 3:
-        raise ValueError(f"--sandwich needs at least 3 {side} layers (own first and last layer plus "
-                         f"shared middle ones); got --{side}-layers={layers}; allowed: >= 3")
+        raise option_error(f"--{side}-layers", layers, "too few for --sandwich (own first and "
+                           "last layer plus shared middle ones)", ">= 3")
     if middle_dim % heads:
-        raise ValueError(f"--sandwich-heads={heads} does not divide --sandwich-dim={middle_dim}; "
-                         "allowed: a divisor of the middle width (0 = width // 64)")
+        raise option_error("--sandwich-heads", heads, f"does not divide --sandwich-dim={middle_dim}",
+                           "a divisor of the middle width (0 = width // 64)")
     sub = cfg.encoder if side == "encoder" else cfg.decoder
     if middle_dim != model_dim and getattr(sub, "layerdrop", 0.0):
-        raise ValueError(f"--{side}-layerdrop={sub.layerdrop} cannot be combined with --sandwich and "
-                         "--sandwich-dim != model width (dropping a boundary layer drops its width "
-                         "projection); allowed: 0")
+        raise option_error(f"--{side}-layerdrop", sub.layerdrop, "cannot be combined with "
+                           "--sandwich and --sandwich-dim != model width (dropping a boundary "
+                           "layer drops its width projection)", "0")
     cross_norm = getattr(cfg, "sandwich_cross_norm", "layernorm")
     if cross_norm != "layernorm" and side == "decoder" and middle_dim == model_dim:
-        raise ValueError(f"--sandwich-cross-norm={cross_norm} acts on the cross-attention of a middle "
-                         f"wider than the model; got --sandwich-dim={middle_dim} = the model width; "
-                         "allowed: a wider --sandwich-dim, or drop --sandwich-cross-norm")
+        raise option_error("--sandwich-cross-norm", cross_norm, "acts on the cross-attention of a "
+                           f"middle wider than the model, and --sandwich-dim={middle_dim} is the "
+                           "model width", "a wider --sandwich-dim, or drop --sandwich-cross-norm")
     if middle_dim != model_dim and side == "decoder" and getattr(cfg, "cross_self_attention", False):
-        raise ValueError("--cross-self-attention cannot be combined with --sandwich and "
-                         "--sandwich-dim != model width; allowed: off")
+        raise option_error("--cross-self-attention", None, "cannot be combined with --sandwich "
+                           "and --sandwich-dim != model width", "off")
     backend = getattr(cfg, "ddp_backend", "pytorch_ddp")
     if backend in _SHARDED_BACKENDS:
-        raise ValueError(f"--ddp-backend={backend} cannot hold the sandwich's shared middle-layer "
-                         "weights (one parameter in several FSDP units); allowed: "
-                         "legacy_ddp|no_c10d|pytorch_ddp|c10d")
+        raise option_error("--ddp-backend", backend, "cannot hold the sandwich's shared "
+                           "middle-layer weights (one parameter in several FSDP units)",
+                           "legacy_ddp|no_c10d|pytorch_ddp|c10d")
     if getattr(cfg, "checkpoint_activations", False) and backend in _DATA_PARALLEL_WITH_BROKEN_CHECKPOINTING:
-        raise ValueError(f"--checkpoint-activations with --sandwich under --ddp-backend={backend} "
-                         "gives silently wrong gradients for the shared layers; "
-                         "allowed: --ddp-backend legacy_ddp|no_c10d")
+        raise option_error("--checkpoint-activations", None, f"with --sandwich under "
+                           f"--ddp-backend={backend} gives silently wrong gradients for the "
+                           "shared layers", "--ddp-backend legacy_ddp|no_c10d")
 
 
 def middle_layer_cfg(cfg, side):
@@ -240,20 +243,3 @@ def build_layer_stack(cfg, side: str, make_layer: Callable[[object], nn.Module])
         last = SandwichBoundaryLayer(last, SandwichProjection(middle_dim, model_dim, export),
                                      project_after=False)
     return [first] + middle + [last]
-
-
-def bert_init_(model: nn.Module):
-    """BERT-style initialisation (Subformer training setup, docs/TECHNIQUES.md#subformer-training-setup): every Linear and
-    Embedding weight ~ N(0, 0.02), Linear biases zero, embedding padding rows zero.
-    LayerNorms and non-standard parameterisations (e.g. Tensor-Chain cores) keep their init."""
-    for module in model.modules():
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.padding_idx is not None:
-                with torch.no_grad():
-                    module.weight[module.padding_idx].zero_()
-    return model

@@ -1,6 +1,6 @@
 """Memory-lean autograd for the Tensor-Chain contraction ``x @ W`` (W never built).
 
-Autograd through :func:`~slim_fairseq.modules.tensor_chain.contract_input` keeps every
+Autograd through :func:`~slim_fairseq.modules.tc_contraction.contract_input` keeps every
 intermediate of the chain and its layout copies for the backward pass: for a 512 -> 1365
 feed-forward chain of bond 2 that is 3.4 times the width of the input per row.
 :class:`ChainContraction` keeps only the input and the cores and recomputes the one intermediate
@@ -19,7 +19,7 @@ import functools
 
 import torch
 
-from slim_fairseq.modules.tensor_chain import contract_input, first_core_first, row_block
+from slim_fairseq.modules.tc_contraction import contract_input, first_core_first, row_block
 
 
 def _autocast_state(device_type):

@@ -12,6 +12,13 @@ import warnings
 import torch
 import torch.nn as nn
 
+from slim_fairseq.modules.tc_autograd import (chain_contract_input_of, chain_value, linear_input_of,
+                                              mark_recomputable)
+from slim_fairseq.modules.tc_contraction import (  # noqa: F401  (the chain's arithmetic, re-exported)
+    BLOCK_FLOATS, MIN_BLOCK_ROWS, contract_input, contract_pair, contract_pair_rows,
+    first_core_first, materialise, row_block)
+from slim_fairseq.option_errors import option_error
+
 
 def prime_factors(n):
     """Prime factors of ``n`` in ascending order (with multiplicity)."""
@@ -95,107 +102,6 @@ def _core_std(target_std, bond, length):
     return (target_std ** 2 / bond ** (length - 1)) ** (1.0 / (2 * length))
 
 
-def materialise(cores):
-    """Contract the chain into the full ``[N_a, N_c]`` matrix."""
-    first = cores[0]  # [a1, b, c1]
-    acc = first.permute(0, 2, 1)  # [A, C, b]
-    for core in cores[1:-1]:  # [a, b, b', c]
-        rows, cols, _ = acc.shape
-        acc = torch.einsum("ACb,abec->AaCce", acc, core)
-        acc = acc.reshape(rows * core.shape[0], cols * core.shape[3], core.shape[2])
-    last = cores[-1]  # [a, b, c]
-    rows, cols, _ = acc.shape
-    out = torch.einsum("ACb,abc->AaCc", acc, last)
-    return out.reshape(rows * last.shape[0], cols * last.shape[2])
-
-
-def first_core_first(first, last):
-    """Core order of :func:`contract_pair`: True when the input meets the first core first."""
-    a1, bond, c1 = first.shape
-    a2, _, c2 = last.shape
-    return a1 * a2 + a2 * bond * c1 <= a1 * bond * c2 + c1 * c2
-
-
-# On the CPU a two-core contraction runs over blocks of rows whose intermediate holds about this
-# many floats (1 MiB), so that the second matmul reads it from cache instead of memory: the
-# Anthe feed-forward (two 512 -> 1365 chains and a 1365 -> 512 one, bond 2, 2,048 rows) trains
-# 1.46x faster at 1 thread and 1.31x at 2 with it (docs/RESULTS.md, "Tensor-Chain rows in
-# blocks"). A GPU gains nothing from it and pays a launch per block, so it runs the whole batch.
-BLOCK_FLOATS = 1 << 18
-MIN_BLOCK_ROWS = 32
-
-
-def row_block(x2d, first, last):
-    """Rows per block for :func:`contract_pair` and its backward, or None for one pass (a GPU,
-    a batch that fits one block, or a contraction recorded by autograd)."""
-    m = x2d.shape[0]
-    if x2d.device.type != "cpu" or (torch.is_grad_enabled() and any(
-            t.requires_grad for t in (x2d, first, last))):
-        return None
-    a1, bond, c1 = first.shape
-    a2, _, c2 = last.shape
-    width = a2 * bond * c1 if first_core_first(first, last) else a1 * bond * c2
-    rows = max(MIN_BLOCK_ROWS, BLOCK_FLOATS // width)
-    return rows if m > rows else None
-
-
-def contract_pair(x2d, first, last):
-    """``x2d @ W`` for a two-core chain (``first`` [a1, b, c1], ``last`` [a2, b, c2]) as two
-    matmuls (see :func:`contract_pair_rows`), over blocks of rows on the CPU (:func:`row_block`)."""
-    rows = row_block(x2d, first, last)
-    if rows is None:
-        return contract_pair_rows(x2d, first, last)
-    blocks = [contract_pair_rows(x2d[:rows], first, last)]
-    out = blocks[0].new_empty(x2d.shape[0], blocks[0].shape[1])  # the dtype autocast gave
-    out[:rows] = blocks[0]
-    for start in range(rows, x2d.shape[0], rows):
-        out[start:start + rows] = contract_pair_rows(x2d[start:start + rows], first, last)
-    return out
-
-
-def contract_pair_rows(x2d, first, last):
-    """``x2d @ W`` for a two-core chain in one pass, as two matmuls. Both orders cost the same
-    multiply-adds up to the intermediate's width; what differs is the layout copy each needs,
-    so the order that copies fewer elements per row runs: first core first copies the input
-    (a1 a2) and the intermediate (a2 b c1); last core first copies the intermediate (a1 b c2)
-    and the output (c1 c2)."""
-    m = x2d.shape[0]
-    a1, bond, c1 = first.shape
-    a2, _, c2 = last.shape
-    if first_core_first(first, last):
-        u = torch.matmul(x2d.reshape(m, a1, a2).transpose(1, 2),
-                         first.reshape(a1, bond * c1))  # [m, a2, b c1]
-        out = torch.matmul(u.reshape(m, a2 * bond, c1).transpose(1, 2),
-                           last.reshape(a2 * bond, c2))  # [m, c1, c2]
-    else:
-        t = x2d.reshape(m * a1, a2) @ last.reshape(a2, bond * c2)  # [m a1, b c2]
-        t = t.reshape(m, a1 * bond, c2).transpose(1, 2).reshape(m * c2, a1 * bond)
-        out = (t @ first.reshape(a1 * bond, c1)).reshape(m, c2, c1).transpose(1, 2)
-    return out.reshape(m, c1 * c2)
-
-
-def contract_input(x2d, cores):
-    """``x2d @ W`` without building W: contract the input with one core at a time."""
-    if len(cores) == 2:
-        return contract_pair(x2d, cores[0], cores[1])
-    m = x2d.shape[0]
-    a1 = cores[0].shape[0]
-    t = x2d.reshape(m, a1, -1)  # [m, a1, R]
-    t = torch.einsum("mar,abc->mrcb", t, cores[0])  # [m, R, C, b]
-    for core in cores[1:-1]:
-        a, _, bond_out, c = core.shape
-        rest, cols = t.shape[1] // a, t.shape[2]
-        t = t.reshape(m, a, rest, cols, t.shape[3])
-        t = torch.einsum("marCb,abec->mrCce", t, core)
-        t = t.reshape(m, rest, cols * c, bond_out)
-    last = cores[-1]
-    a, _, c = last.shape
-    cols = t.shape[2]
-    t = t.reshape(m, a, cols, t.shape[3])  # rest is 1 here
-    out = torch.einsum("maCb,abc->mCc", t, last)
-    return out.reshape(m, cols * c)
-
-
 class TensorChainLinear(nn.Module):
     """Drop-in replacement for ``nn.Linear(in_features, out_features)`` whose weight is a
     Tensor Chain (docs/TECHNIQUES.md#tensor-chain). Give either ``ratio`` (TC params / dense params, bond solved by
@@ -225,7 +131,7 @@ class TensorChainLinear(nn.Module):
                  init_std=None, forward_mode="auto", min_bond=0):
         super().__init__()
         if length < 2:
-            raise ValueError(f"--tc-length={length} is not allowed; allowed: an integer >= 2")
+            raise option_error("--tc-length", length, "too short for a chain", "an integer >= 2")
         if (ratio is None) == (bond is None):
             raise ValueError("TensorChainLinear needs exactly one of ratio or bond")
         if forward_mode not in ("auto", "materialise", "contract"):
@@ -302,7 +208,6 @@ class TensorChainLinear(nn.Module):
         x2d = x.reshape(-1, self.in_features)
         if self.use_contraction(x2d.shape[0]):
             if self.recompute_in_backward:
-                from slim_fairseq.modules.tc_autograd import chain_contract_input_of
                 # keeps only x2d (or what rebuilds it) and the cores for backward
                 y = chain_contract_input_of(x, x2d, list(self.cores))
             else:  # plain autograd keeps every intermediate
@@ -310,11 +215,9 @@ class TensorChainLinear(nn.Module):
             if self.bias is not None:
                 y = y + self.bias
             if self.recompute_in_backward and self.rebuildable_output and torch.is_grad_enabled():
-                from slim_fairseq.modules.tc_autograd import chain_value, mark_recomputable
                 return mark_recomputable(y.reshape(*shape[:-1], self.out_features), chain_value,
                                          x2d, self.bias, *self.cores)
         else:
-            from slim_fairseq.modules.tc_autograd import linear_input_of
             y = linear_input_of(x, x2d, self.full_weight(), self.bias)
         return y.reshape(*shape[:-1], self.out_features)
 
@@ -394,7 +297,7 @@ class TensorChainEmbedding(nn.Module):
                  bond=None, min_bond=0):
         super().__init__()
         if length < 2:
-            raise ValueError(f"--tc-length={length} is not allowed; allowed: an integer >= 2")
+            raise option_error("--tc-length", length, "too short for a chain", "an integer >= 2")
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.padding_idx = padding_idx
@@ -451,16 +354,3 @@ class TensorChainEmbedding(nn.Module):
         if self.padding_idx is not None:
             rows = rows.masked_fill((flat == self.padding_idx).unsqueeze(-1), 0.0)
         return rows.reshape(*tokens.shape, self.embedding_dim)
-
-
-def store_intermediates_(model):
-    """``--tc-backward store``: every Tensor-Chain layer of ``model`` (and every GLU whose two
-    input projections are chains) trains with plain autograd, which keeps the contraction's
-    intermediates instead of recomputing them in backward (more memory, fewer matmuls; same
-    values). Dense layers keep their memory savings."""
-    from slim_fairseq.modules.glu import GLUProjection
-    for module in model.modules():
-        if isinstance(module, TensorChainLinear) or (
-                isinstance(module, GLUProjection) and isinstance(module.w1, TensorChainLinear)):
-            module.recompute_in_backward = False
-    return model

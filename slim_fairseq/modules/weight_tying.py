@@ -10,58 +10,22 @@ docs/TECHNIQUES.md#shared-layers-and-incremental-state); only Parameter objects 
 range (the owner included) replaces each shared FFN linear by a :class:`LoRALinear` holding
 the shared Parameters plus its own adapter.
 
-Works on any layer type through two resolver callbacks (defaults handle the STLM block and
-fairseq-style layers):
+Works on any layer type through two resolver callbacks (the defaults handle fairseq-style
+layers):
 
 * ``ffn_linears(layer) -> {dotted_path: module}``: the FFN linears of a layer, e.g.
   ``{"fc1": ..., "fc2": ...}``, or ``{"fc1.w1": ..., "fc1.w3": ..., "fc2": ...}`` for a GLU;
 * ``attn_out_proj(layer) -> module``: the attention output projection.
 """
 
-import argparse
 from typing import Callable, Dict, List, Optional
 
 from torch import nn
 
-from .lora import LoRALinear
+from slim_fairseq.modules.lora import LoRALinear
+from slim_fairseq.option_errors import option_error
 
-TIE_FLAGS = {"tie_ffn": "--tie-ffn", "tie_attn_proj": "--tie-attn-proj"}
-
-
-def add_tying_args(parser: argparse.ArgumentParser):
-    """Add the weight-tying flags (no ``default=``; see :func:`set_tying_defaults`)."""
-    group = parser.add_argument_group("STLM weight tying (arXiv:2405.14159; docs/TECHNIQUES.md#tying-schemes)")
-    group.add_argument(
-        "--tie-ffn", type=str, metavar="K",
-        help="share the FFN of layer 1+K with layers 1+K..D-K-1 (0-based; layer 0 never "
-        "shared; K=0 = all but the first); 'none' = off (default)",
-    )
-    group.add_argument(
-        "--ffn-lora-rank", type=int, metavar="R",
-        help="rank of a per-layer LoRA adapter on every shared FFN linear of every layer in "
-        "the --tie-ffn range (A kaiming, B zeros); 0 = off (default); needs --tie-ffn",
-    )
-    group.add_argument(
-        "--ffn-lora-alpha", type=float, metavar="A",
-        help="LoRA scale numerator: the update is multiplied by A/R (default: A = R)",
-    )
-    group.add_argument(
-        "--tie-attn-proj", type=str, metavar="K",
-        help="share the attention output projection over layers 1+K..D-K-1 like --tie-ffn, "
-        "independently of it; 'none' = off (default)",
-    )
-
-
-def set_tying_defaults(args):
-    """Fill tying options that are missing (or None) with their defaults (all off)."""
-    for name, default in (
-        ("tie_ffn", "none"),
-        ("ffn_lora_rank", 0),
-        ("ffn_lora_alpha", None),
-        ("tie_attn_proj", "none"),
-    ):
-        if getattr(args, name, None) is None:
-            setattr(args, name, default)
+TIE_ALLOWED = "none or an integer K >= 0"
 
 
 def _option(cfg, name, default=None):
@@ -70,23 +34,19 @@ def _option(cfg, name, default=None):
 
 
 def parse_tie_option(value, flag: str) -> Optional[int]:
-    """``none``/None/-1 -> None (off); an int >= 0 (or its string) -> that int."""
+    """``none``/None -> None (off); an int >= 0 (or its string) -> that int."""
     if value is None:
         return None
     if isinstance(value, str):
         text = value.strip().lower()
-        if text in ("none", "off", ""):
+        if text == "none":
             return None
         try:
             value = int(text)
         except ValueError:
-            raise ValueError(f"{flag}: expected 'none' or an integer >= 0, got {value!r}")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{flag}: expected 'none' or an integer >= 0, got {value!r}")
-    if value == -1:
-        return None
-    if value < 0:
-        raise ValueError(f"{flag}: expected 'none' or an integer >= 0, got {value}")
+            raise option_error(flag, value, "not a layer offset", TIE_ALLOWED) from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise option_error(flag, value, "not a layer offset", TIE_ALLOWED)
     return value
 
 
@@ -98,7 +58,7 @@ def tied_layer_range(k: Optional[int], num_layers: int) -> List[int]:
 
 
 def validate_tying(cfg, num_layers: int):
-    """Check the tying options against the layer count; one-line ValueError otherwise.
+    """Check the tying options against the layer count; one-line error otherwise.
 
     Returns ``(ffn_k, attn_proj_k, lora_rank, lora_alpha)`` with ks as int or None.
     """
@@ -107,23 +67,27 @@ def validate_tying(cfg, num_layers: int):
     for k, flag in ((ffn_k, "--tie-ffn"), (proj_k, "--tie-attn-proj")):
         if k is not None and len(tied_layer_range(k, num_layers)) < 2:
             if num_layers < 3:
-                raise ValueError(f"{flag}: needs at least 3 layers, the model has {num_layers}")
-            raise ValueError(
-                f"{flag}: K={k} too large for {num_layers} layers (layers 1+K..D-K-1 must "
-                f"hold at least 2 layers: K <= {(num_layers - 3) // 2})"
-            )
+                raise option_error(flag, k, f"needs at least 3 layers, the model has {num_layers}",
+                                   "none, or 3 layers or more")
+            raise option_error(flag, k, f"too large for {num_layers} layers (layers 1+K..D-K-1 "
+                               "must hold at least 2 layers)", f"K <= {(num_layers - 3) // 2}")
     rank = _option(cfg, "ffn_lora_rank", 0)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ValueError(f"--ffn-lora-rank: expected an integer >= 0, got {rank!r}")
+        raise option_error("--ffn-lora-rank", rank, "not a rank", "an integer >= 0")
     alpha = _option(cfg, "ffn_lora_alpha", None)
     if rank > 0 and ffn_k is None:
-        raise ValueError("--ffn-lora-rank: LoRA adapts shared FFN weights and needs --tie-ffn K")
+        raise option_error("--ffn-lora-rank", rank, "LoRA adapts shared FFN weights, and "
+                           "--tie-ffn is off", "--tie-ffn K, or --ffn-lora-rank 0")
+    if alpha is not None and rank == 0:
+        raise option_error("--ffn-lora-alpha", alpha, "scales a LoRA adapter, and --ffn-lora-rank "
+                           "is 0", "--ffn-lora-rank R, or drop --ffn-lora-alpha")
     if alpha is not None and float(alpha) <= 0:
-        raise ValueError(f"--ffn-lora-alpha: must be > 0, got {alpha}")
+        raise option_error("--ffn-lora-alpha", alpha, "not positive", "a number > 0")
     alpha = float(alpha) if alpha is not None else float(rank)
-    if (ffn_k is not None or proj_k is not None or rank > 0) and _option(cfg, "sandwich", False):
-        raise ValueError("--tie-ffn/--tie-attn-proj/--ffn-lora-rank cannot be combined with "
-                         "--sandwich (it already shares the middle layers)")
+    if (ffn_k is not None or proj_k is not None) and _option(cfg, "sandwich", False):
+        raise option_error("--tie-ffn" if ffn_k is not None else "--tie-attn-proj",
+                           ffn_k if ffn_k is not None else proj_k, "cannot be combined with "
+                           "--sandwich (it already shares the middle layers)", "none with --sandwich")
     if ffn_k is not None or proj_k is not None:
         _check_training_setup(cfg)
     return ffn_k, proj_k, rank, alpha
@@ -133,20 +97,16 @@ def _check_training_setup(cfg):
     """Reject distributed set-ups that mishandle shared Parameters (docs/TECHNIQUES.md#distributed-training-with-shared-weights)."""
     backend = _option(cfg, "ddp_backend", "")
     if backend == "fully_sharded":
-        raise ValueError(
-            "--ddp-backend: fully_sharded cannot hold weights shared across layers "
-            "(--tie-ffn/--tie-attn-proj); use legacy_ddp or pytorch_ddp"
-        )
+        raise option_error("--ddp-backend", backend, "cannot hold weights shared across layers "
+                           "(--tie-ffn/--tie-attn-proj)", "legacy_ddp|pytorch_ddp")
     world = _option(cfg, "distributed_world_size", 1)
     if (
         _option(cfg, "checkpoint_activations", False)
         and backend in ("pytorch_ddp", "c10d")
         and world > 1
     ):
-        raise ValueError(
-            "--ddp-backend: pytorch_ddp with --checkpoint-activations gives wrong gradients "
-            "for shared layers (--tie-ffn/--tie-attn-proj); use --ddp-backend legacy_ddp"
-        )
+        raise option_error("--ddp-backend", backend, "with --checkpoint-activations gives wrong "
+                           "gradients for shared layers (--tie-ffn/--tie-attn-proj)", "legacy_ddp")
 
 
 # ----------------------------------------------------------------------------------------
@@ -168,21 +128,19 @@ def _linear_children(module: nn.Module, prefix: str) -> Dict[str, nn.Module]:
 
 
 def default_ffn_linears(layer: nn.Module) -> Dict[str, nn.Module]:
-    """FFN linears of an STLM block (``ffn.w1/w2/w3``) or a fairseq-style layer
-    (``fc1``/``fc2``; a GLU ``fc1`` contributes its linear children, e.g. w1 and w3)."""
+    """FFN linears of a fairseq-style layer (``fc1``/``fc2``; a GLU ``fc1`` contributes its
+    linear children w1 and w3)."""
     if hasattr(layer, "fc1") and hasattr(layer, "fc2"):
         found = _linear_children(layer.fc1, "fc1")
         found.update(_linear_children(layer.fc2, "fc2"))
         return found
-    if hasattr(layer, "ffn"):
-        return _linear_children(layer.ffn, "ffn")
     raise ValueError(f"--tie-ffn: cannot find the FFN of {type(layer).__name__}")
 
 
 def default_attn_out_proj(layer: nn.Module) -> nn.Module:
-    """``layer.self_attn.out_proj`` (STLM blocks and fairseq layers)."""
+    """``layer.self_attn.out_proj``."""
     attn = getattr(layer, "self_attn", None)
-    if attn is None or not hasattr(attn, "out_proj"):
+    if attn is None or getattr(attn, "out_proj", None) is None:
         raise ValueError(
             f"--tie-attn-proj: cannot find self_attn.out_proj in {type(layer).__name__}"
         )
@@ -256,5 +214,4 @@ def tying_enabled(cfg) -> bool:
     return (
         parse_tie_option(_option(cfg, "tie_ffn"), "--tie-ffn") is not None
         or parse_tie_option(_option(cfg, "tie_attn_proj"), "--tie-attn-proj") is not None
-        or (_option(cfg, "ffn_lora_rank", 0) or 0) > 0
     )
