@@ -8,15 +8,16 @@ Plugin-only flags never start with ``encoder-``/``decoder-`` (docs/TECHNIQUES.md
 """
 
 from slim_fairseq.modules.gated_attention import CROSS_GATE_WHY, CROSS_GATES, GATES
+from slim_fairseq.modules.tensor_chain_policy import BACKWARD_MODES as TC_BACKWARD_MODES
+from slim_fairseq.modules.tensor_chain_policy import FORWARD_MODES as TC_FORWARD_MODES
 
 GLU_ACTIVATIONS = ("silu", "gelu")
 SAFE_OUTPUTS = ("linear", "mlp")
 SANDWICH_CROSS_NORMS = ("layernorm", "none")
 TC_PLACES = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
-TC_BACKWARD_MODES = ("recompute", "store")
 # options that only shape a Tensor Chain, with their defaults: the values a model without any
 # chain must have (validate_slim_args; compression.without_tensor_chains restores them)
-TC_SHAPE_DEFAULTS = (("tc_backward", "recompute"), ("tc_length", 2), ("tc_min_bond", 0))
+TC_SHAPE_DEFAULTS = (("tc_backward", "auto"), ("tc_forward", "auto"), ("tc_length", 2), ("tc_min_bond", 0))
 
 
 def add_slim_args(parser):
@@ -49,9 +50,14 @@ def add_slim_args(parser):
                         "paper). At small widths a ratio like .005 gives bond 2, which all but "
                         "removes the layer; a floor keeps it useful at more parameters than R")
     g.add_argument("--tc-backward", metavar="MODE",
-                   help="what Tensor-Chain layers keep for backward: recompute (default: the input "
-                        "and the cores; intermediates are recomputed, least memory) or store (plain "
-                        "autograd keeps every intermediate: more memory, fewer matmuls in backward)")
+                   help="what Tensor-Chain layers keep for backward: recompute (the input and the "
+                        "cores; intermediates are recomputed, least memory), store (plain autograd "
+                        "keeps every intermediate: more memory, fewer matmuls in backward) or auto "
+                        "(default: by device and dtype, docs/GPU.md; recompute on CPU and CUDA now)")
+    g.add_argument("--tc-forward", metavar="MODE",
+                   help="how Tensor-Chain linears multiply: materialise (build W, one matmul), "
+                        "contract (the input core by core, W never built) or auto (default: by "
+                        "shape, device and dtype, docs/GPU.md)")
     g.add_argument("--hsoftpos-min-token-dim", type=int, metavar="M",
                    help="H-SoftPOS token-table width of at least M (narrower soft-position slots); "
                         "0 = the paper's d - (2l-1) floor(d/2l), only d/4 at l=2")
@@ -122,6 +128,8 @@ def validate_slim_args(args):
             _fail("--" + place.replace("_", "-"), r, "a ratio in [0, 1] (0 = dense)")
     if args.tc_backward not in TC_BACKWARD_MODES:
         _fail("--tc-backward", args.tc_backward, "|".join(TC_BACKWARD_MODES))
+    if args.tc_forward not in TC_FORWARD_MODES:
+        _fail("--tc-forward", args.tc_forward, "|".join(TC_FORWARD_MODES))
     if args.tc_length < 2:
         _fail("--tc-length", args.tc_length, "an integer >= 2")
     for flag in ("safe_embed_dim", "sandwich_dim", "sandwich_ffn_dim", "sandwich_heads", "tc_min_bond",
@@ -143,7 +151,8 @@ def validate_slim_args(args):
                          "off; add --ffn-glu, or drop --glu-activation")
     if not any(getattr(args, place) for place in TC_PLACES):
         for key, default in TC_SHAPE_DEFAULTS:
-            if getattr(args, key) != default:
+            # recompute: what the saved options of chainless models may say; it acts on nothing either
+            if getattr(args, key) != default and (key, getattr(args, key)) != ("tc_backward", "recompute"):
                 flag = "--" + key.replace("_", "-")
                 raise ValueError(f"{flag}={getattr(args, key)} has no Tensor Chain to act on; set one of "
                                  f"--tc-ff/--tc-patt/--tc-layer/--tc-emb/--tc-output, or drop {flag}")

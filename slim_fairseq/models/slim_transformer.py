@@ -226,9 +226,8 @@ def finish_build(model, cfg):
     if getattr(cfg, "bert_init", False):
         from slim_fairseq.modules.sandwich import bert_init_
         bert_init_(model)
-    if getattr(cfg, "tc_backward", "recompute") == "store":
-        from slim_fairseq.modules.tensor_chain import store_intermediates_
-        store_intermediates_(model)
+    from slim_fairseq.modules.tensor_chain_policy import force_modes_
+    force_modes_(model, getattr(cfg, "tc_forward", "auto"), getattr(cfg, "tc_backward", "auto"))
     return model
 
 

@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from slim_fairseq.modules.tensor_chain_policy import BackwardModeMixin
+
 GLU_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu}
 
 
@@ -155,7 +157,7 @@ def build_linear(in_features, out_features, tc_ratio=0.0, tc_length=2, bias=True
     return (RebuildingLinear if rebuild_input else nn.Linear)(in_features, out_features, bias=bias)
 
 
-class GLUProjection(nn.Module):
+class GLUProjection(BackwardModeMixin, nn.Module):
     """``act(w1 x) * w3 x`` with both linears carrying a bias; activation silu (SwiGLU, the
     Anthe reference code) or gelu (GEGLU, the paper's text)."""
 
@@ -173,9 +175,6 @@ class GLUProjection(nn.Module):
 
     def extra_repr(self):
         return f"activation={self.activation}"
-
-    # False (--tc-backward store): plain autograd, which keeps both hidden activations
-    recompute_in_backward = True
 
     def forward(self, x):
         if not torch.is_grad_enabled() or not self.recompute_in_backward:

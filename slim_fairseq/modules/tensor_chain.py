@@ -12,6 +12,9 @@ import warnings
 import torch
 import torch.nn as nn
 
+from slim_fairseq.modules import tensor_chain_policy
+from slim_fairseq.modules.tensor_chain_policy import BLOCK_FLOATS, BackwardModeMixin
+
 
 def prime_factors(n):
     """Prime factors of ``n`` in ascending order (with multiplicity)."""
@@ -116,27 +119,16 @@ def first_core_first(first, last):
     return a1 * a2 + a2 * bond * c1 <= a1 * bond * c2 + c1 * c2
 
 
-# On the CPU a two-core contraction runs over blocks of rows whose intermediate holds about this
-# many floats (1 MiB), so that the second matmul reads it from cache instead of memory: the
-# Anthe feed-forward (two 512 -> 1365 chains and a 1365 -> 512 one, bond 2, 2,048 rows) trains
-# 1.46x faster at 1 thread and 1.31x at 2 with it (docs/RESULTS.md, "Tensor-Chain rows in
-# blocks"). A GPU gains nothing from it and pays a launch per block, so it runs the whole batch.
-BLOCK_FLOATS = 1 << 18
-MIN_BLOCK_ROWS = 32
-
-
 def row_block(x2d, first, last):
-    """Rows per block for :func:`contract_pair` and its backward, or None for one pass (a GPU,
-    a batch that fits one block, or a contraction recorded by autograd)."""
-    m = x2d.shape[0]
-    if x2d.device.type != "cpu" or (torch.is_grad_enabled() and any(
-            t.requires_grad for t in (x2d, first, last))):
-        return None
+    """Rows per block for :func:`contract_pair` and its backward, or None for one pass
+    (:func:`~slim_fairseq.modules.tensor_chain_policy.block_rows`: blocks on the CPU only, for a
+    batch that does not fit one block and a contraction not recorded by autograd)."""
+    recorded = torch.is_grad_enabled() and any(t.requires_grad for t in (x2d, first, last))
     a1, bond, c1 = first.shape
     a2, _, c2 = last.shape
     width = a2 * bond * c1 if first_core_first(first, last) else a1 * bond * c2
-    rows = max(MIN_BLOCK_ROWS, BLOCK_FLOATS // width)
-    return rows if m > rows else None
+    return tensor_chain_policy.block_rows(x2d.shape[0], width, recorded,
+                                          *tensor_chain_policy.target(x2d), block_floats=BLOCK_FLOATS)
 
 
 def contract_pair(x2d, first, last):
@@ -196,30 +188,20 @@ def contract_input(x2d, cores):
     return out.reshape(m, cols * c)
 
 
-class TensorChainLinear(nn.Module):
+class TensorChainLinear(BackwardModeMixin, nn.Module):
     """Drop-in replacement for ``nn.Linear(in_features, out_features)`` whose weight is a
     Tensor Chain (docs/TECHNIQUES.md#tensor-chain). Give either ``ratio`` (TC params / dense params, bond solved by
     :func:`solve_bond`) or ``bond``. The cores are initialised so that the materialised weight
     has the variance of ``nn.Linear``'s default init (or std ``init_std``); bias starts at zero.
 
-    ``forward_mode``: ``"auto"`` (pick by shape, see :meth:`use_contraction`),
-    ``"materialise"`` or ``"contract"``.
+    ``forward_mode`` (``--tc-forward``): ``"auto"`` (pick by shape, device and dtype, see
+    :meth:`use_contraction`), ``"materialise"`` or ``"contract"``; ``backward_mode``
+    (``--tc-backward``): ``"auto"``, ``"recompute"`` or ``"store"`` (:class:`BackwardModeMixin`).
     """
 
-    # Contraction runs as small, memory-bound matmuls; it pays off when it needs this many
-    # times fewer multiply-adds than materialise-and-multiply. Thresholds measured with
-    # scripts/tc_forward_timing.py (CPU, 2 threads, forward + backward, two-core contraction
-    # by contract_pair): small batches of rows pay materialisation's fixed cost, large ones
-    # favour one big matmul.
-    SMALL_BATCH_ROWS = 256
-    CONTRACT_ADVANTAGE_SMALL = 1.5
-    CONTRACT_ADVANTAGE_LARGE = 5.0
     # set on a feed-forward's fc1 (the layer does it): in training, the contracted output is
     # marked so that a Tensor-Chain fc2 can rebuild it from this layer's input in backward
     rebuildable_output = False
-    # False (--tc-backward store): plain autograd through the contraction keeps every
-    # intermediate, trading memory for the matmuls that recomputing them costs in backward
-    recompute_in_backward = True
 
     def __init__(self, in_features, out_features, ratio=None, bond=None, length=2, bias=True,
                  init_std=None, forward_mode="auto", min_bond=0):
@@ -289,13 +271,14 @@ class TensorChainLinear(nn.Module):
         return na * nc * (b + rows) / (rows * contract_cost)
 
     def use_contraction(self, rows):
-        """Whether contracting the input is expected to be faster than materialising W
-        (``forward_mode="auto"``; see the thresholds above)."""
+        """Whether to contract the input rather than materialise W for this many rows: as
+        ``forward_mode`` says, or for "auto" as the policy of the cores' device and compute
+        dtype expects to be faster (:mod:`~slim_fairseq.modules.tensor_chain_policy`)."""
         if self.forward_mode != "auto":
             return self.forward_mode == "contract"
-        advantage = (self.CONTRACT_ADVANTAGE_SMALL if rows <= self.SMALL_BATCH_ROWS
-                     else self.CONTRACT_ADVANTAGE_LARGE)
-        return self.cost_ratio(rows) > advantage
+        materialise_macs = self.in_features * self.out_features * (self.bond + rows)
+        return tensor_chain_policy.contract_pays(self.cost_ratio(rows), materialise_macs, rows,
+                                                 *tensor_chain_policy.target(self.cores[0]))
 
     def forward(self, x):
         shape = x.shape
@@ -452,15 +435,3 @@ class TensorChainEmbedding(nn.Module):
             rows = rows.masked_fill((flat == self.padding_idx).unsqueeze(-1), 0.0)
         return rows.reshape(*tokens.shape, self.embedding_dim)
 
-
-def store_intermediates_(model):
-    """``--tc-backward store``: every Tensor-Chain layer of ``model`` (and every GLU whose two
-    input projections are chains) trains with plain autograd, which keeps the contraction's
-    intermediates instead of recomputing them in backward (more memory, fewer matmuls; same
-    values). Dense layers keep their memory savings."""
-    from slim_fairseq.modules.glu import GLUProjection
-    for module in model.modules():
-        if isinstance(module, TensorChainLinear) or (
-                isinstance(module, GLUProjection) and isinstance(module.w1, TensorChainLinear)):
-            module.recompute_in_backward = False
-    return model
