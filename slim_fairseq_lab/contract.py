@@ -14,6 +14,7 @@ worst difference it measured (log-probabilities, in nats), so a report can show 
 Tolerances are per dtype (:data:`TOLERANCES`).
 """
 import argparse
+import copy
 import os
 from dataclasses import dataclass
 
@@ -87,6 +88,16 @@ def build(arch, overrides, task_argv, extra=()):
     torch.manual_seed(1)
     model = task.build_model(args)
     return args, task, model
+
+
+def fresh_copy(model):
+    """A deep copy of ``model`` with incremental-state ids of its own (fairseq keys a module's
+    cache by an id that ``copy.deepcopy`` would share with the original)."""
+    copied = copy.deepcopy(model)
+    for module in copied.modules():
+        if hasattr(module, "init_incremental_state"):
+            module.init_incremental_state()
+    return copied
 
 
 def plugin_archs():
@@ -273,18 +284,30 @@ def check_padding_invariance(arch, model, task, lm):
     return worst
 
 
+_SAVED_CFGS = {}
+
+
+def saved_cfg(args):
+    """fairseq's config of ``args`` as a checkpoint holds it; converted once per ``args`` object
+    (the conversion composes hydra's config, about a second)."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import OmegaConf
+    kept = _SAVED_CFGS.get(id(args))
+    if kept is None or kept[0] is not args:
+        cfg = OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
+        kept = _SAVED_CFGS[id(args)] = (args, cfg)
+    return kept[1]
+
+
 @torch.no_grad()
 def check_checkpoint_round_trip(arch, model, task, args, lm, directory):
     """The model saved as fairseq-train saves it loads with ``weights_only=True`` and, back on
     the model's device and dtype, gives bit-identical outputs. Returns 0.0."""
     from fairseq import checkpoint_utils
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from omegaconf import OmegaConf
 
     model.eval()
-    cfg = convert_namespace_to_omegaconf(args)
     state = {
-        "cfg": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        "cfg": saved_cfg(args),
         "args": None,
         "model": model.state_dict(),
         "criterion": {},
