@@ -81,17 +81,12 @@ def _bench_jobs():
             {"name": "d512-bf16-chains", "dim": 512, "heads": 8, "dtype": "bf16", "models": chains}]
 
 
-# the Tensor-Chain linears of the benchmark models at d 512 and d 1024 (ffn 4d; GLU hidden
-# floor(2f/3)): Anthe's ff chains (bond 2), the `tc` model's ff chains, the attention chains (bond 14)
-CUDA_TC_SHAPES = [(512, 1365, 2), (1365, 512, 2), (512, 2048, 2), (2048, 512, 2), (512, 512, 14),
-                  (1024, 2730, 2), (2730, 1024, 2), (1024, 1024, 14)]
-
 PROFILES = {
     "cuda": Profile(
         device="cuda", width_factor=8, train_families=list(FAMILIES), train_updates=30, train_lr="1e-3",
         train_flags=["--max-tokens", "2048"], lm_flags=["--tokens-per-sample", "128"],
         train_workers=len(FAMILIES), fp16_extra=[],
-        tc_shapes=CUDA_TC_SHAPES, tc_rows=[1, 5, 64, 320, 4096], tc_repeats=5,
+        tc_shapes=gpu_check_bench.chain_shapes([512, 1024]), tc_rows=[1, 5, 64, 320, 4096], tc_repeats=5,
         bench_common=["--device", "cuda", "--layers", "6", "--max-tokens", "4096", "--num-batches", "2",
                       "--steps", "2", "--repeats", "2", "--batch-sizes", "1,64", "--beams", "1,5",
                       "--gen-len", "12", "--tokens-per-sample", "256"],
@@ -102,7 +97,7 @@ PROFILES = {
         train_lr="5e-3",
         train_flags=["--batch-size", "8", "--cpu"], lm_flags=["--tokens-per-sample", "32"],
         train_workers=1, fp16_extra=["--fp16-no-flatten-grads"],
-        tc_shapes=[(32, 48, 2), (48, 32, 2)], tc_rows=[1, 300], tc_repeats=1,
+        tc_shapes=gpu_check_bench.chain_shapes([32])[:2], tc_rows=[1, 300], tc_repeats=1,
         bench_common=["--device", "cpu", "--threads", "1", "--layers", "3", "--max-tokens", "128",
                       "--num-batches", "1", "--steps", "1", "--repeats", "1", "--batch-sizes", "1,64",
                       "--beams", "1,5", "--gen-len", "2", "--tokens-per-sample", "32", "--gemm-size", "64",
@@ -402,6 +397,10 @@ def run_check(out_dir, cpu=False, budget_s=450.0, stages=STAGES):
             log(f"stage {stage} ({budget.left():.0f} s left)")
             try:
                 state["stages"][stage] = STAGE_FUNCTIONS[stage](profile, data, budget, out_dir)
+            except KeyboardInterrupt:
+                state["stages"][stage] = {"status": "interrupted", "seconds": time.monotonic() - start}
+                gpu_check_report.write(out_dir, state)
+                raise
             except Exception as e:  # noqa: BLE001 -- one stage failing must not lose the others
                 state["stages"][stage] = {"status": "failed", "error": f"{type(e).__name__}: {e}"[:500]}
         state["stages"][stage]["seconds"] = time.monotonic() - start

@@ -139,6 +139,20 @@ def mode_verdicts(rows):
 # ---------------------------------------------------------------------------- layers alone
 
 
+def chain_shapes(dims, ff_ratio=0.005, patt_ratio=0.07):
+    """(in, out, bond) of the Tensor-Chain linears of the benchmark's chain models at each width d
+    (ffn 4d): Anthe's GLU feed-forward (hidden floor(2 * 4d / 3)), the `tc` model's feed-forward,
+    and the attention projections."""
+    from slim_fairseq.modules.tensor_chain import solve_bond
+    shapes = []
+    for d in dims:
+        glu = 2 * 4 * d // 3
+        for n_in, n_out, ratio in ((d, glu, ff_ratio), (glu, d, ff_ratio), (d, 4 * d, ff_ratio),
+                                   (4 * d, d, ff_ratio), (d, d, patt_ratio)):
+            shapes.append((n_in, n_out, solve_bond(n_in, n_out, ratio)))
+    return shapes
+
+
 def _timed(fn, device, repeats):
     """Best wall time of ``fn()`` over ``repeats`` calls after one warm-up call."""
     fn()
