@@ -224,19 +224,36 @@ def chain_layer_sweep(shapes, rows_list, dtypes, device, repeats, deadline):
     return results, True
 
 
-def sweep_summary(results):
-    """Per dtype: how often the policy's pick ("auto") was the faster mode, for training and
-    for inference, and the cost ratios at which contracting won and lost."""
+def best_threshold(cases):
+    """The cost ratio t for which "contract when the cost ratio exceeds t" is right in the most
+    of ``cases`` ((cost ratio, contract was faster) pairs); the smallest such t: (t, wrong).
+    t = inf: never contract."""
+    candidates = sorted({0.0, float("inf"), *(ratio for ratio, _ in cases)})
+    scored = [(sum((ratio > t) != won for ratio, won in cases), t) for t in candidates]
+    wrong, t = min(scored)
+    return t, wrong
+
+
+def sweep_summary(results, small_batch_rows=256):
+    """Per dtype: how often the policy's pick ("auto") was the faster mode (training: forward
+    + backward; inference: forward), how often storing beat recomputing, and the contraction
+    threshold the measurements suggest, for generation-sized batches (inference, at most
+    ``small_batch_rows`` rows) and for training batches (more rows)."""
     summary = {}
     for r in results:
         s = summary.setdefault(r["dtype"], {"cases": 0, "train_agree": 0, "infer_agree": 0,
-                                            "contract_won_at": [], "contract_lost_at": [],
-                                            "store_faster": 0})
+                                            "store_faster": 0, "small": [], "large": []})
         s["cases"] += 1
         s["train_agree"] += r["auto"] == r["train_faster"]
         s["infer_agree"] += r["auto"] == r["infer_faster"]
         s["store_faster"] += r["store_faster"]
-        for kind in ("train", "infer"):
-            (s["contract_won_at"] if r[f"{kind}_faster"] == "contract" else s["contract_lost_at"]).append(
-                round(r["cost_ratio"], 2))
+        if r["rows"] <= small_batch_rows:
+            s["small"].append((r["cost_ratio"], r["infer_faster"] == "contract"))
+        else:
+            s["large"].append((r["cost_ratio"], r["train_faster"] == "contract"))
+    for s in summary.values():
+        for size in ("small", "large"):
+            cases = s.pop(size)
+            threshold, wrong = best_threshold(cases) if cases else (None, None)
+            s[f"suggested_{size}"] = {"threshold": threshold, "wrong": wrong, "cases": len(cases)}
     return summary

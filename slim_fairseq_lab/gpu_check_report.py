@@ -89,19 +89,26 @@ def _tc_layers(stage):
                      f"{1e3 * r['infer_contract']:.3f}", r["auto"]])
     lines += _table(["dtype", "chain", "rows", "cost ratio", "train mat", "train con", "train con+store",
                      "infer mat", "infer con", "auto"], rows)
-    lines += ["", "Against the policy (`slim_fairseq/modules/tensor_chain_policy.py`):", ""]
+    lines += ["", "Against the policy (`slim_fairseq/modules/tensor_chain_policy.py`): how often its "
+              "pick was the faster mode; the threshold on the cost ratio that would have picked best "
+              "(contract above it; ∞ = never), for generation-sized batches (inference, ≤ 256 rows) and "
+              "training batches (more rows), with the cases it gets wrong, next to the policy's own:", ""]
     rows = []
+
+    def suggested(entry):
+        if entry["threshold"] is None:
+            return "—"
+        return f"{entry['threshold']:.2f} ({entry['wrong']} of {entry['cases']} wrong)"
+
     for dtype, s in stage["summary"].items():
-        won, lost = s["contract_won_at"], s["contract_lost_at"]
         p = stage["policies"][dtype]
         rows.append([dtype, f"{s['train_agree']}/{s['cases']}", f"{s['infer_agree']}/{s['cases']}",
-                     f"{s['store_faster']}/{s['cases']}",
-                     f"{min(won):.2f}–{max(won):.2f}" if won else "never",
-                     f"{min(lost):.2f}–{max(lost):.2f}" if lost else "never",
-                     f"> {p['contract_small']:g}× (≤ {p['small_batch_rows']} rows), > {p['contract_large']:g}× "
-                     f"(more), saving ≥ {p['min_saved_macs']:g}"])
+                     f"{s['store_faster']}/{s['cases']}", suggested(s["suggested_small"]),
+                     f"{p['contract_small']:g}", suggested(s["suggested_large"]), f"{p['contract_large']:g}",
+                     f"{p['min_saved_macs']:g}"])
     lines += _table(["dtype", "auto was faster (training)", "auto was faster (inference)", "store was faster",
-                     "contract won at cost ratios", "contract lost at", "policy contracts at"], rows)
+                     "best threshold, small", "policy, small", "best threshold, large", "policy, large",
+                     "policy's least saving (multiply-adds)"], rows)
     reasons = sorted({p["why"] for p in stage["policies"].values()})
     return lines + [""] + [f"Policy: {why}." for why in reasons]
 

@@ -63,7 +63,9 @@ def test_cpu_run_removal_layers_training_and_benchmark(cpu_report):
     assert all(r["max_relative_error"] <= gpu_check.REMOVAL_TOLERANCE for r in stages["removal"]["results"])
     profile = gpu_check.PROFILES["cpu"]
     assert len(stages["tc_layers"]["results"]) == len(profile.tc_shapes) * len(profile.tc_rows) * len(contract.DTYPES)
-    assert set(stages["tc_layers"]["policies"]) == set(contract.DTYPES)
+    assert set(stages["tc_layers"]["policies"]) == set(stages["tc_layers"]["summary"]) == set(contract.DTYPES)
+    for summary in stages["tc_layers"]["summary"].values():
+        assert summary["suggested_small"]["cases"] + summary["suggested_large"]["cases"] == summary["cases"]
     runs = {r["precision"]: r for r in stages["train"]["runs"]}
     assert set(runs) == set(gpu_check_train.PRECISIONS)
     assert runs["bf16"]["status"] == "unsupported"  # fairseq 0.12.3: --bf16 implies --tpu
@@ -297,3 +299,10 @@ def test_saved_options_of_chainless_models_still_build():
     """``tc_backward="recompute"`` is what the saved options of models without a chain may say."""
     _args, _task, model = build("slim_transformer", TINY_ANTHE + ["--tc-backward", "recompute"], lm=False)
     assert not any(isinstance(m, TensorChainLinear) for m in model.modules())
+
+
+def test_best_threshold_separates_wins_from_losses():
+    assert gpu_check_bench.best_threshold([(1.0, False), (2.0, False), (5.0, True), (9.0, True)]) == (2.0, 0)
+    assert gpu_check_bench.best_threshold([(1.0, False), (3.0, True), (4.0, False), (9.0, True)]) == (1.0, 1)
+    assert gpu_check_bench.best_threshold([(3.0, False), (9.0, False)]) == (9.0, 0)  # never contract
+    assert gpu_check_bench.best_threshold([(3.0, True)]) == (0.0, 0)
