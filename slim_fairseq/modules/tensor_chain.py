@@ -270,29 +270,31 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
             cols *= c
         return na * nc * (b + rows) / (rows * contract_cost)
 
-    def use_contraction(self, rows):
+    def use_contraction(self, rows, like=None):
         """Whether to contract the input rather than materialise W for this many rows: as
-        ``forward_mode`` says, or for "auto" as the policy of the cores' device and compute
-        dtype expects to be faster (:mod:`~slim_fairseq.modules.tensor_chain_policy`)."""
+        ``forward_mode`` says, or for "auto" as the policy of the device and compute dtype of
+        ``like`` (the input; default the cores) expects to be faster
+        (:mod:`~slim_fairseq.modules.tensor_chain_policy`)."""
         if self.forward_mode != "auto":
             return self.forward_mode == "contract"
         materialise_macs = self.in_features * self.out_features * (self.bond + rows)
         return tensor_chain_policy.contract_pays(self.cost_ratio(rows), materialise_macs, rows,
-                                                 *tensor_chain_policy.target(self.cores[0]))
+                                                 *tensor_chain_policy.target(self.cores[0] if like is None else like))
 
     def forward(self, x):
         shape = x.shape
         x2d = x.reshape(-1, self.in_features)
-        if self.use_contraction(x2d.shape[0]):
-            if self.recompute_in_backward:
+        if self.use_contraction(x2d.shape[0], x2d):
+            recompute = torch.is_grad_enabled() and self.recompute_in_backward
+            if recompute:
                 from slim_fairseq.modules.tc_autograd import chain_contract_input_of
                 # keeps only x2d (or what rebuilds it) and the cores for backward
                 y = chain_contract_input_of(x, x2d, list(self.cores))
-            else:  # plain autograd keeps every intermediate
+            else:  # plain autograd keeps every intermediate (or no grad: nothing to keep)
                 y = contract_input(x2d, list(self.cores))
             if self.bias is not None:
                 y = y + self.bias
-            if self.recompute_in_backward and self.rebuildable_output and torch.is_grad_enabled():
+            if recompute and self.rebuildable_output:
                 from slim_fairseq.modules.tc_autograd import chain_value, mark_recomputable
                 return mark_recomputable(y.reshape(*shape[:-1], self.out_features), chain_value,
                                          x2d, self.bias, *self.cores)

@@ -92,7 +92,8 @@ def policy_for(device_type, dtype):
 def target(like):
     """(device type, compute dtype) of work on tensor ``like``: autocast's dtype where autocast
     is on for its device, else its own dtype."""
-    device_type = like.device.type
+    # is_cuda / is_cpu: a few times cheaper than building like.device (this runs per layer call)
+    device_type = "cuda" if like.is_cuda else "cpu" if like.is_cpu else like.device.type
     if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
         return device_type, torch.get_autocast_dtype(device_type)
     return device_type, like.dtype
@@ -113,7 +114,7 @@ def block_rows(rows, width, recorded, device_type, dtype, block_floats=BLOCK_FLO
     recorded by autograd, which would keep every block's intermediates)."""
     if recorded or not policy_for(device_type, dtype).row_blocks:
         return None
-    per_block = block_floats * 4 / torch.empty((), dtype=dtype).element_size() / width
+    per_block = block_floats * 4 / dtype.itemsize / width
     if math.isinf(per_block):
         return None
     per_block = max(MIN_BLOCK_ROWS, int(per_block))
@@ -145,8 +146,10 @@ class BackwardModeMixin:
     def recompute_in_backward(self):
         if self.backward_mode != "auto":
             return self.backward_mode == "recompute"
+        if "_has_chain" not in self.__dict__:  # the layers a module holds do not change
+            self.__dict__["_has_chain"] = has_chain(self)
         param = next(self.parameters(), None)
-        if param is None or not has_chain(self):
+        if param is None or not self.__dict__["_has_chain"]:
             return True
         return recompute_backward("auto", *target(param))
 
