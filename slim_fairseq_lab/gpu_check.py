@@ -291,12 +291,13 @@ def stage_train(profile, data, budget, out_dir):
     specs = training_specs(profile, data, run_dir)
     families = list(specs)
     groups = [families[i::profile.train_workers] for i in range(profile.train_workers)]
-    procs = []
+    procs, worker_log = [], {}
     for i, group in enumerate(g for g in groups if g):
         spec_file = os.path.join(run_dir, f"worker{i}.json")
         with open(spec_file, "w") as f:
             json.dump([s for family in group for s in specs[family]], f)
-        log_file = open(os.path.join(run_dir, f"worker{i}.log"), "w")
+        worker_log.update(dict.fromkeys(group, os.path.join(run_dir, f"worker{i}.log")))
+        log_file = open(worker_log[group[0]], "w")
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         procs.append((subprocess.Popen([sys.executable, "-m", "slim_fairseq_lab.gpu_check_train", spec_file],
                                        stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, env=env), log_file))
@@ -319,8 +320,12 @@ def stage_train(profile, data, budget, out_dir):
         for spec in specs[family]:
             run = done.get(spec["precision"])
             row = {"family": family, "precision": spec["precision"], "argv": spec["argv"]}
-            if run is None:
-                row.update(status="not run", problems=["out of time" if not complete else "worker ended early"])
+            if run is None and not complete:
+                row.update(status="not run", problems=["out of time"])
+            elif run is None:
+                with open(worker_log[family]) as f:
+                    last = f.read().strip().splitlines()[-1:] or ["no output"]
+                row.update(status="failed", problems=[f"its worker ended early: {last[0][:300]}"])
             else:
                 verdict = gpu_check_train.judge(run, done.get("fp32"), profile.train_updates)
                 row.update(verdict, overflows=run["overflows"], seconds=run["seconds"],
@@ -329,7 +334,7 @@ def stage_train(profile, data, budget, out_dir):
             runs.append(row)
             log(f"train {family} {spec['precision']}: {row['status']} {'; '.join(row['problems'])}")
     statuses = {r["status"] for r in runs}
-    status = "failed" if statuses & {"failed", "not run"} else "ok"
+    status = "failed" if "failed" in statuses else ("partial" if "not run" in statuses else "ok")
     return {"runs": runs, "updates": profile.train_updates, "status": status,
             "tolerance": gpu_check_train.LOSS_TOLERANCE, "max_overflows": gpu_check_train.MAX_OVERFLOWS}
 

@@ -306,3 +306,14 @@ def test_best_threshold_separates_wins_from_losses():
     assert gpu_check_bench.best_threshold([(1.0, False), (3.0, True), (4.0, False), (9.0, True)]) == (1.0, 1)
     assert gpu_check_bench.best_threshold([(3.0, False), (9.0, False)]) == (9.0, 0)  # never contract
     assert gpu_check_bench.best_threshold([(3.0, True)]) == (0.0, 0)
+
+
+def test_training_stage_stops_its_workers_at_the_deadline(tmp_path):
+    """Out of time, the workers are stopped, their runs are reported as not run, and the stage
+    as partial (no run is judged on half a log)."""
+    profile = gpu_check.PROFILES["cpu"]
+    budget = gpu_check.Budget(1.0, {**profile.stage_ends, "train": 1.0})
+    stage = gpu_check.stage_train(profile, ("ENDE", "WIKI"), budget, str(tmp_path))
+    assert stage["status"] == "partial"
+    assert {r["status"] for r in stage["runs"]} == {"not run"}
+    assert len(stage["runs"]) == len(profile.train_families) * len(gpu_check_train.PRECISIONS)
