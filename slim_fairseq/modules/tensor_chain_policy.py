@@ -49,7 +49,7 @@ CPU_POLICY = ChainPolicy(
     why="measured on a 2-core CPU: contraction runs as small, memory-bound matmuls and pays off "
         "when it needs 1.5x (up to 256 rows) or 5x (more rows) fewer multiply-adds "
         "(scripts/tc_forward_timing.py); row blocks 1.3-1.5x faster; storing the intermediates "
-        "bought no speed measurable against noise for 1.3-1.8x the memory")
+        "bought no speed measurable against noise for 1.4-1.8x the memory")
 
 # A GPU runs one dense GEMM near its peak, while a contraction is a chain of small matmuls with
 # inner dimensions of a few dozen plus layout copies: memory-bound, and about twice the kernel
@@ -57,12 +57,13 @@ CPU_POLICY = ChainPolicy(
 # launches either way, so the contraction must save real work (min_saved_macs, about a few
 # microseconds of GEMM) and not only a ratio. In fp16 / bf16 tensor cores make the GEMM ~8x
 # faster than in fp32 while the contraction stays memory-bound, so the ratio it needs is higher.
-# Row blocks: a GPU gains nothing from them and pays a launch per block. Backward: memory is
-# what limits a GPU's batch; recomputing a two-core chain's intermediate costs one small matmul.
+# Row blocks: on a GPU each block costs launches of its own for work one launch does. Backward:
+# memory is what limits a GPU's batch; recomputing a two-core chain's intermediate costs one
+# small matmul.
 _CUDA_WHY = ("reasoned default, not yet measured: a dense GEMM runs near the GPU's peak while a "
              "contraction is small memory-bound matmuls with twice the kernel launches; no row "
-             "blocks (a launch per block, no cache to fit); backward recomputes (memory limits "
-             "the batch)")
+             "blocks (launches of their own for work one launch does); backward recomputes "
+             "(memory limits the batch)")
 CUDA_FP32_POLICY = ChainPolicy(
     small_batch_rows=256, contract_small=4.0, contract_large=4.0, min_saved_macs=1e8,
     row_blocks=False, recompute_backward=True, why=_CUDA_WHY)
