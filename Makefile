@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.slim-setup-done
 # find only PyPI's Linux wheel, which is the CUDA build
 TORCH_INDEX ?=
 
-.PHONY: setup test test-fast demo clean
+.PHONY: setup test test-fast demo gpu-check clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,10 @@ test-fast: setup
 
 demo: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
+
+# the device check on one CUDA GPU, within its own time budget (docs/GPU.md)
+gpu-check: setup
+	$(PY) scripts/gpu_check.py --out results/gpu-check
 
 clean:
 	rm -rf build results

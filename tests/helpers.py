@@ -1,11 +1,13 @@
 """Shared test helpers: load the plugin the only safe way, build models through fairseq's own
 parser, make small batches, run fairseq's CLI tools."""
-import argparse
 import os
 import subprocess
 import sys
 
 import torch
+
+from slim_fairseq_lab import contract
+from slim_fairseq_lab.contract import is_lm, load_plugin, plugin_archs  # noqa: F401 (re-exported)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "slim_fairseq")
@@ -13,12 +15,6 @@ BIN = os.path.dirname(sys.executable)
 TEST_DATA = os.path.join(REPO, "build", "test-data")
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
-
-
-def load_plugin():
-    """Register the plugin with fairseq exactly as ``--user-dir`` does (never import it twice)."""
-    from fairseq import utils
-    utils.import_user_module(argparse.Namespace(user_dir=USER_DIR))
 
 
 def ende_data_bin():
@@ -31,19 +27,6 @@ def wikitext_data_bin():
     """Small word-level binarized subset of the bundled WikiText-2 (cached under build/test-data)."""
     from binarize_bundled import binarize_wikitext
     return binarize_wikitext(TEST_DATA, subset=1500, nwords=2000)
-
-
-def plugin_archs():
-    """Every architecture the plugin registers, with its model class (from fairseq's registry)."""
-    load_plugin()
-    from fairseq.models import ARCH_MODEL_REGISTRY
-    return {arch: cls for arch, cls in sorted(ARCH_MODEL_REGISTRY.items())
-            if cls.__module__.startswith("slim_fairseq")}
-
-
-def is_lm(model_cls):
-    from fairseq.models import FairseqLanguageModel
-    return issubclass(model_cls, FairseqLanguageModel)
 
 
 def task_args(lm):
@@ -64,13 +47,7 @@ def parse_train_args(argv):
 
 def build(arch, overrides, lm, extra=()):
     """(args, task, model) for ``arch`` built through fairseq's parser from CLI-style args."""
-    from fairseq import tasks
-    args = parse_train_args(task_args(lm) + ["--arch", arch, "--user-dir", USER_DIR, "--cpu",
-                                             *overrides, *extra])
-    task = tasks.setup_task(args)
-    torch.manual_seed(1)
-    model = task.build_model(args)
-    return args, task, model
+    return contract.build(arch, overrides, task_args(lm), extra)
 
 
 def run_cli(tool, argv, timeout=600, env=None):

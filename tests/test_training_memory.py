@@ -458,7 +458,7 @@ def test_tc_backward_store_gives_the_same_step_and_keeps_more_for_backward():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--arch", "anthe_base", "--tc-backward", "keep"], "--tc-backward=keep: not one of the choices; allowed: recompute|store"),
+    (["--arch", "anthe_base", "--tc-backward", "keep"], "--tc-backward=keep: not one of the choices; allowed: auto|recompute|store"),
     (["--arch", "slim_transformer", "--tc-backward", "store"], "--tc-backward=store: shapes a Tensor Chain, which is off"),
 ])
 def test_tc_backward_option_errors(argv, message):

@@ -26,15 +26,17 @@ from slim_fairseq.modules.glu import GLU_ACTIVATIONS, GLU_HIDDEN_RULES
 from slim_fairseq.modules.hsoftpos import hsoftpos_dims
 from slim_fairseq.modules.sandwich import validate_sandwich
 from slim_fairseq.modules.shaped_attention import REMOVABLE
+from slim_fairseq.modules.tensor_chain_policy import BACKWARD_MODES as TC_BACKWARD_MODES
+from slim_fairseq.modules.tensor_chain_policy import FORWARD_MODES as TC_FORWARD_MODES
 from slim_fairseq.modules.weight_tying import validate_tying
 from slim_fairseq.option_errors import option_error
 
 MODELS = ("slim_transformer", "slim_lm")
 TC_PLACES = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
-TC_BACKWARD_MODES = ("recompute", "store")
 # options that only shape a Tensor Chain, with their defaults: the values a model without any
 # chain must have (validate_slim_args; compression.without_tensor_chains restores them)
-TC_SHAPE_DEFAULTS = (("tc_backward", "recompute"), ("tc_length", 2), ("tc_min_bond", 0))
+TC_SHAPE_DEFAULTS = (("tc_backward", "auto"), ("tc_forward", "auto"), ("tc_length", 2),
+                     ("tc_min_bond", 0))
 NORMS = ("layernorm", "rmsnorm", "none")
 SKIPLESS_LAYOUTS = ("none", "serial", "parallel")
 SAFE_OUTPUTS = ("linear", "mlp")
@@ -127,9 +129,14 @@ OPTIONS = (
     Option("--tc-min-bond", 0, "lowest bond dimension of every Tensor Chain; 0 = as the ratio "
            "gives (the paper). At small widths a ratio like .005 gives bond 2, which all but "
            "removes the layer", ANTHE, kind=int, check="nonneg", metavar="B"),
-    Option("--tc-backward", "recompute", "what Tensor-Chain layers keep for backward: recompute "
-           "(the input and the cores; least memory) or store (plain autograd: more memory, "
-           "fewer matmuls)", ANTHE, check="choice", choices=TC_BACKWARD_MODES, metavar="MODE"),
+    Option("--tc-backward", "auto", "what Tensor-Chain layers keep for backward: recompute (the "
+           "input and the cores; least memory), store (plain autograd: more memory, fewer "
+           "matmuls) or auto (by device and dtype: recompute on the CPU and CUDA now; "
+           "docs/GPU.md)", ANTHE, check="choice", choices=TC_BACKWARD_MODES, metavar="MODE"),
+    Option("--tc-forward", "auto", "how Tensor-Chain linears multiply: materialise (build W, one "
+           "matmul), contract (the input core by core, W never built) or auto (by shape, device "
+           "and dtype; docs/GPU.md)", ANTHE, check="choice", choices=TC_FORWARD_MODES,
+           metavar="MODE"),
     Option("--output-bias", False, "bias on the vocabulary projection", ANTHE, kind=bool,
            negatable=True),
     # ------------------------------------------------------------------ Subformer
@@ -375,7 +382,8 @@ def _check_feed_forward(args):
 def _check_tensor_chains(args):
     if not any(getattr(args, place) for place in TC_PLACES):
         for key, default in TC_SHAPE_DEFAULTS:
-            if getattr(args, key) != default:
+            # recompute: the default that options saved before --tc-backward auto may hold
+            if getattr(args, key) != default and (key, getattr(args, key)) != ("tc_backward", "recompute"):
                 raise _off(_flag(key), getattr(args, key), "a Tensor Chain",
                            f"one of --tc-ff/--tc-patt/--tc-layer/--tc-emb/--tc-output, or drop "
                            f"{_flag(key)}")

@@ -39,7 +39,6 @@ from slim_fairseq.models.slim_options import (
     validate_slim_args,
 )
 from slim_fairseq.modules.dropout import slim_dropouts
-from slim_fairseq.modules.glu import store_intermediates_
 from slim_fairseq.modules.initialization import bert_init_, gpt2_init_
 from slim_fairseq.modules.input_embedding import (
     build_input_embedding,
@@ -50,6 +49,7 @@ from slim_fairseq.modules.safe import SAFEOutputProjection
 from slim_fairseq.modules.sandwich import build_layer_stack
 from slim_fairseq.modules.skipless import init_skipless_table_
 from slim_fairseq.modules.tensor_chain import TensorChainLinear
+from slim_fairseq.modules.tensor_chain_policy import force_modes_
 from slim_fairseq.modules.weight_tying import apply_weight_tying, tying_enabled
 from slim_fairseq.option_errors import check_task, one_line_option_errors, option_error
 
@@ -239,7 +239,8 @@ class SlimTransformerDecoder(TransformerDecoderBase):
 def finish_build(model, cfg, stacks):
     """Post-build steps shared by the encoder-decoder model and the LM, in this order: the
     whole-model init (``--bert-init``, ``--init-std``; skipless token tables), weight tying
-    with LoRA over each layer stack in ``stacks``, and ``--tc-backward store``."""
+    with LoRA over each layer stack in ``stacks``, and ``--tc-forward`` / ``--tc-backward`` on every
+    Tensor Chain."""
     if getattr(cfg, "bert_init", False):
         bert_init_(model)
     if getattr(cfg, "init_std", 0.0):
@@ -250,8 +251,7 @@ def finish_build(model, cfg, stacks):
     if tying_enabled(cfg):  # STLM FFN / attention-projection tying + LoRA (arXiv:2405.14159)
         for layers in stacks:
             apply_weight_tying(layers, cfg)
-    if getattr(cfg, "tc_backward", "recompute") == "store":
-        store_intermediates_(model)
+    force_modes_(model, getattr(cfg, "tc_forward", "auto"), getattr(cfg, "tc_backward", "auto"))
     return model
 
 

@@ -21,6 +21,7 @@ from slim_fairseq.modules.tc_autograd import (chain_backward, forward_autocast, 
                                               refuse_double_backward, remember_autocast)
 from slim_fairseq.modules.tc_contraction import contract_input
 from slim_fairseq.modules.tensor_chain import TensorChainLinear
+from slim_fairseq.modules.tensor_chain_policy import BackwardModeMixin
 from slim_fairseq.option_errors import option_error
 
 # the activations a GLU gate takes (``--activation-fn`` under ``--ffn-glu``): SwiGLU, GEGLU, ReGLU
@@ -165,7 +166,7 @@ def build_linear(in_features, out_features, tc_ratio=0.0, tc_length=2, bias=True
     return (RebuildingLinear if rebuild_input else nn.Linear)(in_features, out_features, bias=bias)
 
 
-class GLUProjection(nn.Module):
+class GLUProjection(BackwardModeMixin, nn.Module):
     """``act(w1 x) * w3 x`` (biases unless ``bias=False``); activation silu (SwiGLU, the Anthe
     reference code and STLM), gelu (GEGLU, the Anthe paper's text) or relu (ReGLU)."""
 
@@ -185,9 +186,6 @@ class GLUProjection(nn.Module):
 
     def extra_repr(self):
         return f"activation={self.activation}"
-
-    # False (--tc-backward store): plain autograd, which keeps both hidden activations
-    recompute_in_backward = True
 
     def forward(self, x):
         if not torch.is_grad_enabled() or not self.recompute_in_backward:
@@ -212,15 +210,3 @@ class GLUProjection(nn.Module):
         """Both linears are Tensor Chains that contract the input for this many rows."""
         return all(isinstance(w, TensorChainLinear) and w.use_contraction(rows)
                    for w in (self.w1, self.w3))
-
-
-def store_intermediates_(model):
-    """``--tc-backward store``: every Tensor-Chain layer of ``model`` (and every GLU whose two
-    input projections are chains) trains with plain autograd, which keeps the contraction's
-    intermediates instead of recomputing them in backward (more memory, fewer matmuls; same
-    values). Dense layers keep their memory savings."""
-    for module in model.modules():
-        if isinstance(module, TensorChainLinear) or (
-                isinstance(module, GLUProjection) and isinstance(module.w1, TensorChainLinear)):
-            module.recompute_in_backward = False
-    return model

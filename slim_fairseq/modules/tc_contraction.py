@@ -6,6 +6,8 @@ arXiv:2305.10991; docs/TECHNIQUES.md#tensor-chain): the arithmetic that
 """
 import torch
 
+from slim_fairseq.modules import tensor_chain_policy
+
 
 def materialise(cores):
     """Contract the chain into the full ``[N_a, N_c]`` matrix."""
@@ -28,27 +30,18 @@ def first_core_first(first, last):
     return a1 * a2 + a2 * bond * c1 <= a1 * bond * c2 + c1 * c2
 
 
-# On the CPU a two-core contraction runs over blocks of rows whose intermediate holds about this
-# many floats (1 MiB), so that the second matmul reads it from cache instead of memory: the
-# Anthe feed-forward (two 512 -> 1365 chains and a 1365 -> 512 one, bond 2, 2,048 rows) trains
-# 1.46x faster at 1 thread and 1.31x at 2 with it (docs/RESULTS.md, "Tensor-Chain rows in
-# blocks"). A GPU gains nothing from it and pays a launch per block, so it runs the whole batch.
-BLOCK_FLOATS = 1 << 18
-MIN_BLOCK_ROWS = 32
-
-
 def row_block(x2d, first, last):
-    """Rows per block for :func:`contract_pair` and its backward, or None for one pass (a GPU,
-    a batch that fits one block, or a contraction recorded by autograd)."""
-    m = x2d.shape[0]
-    if x2d.device.type != "cpu" or (torch.is_grad_enabled() and any(
-            t.requires_grad for t in (x2d, first, last))):
-        return None
+    """Rows per block for :func:`contract_pair` and its backward, or None for one pass
+    (:func:`~slim_fairseq.modules.tensor_chain_policy.block_rows`: blocks on the CPU only, for a
+    batch that does not fit one block and a contraction not recorded by autograd)."""
+    recorded = torch.is_grad_enabled() and any(t.requires_grad for t in (x2d, first, last))
     a1, bond, c1 = first.shape
     a2, _, c2 = last.shape
     width = a2 * bond * c1 if first_core_first(first, last) else a1 * bond * c2
-    rows = max(MIN_BLOCK_ROWS, BLOCK_FLOATS // width)
-    return rows if m > rows else None
+    # the policy's BLOCK_FLOATS read at each call (scripts/benchmark.py --tc-one-pass sets it)
+    return tensor_chain_policy.block_rows(x2d.shape[0], width, recorded,
+                                          *tensor_chain_policy.target(x2d),
+                                          block_floats=tensor_chain_policy.BLOCK_FLOATS)
 
 
 def contract_pair(x2d, first, last):

@@ -14,9 +14,10 @@ import torch.nn as nn
 
 from slim_fairseq.modules.tc_autograd import (chain_contract_input_of, chain_value, linear_input_of,
                                               mark_recomputable)
+from slim_fairseq.modules import tensor_chain_policy
 from slim_fairseq.modules.tc_contraction import (  # noqa: F401  (the chain's arithmetic, re-exported)
-    BLOCK_FLOATS, MIN_BLOCK_ROWS, contract_input, contract_pair, contract_pair_rows,
-    first_core_first, materialise, row_block)
+    contract_input, contract_pair, contract_pair_rows, first_core_first, materialise, row_block)
+from slim_fairseq.modules.tensor_chain_policy import BackwardModeMixin
 from slim_fairseq.option_errors import option_error
 
 
@@ -102,30 +103,20 @@ def _core_std(target_std, bond, length):
     return (target_std ** 2 / bond ** (length - 1)) ** (1.0 / (2 * length))
 
 
-class TensorChainLinear(nn.Module):
+class TensorChainLinear(BackwardModeMixin, nn.Module):
     """Drop-in replacement for ``nn.Linear(in_features, out_features)`` whose weight is a
     Tensor Chain (docs/TECHNIQUES.md#tensor-chain). Give either ``ratio`` (TC params / dense params, bond solved by
     :func:`solve_bond`) or ``bond``. The cores are initialised so that the materialised weight
     has the variance of ``nn.Linear``'s default init (or std ``init_std``); bias starts at zero.
 
-    ``forward_mode``: ``"auto"`` (pick by shape, see :meth:`use_contraction`),
-    ``"materialise"`` or ``"contract"``.
+    ``forward_mode`` (``--tc-forward``): ``"auto"`` (pick by shape, device and dtype, see
+    :meth:`use_contraction`), ``"materialise"`` or ``"contract"``; ``backward_mode``
+    (``--tc-backward``): ``"auto"``, ``"recompute"`` or ``"store"`` (:class:`BackwardModeMixin`).
     """
 
-    # Contraction runs as small, memory-bound matmuls; it pays off when it needs this many
-    # times fewer multiply-adds than materialise-and-multiply. Thresholds measured with
-    # scripts/tc_forward_timing.py (CPU, 2 threads, forward + backward, two-core contraction
-    # by contract_pair): small batches of rows pay materialisation's fixed cost, large ones
-    # favour one big matmul.
-    SMALL_BATCH_ROWS = 256
-    CONTRACT_ADVANTAGE_SMALL = 1.5
-    CONTRACT_ADVANTAGE_LARGE = 5.0
     # set on a feed-forward's fc1 (the layer does it): in training, the contracted output is
     # marked so that a Tensor-Chain fc2 can rebuild it from this layer's input in backward
     rebuildable_output = False
-    # False (--tc-backward store): plain autograd through the contraction keeps every
-    # intermediate, trading memory for the matmuls that recomputing them costs in backward
-    recompute_in_backward = True
 
     def __init__(self, in_features, out_features, ratio=None, bond=None, length=2, bias=True,
                  init_std=None, forward_mode="auto", min_bond=0):
@@ -194,27 +185,30 @@ class TensorChainLinear(nn.Module):
             cols *= c
         return na * nc * (b + rows) / (rows * contract_cost)
 
-    def use_contraction(self, rows):
-        """Whether contracting the input is expected to be faster than materialising W
-        (``forward_mode="auto"``; see the thresholds above)."""
+    def use_contraction(self, rows, like=None):
+        """Whether to contract the input rather than materialise W for this many rows: as
+        ``forward_mode`` says, or for "auto" as the policy of the device and compute dtype of
+        ``like`` (the input; default the cores) expects to be faster
+        (:mod:`~slim_fairseq.modules.tensor_chain_policy`)."""
         if self.forward_mode != "auto":
             return self.forward_mode == "contract"
-        advantage = (self.CONTRACT_ADVANTAGE_SMALL if rows <= self.SMALL_BATCH_ROWS
-                     else self.CONTRACT_ADVANTAGE_LARGE)
-        return self.cost_ratio(rows) > advantage
+        materialise_macs = self.in_features * self.out_features * (self.bond + rows)
+        return tensor_chain_policy.contract_pays(self.cost_ratio(rows), materialise_macs, rows,
+                                                 *tensor_chain_policy.target(self.cores[0] if like is None else like))
 
     def forward(self, x):
         shape = x.shape
         x2d = x.reshape(-1, self.in_features)
-        if self.use_contraction(x2d.shape[0]):
-            if self.recompute_in_backward:
+        if self.use_contraction(x2d.shape[0], x2d):
+            recompute = torch.is_grad_enabled() and self.recompute_in_backward
+            if recompute:
                 # keeps only x2d (or what rebuilds it) and the cores for backward
                 y = chain_contract_input_of(x, x2d, list(self.cores))
-            else:  # plain autograd keeps every intermediate
+            else:  # plain autograd keeps every intermediate (or no grad: nothing to keep)
                 y = contract_input(x2d, list(self.cores))
             if self.bias is not None:
                 y = y + self.bias
-            if self.recompute_in_backward and self.rebuildable_output and torch.is_grad_enabled():
+            if recompute and self.rebuildable_output:
                 return mark_recomputable(y.reshape(*shape[:-1], self.out_features), chain_value,
                                          x2d, self.bias, *self.cores)
         else:

@@ -1,0 +1,178 @@
+"""How a Tensor-Chain layer runs on a device and dtype (docs/GPU.md#how-tensor-chains-choose):
+materialise the weight or contract the input, over how many rows at a time, and what its
+backward keeps. One table per device type and compute dtype (:data:`POLICIES`); the layers ask
+:func:`contract_pays`, :func:`block_rows` and :func:`recompute_backward`.
+
+The CPU entries were measured (scripts/tc_forward_timing.py and docs/RESULTS.md, "Tensor-Chain
+rows in blocks" and "``--tc-backward store``"). The CUDA entries are reasoned defaults, each
+with its reason below, until the device check (``make gpu-check``, docs/GPU.md) has measured
+both ways on a GPU.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+
+FORWARD_MODES = ("auto", "materialise", "contract")
+BACKWARD_MODES = ("auto", "recompute", "store")
+
+# CPU: a two-core contraction runs over blocks of rows whose intermediate holds this many fp32
+# floats (1 MiB; in other dtypes the same bytes), so that its second matmul reads it from cache:
+# the Anthe feed-forward (two 512 -> 1365 chains and a 1365 -> 512 one, bond 2, 2,048 rows)
+# trains 1.46x faster at 1 thread and 1.31x at 2 with it (docs/RESULTS.md, "Tensor-Chain rows in
+# blocks"). scripts/benchmark.py --tc-one-pass sets it to inf.
+BLOCK_FLOATS = 1 << 18
+MIN_BLOCK_ROWS = 32
+
+
+@dataclass(frozen=True)
+class ChainPolicy:
+    """The choices of one (device type, compute dtype).
+
+    Contracting is chosen when materialise-and-multiply needs more than ``contract_small``
+    (batches of at most ``small_batch_rows`` rows) or ``contract_large`` times its multiply-adds
+    and saves at least ``min_saved_macs`` multiply-adds; ``row_blocks``: two-core contractions
+    run over cache-sized blocks of rows; ``recompute_backward``: what ``--tc-backward auto``
+    picks (True: keep only the input and the cores, recompute the intermediates)."""
+    small_batch_rows: int
+    contract_small: float
+    contract_large: float
+    min_saved_macs: float
+    row_blocks: bool
+    recompute_backward: bool
+    why: str
+
+
+CPU_POLICY = ChainPolicy(
+    small_batch_rows=256, contract_small=1.5, contract_large=5.0, min_saved_macs=0.0,
+    row_blocks=True, recompute_backward=True,
+    why="measured on a 2-core CPU: contraction runs as small, memory-bound matmuls and pays off "
+        "when it needs 1.5x (up to 256 rows) or 5x (more rows) fewer multiply-adds "
+        "(scripts/tc_forward_timing.py); row blocks 1.3-1.5x faster; storing the intermediates "
+        "bought no speed measurable against noise for 1.4-1.8x the memory")
+
+# A GPU runs one dense GEMM near its peak, while a contraction is a chain of small matmuls with
+# inner dimensions of a few dozen plus layout copies: memory-bound, and about twice the kernel
+# launches of materialising W (an einsum) and one GEMM. Small batches (generation) are bound by
+# launches either way, so the contraction must save real work (min_saved_macs, about a few
+# microseconds of GEMM) and not only a ratio. In fp16 / bf16 tensor cores make the GEMM ~8x
+# faster than in fp32 while the contraction stays memory-bound, so the ratio it needs is higher.
+# Row blocks: on a GPU each block costs launches of its own for work one launch does. Backward:
+# memory is what limits a GPU's batch; recomputing a two-core chain's intermediate costs one
+# small matmul.
+_CUDA_WHY = ("reasoned default, not yet measured: a dense GEMM runs near the GPU's peak while a "
+             "contraction is small memory-bound matmuls with twice the kernel launches; no row "
+             "blocks (launches of their own for work one launch does); backward recomputes "
+             "(memory limits the batch)")
+CUDA_FP32_POLICY = ChainPolicy(
+    small_batch_rows=256, contract_small=4.0, contract_large=4.0, min_saved_macs=1e8,
+    row_blocks=False, recompute_backward=True, why=_CUDA_WHY)
+CUDA_HALF_POLICY = ChainPolicy(
+    small_batch_rows=256, contract_small=16.0, contract_large=16.0, min_saved_macs=1e9,
+    row_blocks=False, recompute_backward=True, why=_CUDA_WHY + "; fp16/bf16 GEMMs run on tensor cores")
+
+POLICIES = {
+    ("cpu", torch.float32): CPU_POLICY,
+    ("cpu", torch.float16): CPU_POLICY,
+    ("cpu", torch.bfloat16): CPU_POLICY,
+    ("cuda", torch.float32): CUDA_FP32_POLICY,
+    ("cuda", torch.float16): CUDA_HALF_POLICY,
+    ("cuda", torch.bfloat16): CUDA_HALF_POLICY,
+}
+
+
+def policy_for(device_type, dtype):
+    """The :class:`ChainPolicy` of a device type ("cpu", "cuda"; others as "cuda": an
+    accelerator) and compute dtype (other dtypes as fp32)."""
+    device_type = "cpu" if device_type == "cpu" else "cuda"
+    if dtype not in (torch.float16, torch.bfloat16):
+        dtype = torch.float32
+    return POLICIES[(device_type, dtype)]
+
+
+def target(like):
+    """(device type, compute dtype) of work on tensor ``like``: autocast's dtype where autocast
+    is on for its device, else its own dtype."""
+    # is_cuda / is_cpu: a few times cheaper than building like.device (this runs per layer call)
+    device_type = "cuda" if like.is_cuda else "cpu" if like.is_cpu else like.device.type
+    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+        return device_type, torch.get_autocast_dtype(device_type)
+    return device_type, like.dtype
+
+
+def contract_pays(cost_ratio, materialise_macs, rows, device_type, dtype):
+    """Whether contracting the input beats materialising W for ``rows`` rows: ``cost_ratio`` is
+    materialise-and-multiply's multiply-adds (``materialise_macs``) over the contraction's."""
+    policy = policy_for(device_type, dtype)
+    needed = policy.contract_small if rows <= policy.small_batch_rows else policy.contract_large
+    saved = materialise_macs * (1.0 - 1.0 / cost_ratio)
+    return cost_ratio > needed and saved >= policy.min_saved_macs
+
+
+def block_rows(rows, width, recorded, device_type, dtype, block_floats=BLOCK_FLOATS):
+    """Rows per block of a two-core contraction whose intermediate is ``width`` wide, or None
+    for one pass (no row blocks on this device, a batch that fits one block, or a contraction
+    recorded by autograd, which would keep every block's intermediates)."""
+    if recorded or not policy_for(device_type, dtype).row_blocks:
+        return None
+    per_block = block_floats * 4 / dtype.itemsize / width
+    if math.isinf(per_block):
+        return None
+    per_block = max(MIN_BLOCK_ROWS, int(per_block))
+    return per_block if rows > per_block else None
+
+
+def recompute_backward(backward_mode, device_type, dtype):
+    """``--tc-backward``: recompute (True), store (False) or, for auto, the device's policy."""
+    if backward_mode == "auto":
+        return policy_for(device_type, dtype).recompute_backward
+    return backward_mode == "recompute"
+
+
+def is_chain(module):
+    """Whether ``module`` is a Tensor-Chain linear layer (its cores and a backward mode)."""
+    return isinstance(module, BackwardModeMixin) and hasattr(module, "cores")
+
+
+def has_chain(module):
+    """Whether ``module`` is or holds a Tensor-Chain linear layer."""
+    return any(is_chain(m) for m in module.modules())
+
+
+class BackwardModeMixin:
+    """``backward_mode`` (``--tc-backward``: auto | recompute | store) of a module whose backward
+    can keep less by recomputing (a Tensor-Chain layer, a GLU), and the ``recompute_in_backward``
+    it resolves to: for auto, the policy of the device and dtype of the module's parameters (and
+    of autocast, when on) if the module holds a chain; a module without one always recomputes."""
+
+    backward_mode = "auto"
+
+    @property
+    def recompute_in_backward(self):
+        if self.backward_mode != "auto":
+            return self.backward_mode == "recompute"
+        if "_has_chain" not in self.__dict__:  # the layers a module holds do not change
+            self.__dict__["_has_chain"] = has_chain(self)
+        param = next(self.parameters(), None)
+        if param is None or not self.__dict__["_has_chain"]:
+            return True
+        return recompute_backward("auto", *target(param))
+
+    @recompute_in_backward.setter
+    def recompute_in_backward(self, value):
+        self.backward_mode = "recompute" if value else "store"
+
+
+def force_modes_(model, forward_mode="auto", backward_mode="auto"):
+    """``--tc-forward`` / ``--tc-backward`` on every Tensor-Chain layer of ``model`` and every GLU
+    whose projections are chains (dense layers keep their memory savings)."""
+    if forward_mode not in FORWARD_MODES:
+        raise ValueError(f"--tc-forward={forward_mode}: not a mode; allowed: " + "|".join(FORWARD_MODES))
+    if backward_mode not in BACKWARD_MODES:
+        raise ValueError(f"--tc-backward={backward_mode}: not a mode; allowed: " + "|".join(BACKWARD_MODES))
+    for module in model.modules():
+        if is_chain(module):
+            module.forward_mode = forward_mode
+        if isinstance(module, BackwardModeMixin) and has_chain(module):
+            module.backward_mode = backward_mode
+    return model
