@@ -553,7 +553,9 @@ def test_evaluate_names_the_shipped_reference_tokens(wmt14_google, fakes, tmp_pa
     compound-split, and the report says that is the tokenization, not Moses -a."""
     env, fake_dir = fakes
     shipped = lines(wmt14_google / "test.tok.de")
-    (fake_dir / "test.hyp").write_text("\n".join(shipped) + "\n", encoding="utf-8")
+    for subset in ("valid", "test"):
+        (fake_dir / f"{subset}.hyp").write_text("\n".join(lines(wmt14_google / f"{subset}.tok.de")) + "\n",
+                                                encoding="utf-8")
     (tmp_path / "model.pt").write_bytes(b"")
     proc = run(EXAMPLES / "translation/evaluate.sh", str(wmt14_google), str(tmp_path / "model.pt"),
                "--lenpens", "1.0", cwd=tmp_path, env=env)
@@ -572,7 +574,8 @@ def test_evaluate_leaves_no_results_of_a_failed_run(fakes, tmp_path):
     env, fake_dir = fakes
     refs = fixtures.bundled_lines("test", "de", 0, 10)
     data = _translation_data(tmp_path / "data", "de", refs, refs)
-    (fake_dir / "test.hyp").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    for subset in ("valid", "test"):
+        (fake_dir / f"{subset}.hyp").write_text("\n".join(refs) + "\n", encoding="utf-8")
     for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
         (tmp_path / name).write_bytes(b"")
         run(EXAMPLES / "translation/evaluate.sh", str(data), str(tmp_path / name), "--lenpens", "1.0",
@@ -1158,7 +1161,7 @@ def _parsed(declarations: list[str], argv: list[str]) -> str:
             (arrays if words[1] == "append" else scalars).add(words[2])
     names = sorted(scalars | arrays)
     code = (f'. "{EXAMPLES}/common.sh"; ' + "".join(f'{n}=""; ' for n in sorted(scalars))
-            + "".join(f"{n}=(); " for n in sorted(arrays)) + 'parse_options "$@"; declare -p ' + " ".join(names))
+            + "".join(f"{n}=(); " for n in sorted(arrays)) + 'parse_options "$@" && declare -p ' + " ".join(names))
     proc = subprocess.run(["bash", "-c", code, "parse", *declarations, "--", *argv], capture_output=True,
                           text=True, env=script_env())
     return f"rc={proc.returncode}\n{proc.stdout}{proc.stderr}"
@@ -1181,6 +1184,7 @@ def test_every_option_reads_the_same_in_both_spellings(script):
     """For every option a script declares: --name=V and --name V give the same variables; a flag
     refuses a value; a refused option is refused in both spellings; --help is answered."""
     declarations = _declarations(script)
+    assert declarations or script.name == "demo.sh", f"{script}: no declarations for parse_options"
     slots = next((d.split()[1:] for d in declarations if d.startswith("@positional")), [])
     positional = [f"P{i}" for i in range(len(slots))]
     for declaration in declarations:
