@@ -88,6 +88,22 @@ make_work_dir() {
 RAW_DIR="${RAW_DIR:-}"
 NO_VERIFY="${NO_VERIFY:-0}"
 
+# the options every prepare script shares (parse_options declarations; the script sets WORK_DIR
+# and DEST_DIR first), then use_raw_dir after parsing
+# shellcheck disable=SC2034  # read by the prepare scripts
+PREPARE_OPTIONS=(
+    "--raw-dir value RAW_DIR"
+    "--work-dir value WORK_DIR"
+    "--dest-dir value DEST_DIR"
+    "--no-verify flag NO_VERIFY"
+    "--dry-run flag DRY_RUN"
+)
+
+# use_raw_dir: RAW_DIR (given with --raw-dir) as an absolute path, or a one-line error
+use_raw_dir() {
+    [[ -z "$RAW_DIR" ]] || RAW_DIR="$(abs_dir --raw-dir "$RAW_DIR")"
+}
+
 # file_checksum ALGO FILE -> hex digest
 file_checksum() {
     local algo="$1" file="$2"

@@ -1136,15 +1136,20 @@ PARSED_SCRIPTS = sorted([p for p in RECIPE_SCRIPTS if p.name != "common.sh"] + [
 
 
 def _declarations(script: Path) -> list[str]:
-    """The option declarations a script gives parse_options: its OPTIONS array, or for the train
-    scripts common.sh's TRAIN_OPTIONS."""
+    """The option declarations a script gives parse_options: its OPTIONS array (evaluated by
+    bash, shared declarations of common.sh included), or for the train scripts common.sh's
+    TRAIN_OPTIONS."""
     if "train_main" in script.read_text():
-        script = EXAMPLES / "common.sh"
-    text = script.read_text()
-    match = re.search(r"^(?:TRAIN_)?OPTIONS=\((.*?)\)$", text, re.S | re.M)
-    if match is None:
-        return []
-    return re.findall(r'"([^"]+)"', match.group(1))
+        code = 'printf "%s\\n" "${TRAIN_OPTIONS[@]}"'
+    else:
+        text = script.read_text()
+        match = re.search(r"^OPTIONS=\([^\n]*\)$", text, re.M) or re.search(r"^OPTIONS=\(\n.*?^\)$", text, re.S | re.M)
+        if match is None:
+            return []
+        code = match.group(0) + '; printf "%s\\n" "${OPTIONS[@]}"'
+    proc = subprocess.run(["bash", "-c", f'. "{EXAMPLES}/common.sh"; {code}'], capture_output=True, text=True,
+                          env=script_env(), check=True)
+    return proc.stdout.splitlines()
 
 
 def _parsed(declarations: list[str], argv: list[str]) -> str:
