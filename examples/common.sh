@@ -391,9 +391,10 @@ PY
 }
 
 # moses_tokenize LANG < raw > tokenized: punctuation normalisation + Moses tokenizer (sacremoses,
-# aggressive hyphen splitting, XML escaping as tokenizer.perl does by default).
+# aggressive hyphen splitting, XML escaping as tokenizer.perl does by default); with several
+# workers sacremoses shows a progress bar on stderr (minutes for a WMT training corpus).
 moses_tokenize() {
-    sacremoses -q -l "$1" -j "$NUM_WORKERS" normalize -c tokenize -a
+    sacremoses -l "$1" -j "$NUM_WORKERS" normalize -c tokenize -a
 }
 
 # moses_detokenize LANG < tokenized > raw
@@ -786,14 +787,18 @@ spm.SentencePieceTrainer.train(
 PY
 }
 
-# spm_encode MODEL < text > pieces (space-separated)
+# spm_encode MODEL < text > pieces (space-separated); every million lines, a progress line on
+# stderr
 spm_encode() {
     "$PYTHON" -c '
-import sys
+import sys, time
 import sentencepiece as spm
 sp = spm.SentencePieceProcessor(model_file=sys.argv[1])
-for line in sys.stdin:
+start = time.time()
+for n, line in enumerate(sys.stdin, 1):
     print(" ".join(sp.encode(line.rstrip("\n"), out_type=str)))
+    if n % 1000000 == 0:
+        print(f"  {n:,} lines in {time.time() - start:.0f} s", file=sys.stderr, flush=True)
 ' "$1"
 }
 

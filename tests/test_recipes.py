@@ -492,6 +492,18 @@ def _damage(sentences: list[str], every: int) -> list[str]:
     return ["".join("的" if i % every == every - 1 else c for i, c in enumerate(s)) for s in sentences]
 
 
+def test_scoring_protocol_per_target_language(tmp_path):
+    """The table of examples/translation/README.md: sacreBLEU's own tokenizer, and no tokenized
+    BLEU, for the targets the Moses tokenizer does not segment."""
+    code = 'for l in de en ro zh ja; do echo "$l $(sacrebleu_tokenizer $l) $(moses_segments $l && echo moses || echo -)"; done'
+    assert _bash_with_common(code, "", tmp_path).splitlines() == [
+        "de 13a moses", "en 13a moses", "ro 13a moses", "zh zh -", "ja ja-mecab -"]
+    readme = (EXAMPLES / "translation" / "README.md").read_text()
+    for row in ("| zh | not computed", "| `zh` | sacreBLEU `-tok zh` on valid |", "| `ja-mecab`",
+                "| de | Moses `-a` on both sides"):
+        assert row in readme, row
+
+
 def test_evaluate_chinese_target_uses_sacrebleu_zh(fakes, tmp_path):
     """The Moses tokenizer does not segment Chinese (tokenized BLEU is 0.00 for any imperfect
     translation): the length penalty is chosen on sacreBLEU with its zh tokenizer, and the
