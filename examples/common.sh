@@ -672,10 +672,10 @@ with open(sys.argv[1], "rb") as f:
         f.read(9)
         (count,) = struct.unpack("<Q", f.read(8))
         sizes = np.fromfile(f, dtype=np.int32, count=count)
-    elif head[:8] == b"TNTIDX\x00\x00":  # version, code, element size, count, s, offsets, sizes
-        f.seek(24)
+    elif head[:8] == b"TNTIDX\x00\x00":  # version <Q, code and element size <QQ, count and s
+        f.seek(32)                        # <QQ, then two int64 offset tables, then s sizes
         count, s = struct.unpack("<QQ", f.read(16))
-        f.seek(40 + 16 * (count + 1))
+        f.seek(48 + 16 * (count + 1))
         sizes = np.fromfile(f, dtype=np.int64, count=s)
     else:
         sys.exit(f"error: {sys.argv[1]}: not a fairseq index file")

@@ -682,6 +682,21 @@ def lm_eval(fakes, tmp_path):
 SUBSET_TOKENS = sum(len(ids) for ids in LM_LINES)
 
 
+def test_subset_tokens_reads_both_index_layouts(tmp_path):
+    """subset_tokens (the count evaluate-lm.sh checks fairseq-eval-lm's against) reads fairseq's
+    mmap index (fairseq-preprocess' default) and its legacy one, without loading fairseq."""
+    from fairseq.data import indexed_dataset
+    _write_lm_subset(tmp_path / "test", LM_LINES)
+    builder = indexed_dataset.IndexedDatasetBuilder(str(tmp_path / "valid.bin"))
+    for ids in LM_LINES + [[7, 7, 2]]:
+        builder.add_item(torch.tensor(ids, dtype=torch.int64))
+    builder.finalize(str(tmp_path / "valid.idx"))
+    assert indexed_dataset.infer_dataset_impl(str(tmp_path / "valid")) == "cached"
+    out = _bash_with_common(f'subset_tokens "{tmp_path}" test; subset_tokens "{tmp_path}:/elsewhere" valid', "",
+                            tmp_path)
+    assert out.split() == [str(SUBSET_TOKENS), str(SUBSET_TOKENS + 3)]
+
+
 def _eval_lm_log(fake_dir: Path, tokens: int, ppl: float = 71.37, rc: int = 0) -> None:
     """What fairseq-eval-lm prints (to stdout) for a run that scored TOKENS tokens."""
     import math
