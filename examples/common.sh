@@ -99,6 +99,13 @@ PREPARE_OPTIONS=(
     "--dry-run flag DRY_RUN"
 )
 
+# the length filter of the training pairs (clean_corpus) in the translation prepare scripts
+# shellcheck disable=SC2034  # read by the prepare scripts
+FILTER_OPTIONS=(
+    "--max-len value MAX_LEN"
+    "--ratio value RATIO"
+)
+
 # use_raw_dir: RAW_DIR (given with --raw-dir) as an absolute path, or a one-line error
 use_raw_dir() {
     [[ -z "$RAW_DIR" ]] || RAW_DIR="$(abs_dir --raw-dir "$RAW_DIR")"

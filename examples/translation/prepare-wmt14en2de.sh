@@ -48,12 +48,11 @@ SRC=en
 TGT=de
 OPTIONS=(
     "${PREPARE_OPTIONS[@]}"
+    "${FILTER_OPTIONS[@]}"
     "--paper value PAPER"
     "--bpe-merges value BPE_MERGES"
     "--vocab-size value VOCAB_SIZE"
     "--spm-model value SPM_MODEL"
-    "--max-len value MAX_LEN"
-    "--ratio value RATIO"
     "--src value SRC"
     "--tgt value TGT"
 )

@@ -33,9 +33,8 @@ SRC=en
 TGT=ro
 OPTIONS=(
     "${PREPARE_OPTIONS[@]}"
+    "${FILTER_OPTIONS[@]}"
     "--bpe-merges value BPE_MERGES"
-    "--max-len value MAX_LEN"
-    "--ratio value RATIO"
     "--src value SRC"
     "--tgt value TGT"
 )

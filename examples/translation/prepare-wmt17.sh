@@ -56,6 +56,7 @@ EXTRA_CORPORA=()
 SKIPPED=()
 OPTIONS=(
     "${PREPARE_OPTIONS[@]}"
+    "${FILTER_OPTIONS[@]}"
     "@positional PAIR"
     "--vocab-size value VOCAB_SIZE"
     "--tokenizer-lang value TOKENIZER_LANG"
@@ -64,8 +65,6 @@ OPTIONS=(
     "--max-size value MAX_SIZE"
     "--max-pairs value MAX_PAIRS"
     "--paper flag PAPER"
-    "--max-len value MAX_LEN"
-    "--ratio value RATIO"
     "--extra-corpus append EXTRA_CORPORA"
     "--skip append SKIPPED"
 )
