@@ -7,6 +7,8 @@ usage:
   checkpoint_info.py CKPT positions    the longest sequence the model accepts: its
                                        max_target_positions, else the tokens_per_sample it
                                        was trained with (fairseq's LMs default one to the other)
+  checkpoint_info.py CKPT block        the tokens_per_sample it was trained with (its task's)
+  checkpoint_info.py CKPT positions block   both, one per line
 """
 
 from __future__ import annotations
@@ -45,21 +47,30 @@ def max_positions(state: dict) -> int | None:
     return int(value) if value is not None else None
 
 
+def training_block(state: dict) -> int | None:
+    """The tokens_per_sample of the task the model was trained with (None if not recorded)."""
+    value = _get(_section(state, "task"), "tokens_per_sample")
+    return int(value) if value is not None else None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[1] not in ("positions",):
+    if len(argv) < 2 or not set(argv[1:]) <= {"positions", "block"}:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    path, what = argv
+    path, queries = argv[0], argv[1:]
     if not os.path.isfile(path):
         print(f"error: checkpoint {path} not found", file=sys.stderr)
         return 1
-    value = max_positions(load_checkpoint(path))
-    if value is None:
-        print(f"error: {path} records neither max_target_positions nor tokens_per_sample",
-              file=sys.stderr)
-        return 1
-    print(value)
+    state = load_checkpoint(path)
+    for what in queries:
+        value = max_positions(state) if what == "positions" else training_block(state)
+        if value is None:
+            print(f"error: {path} records " + ("neither max_target_positions nor tokens_per_sample"
+                                                if what == "positions" else "no tokens_per_sample"),
+                  file=sys.stderr)
+            return 1
+        print(value)
     return 0
 
 
