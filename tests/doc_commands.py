@@ -7,13 +7,21 @@ from helpers import REPO
 
 def section(path, heading):
     """The text of ``path`` (relative to the repository) under the line ``heading`` (e.g.
-    ``"## Bundled data"``), up to the next heading of the same or a higher level."""
+    ``"## Bundled data"``), up to the next heading of the same or a higher level outside a
+    code block."""
     with open(os.path.join(REPO, path), encoding="utf-8") as f:
-        text = f.read()
-    assert "\n" + heading + "\n" in text, f"{path} has no section {heading!r}"
-    level = heading.split()[0]
-    body = text.split("\n" + heading + "\n", 1)[1]
-    return re.split(rf"\n#{{1,{len(level)}}} ", body, maxsplit=1)[0]
+        lines = f.read().splitlines()
+    assert heading in lines, f"{path} has no section {heading!r}"
+    level = len(heading.split()[0])
+    body, fenced = [], False
+    for line in lines[lines.index(heading) + 1:]:
+        if line.startswith("```"):
+            fenced = not fenced
+        marks = len(line) - len(line.lstrip("#"))
+        if not fenced and 0 < marks <= level and line[marks:marks + 1] == " ":
+            break
+        body.append(line)
+    return "\n".join(body) + "\n"
 
 
 def code_blocks(text, language="bash"):
