@@ -1,4 +1,4 @@
-"""Anthe modules (issue 3, docs/TECHNIQUES.md#anthe): Tensor Chain, GLU, gated attention, H-SoftPOS."""
+"""Anthe modules (docs/TECHNIQUES.md#anthe): Tensor Chain, GLU, gated attention, H-SoftPOS."""
 import math
 
 import pytest

@@ -1,4 +1,4 @@
-"""Offline tests of the recipes in examples/ (issue 7).
+"""Offline tests of the recipes in examples/.
 
 Miniature copies of every raw download (tests/recipes_fixtures.py) go through each prepare
 script in --raw-dir mode (no network), the train scripts run in --cpu-smoke mode (2 updates of
@@ -424,7 +424,7 @@ def test_train_and_evaluate_subformer_on_sentencepiece_data(wmt17, work):
 
 
 def test_compound_splitting_only_for_german(tmp_path):
-    """The Romanian example of issue 13: hyphenated clitics must stay whole for ro, en, ...;
+    """Romanian: hyphenated clitics must stay whole for ro, en, ...;
     only a German target gets the WMT14 en-de compound splitting."""
     text = "Ea s-a dus într-o zi la piață.\n"
     ro = _bash_with_common("bleu_tokenize ro", text, tmp_path)

@@ -1,4 +1,4 @@
-"""STLM weight tying (issue 5, docs/TECHNIQUES.md#stlm-weight-tying): parameter counts of the presets, shared Parameters,
+"""STLM weight tying (docs/TECHNIQUES.md#stlm-weight-tying): parameter counts of the presets, shared Parameters,
 per-layer LoRA, option errors, RMSNorm/RoPE/GQA behaviour, tying on slim_lm layers."""
 import argparse
 
