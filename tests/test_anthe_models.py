@@ -1,4 +1,4 @@
-"""Anthe layers, presets and models (issue 3; docs/TECHNIQUES.md#anthe-presets-and-parameter-counts)."""
+"""Anthe layers, presets and models (docs/TECHNIQUES.md#anthe-presets-and-parameter-counts)."""
 import argparse
 
 import pytest

@@ -1,4 +1,4 @@
-"""Smoke tests of scripts/benchmark.py and scripts/quality.py (issue 8): tiny shapes, one or two
+"""Smoke tests of scripts/benchmark.py and scripts/quality.py: tiny shapes, one or two
 steps; the tables, JSON and PNG plots must be produced and consistent with the built models."""
 import argparse
 import json
@@ -696,7 +696,7 @@ def test_quality_plot_draws_the_frontier_of_several_baselines(tmp_path, monkeypa
 
 def test_quality_family_table_gives_bleu_at_each_width_for_translation(tmp_path):
     """The per-model table over widths gives, for en-de, the test BLEU at each width beside the
-    valid-loss distance (what issue 14 asks the RESULTS table to say for MT)."""
+    valid-loss distance (what a translation study reports)."""
     runs = [dict(_curve_run(label, dim, 1e-3, seed, [(10, nll + 0.01 * seed)], params=params),
                  corpus="ende", test_bleu=bleu + seed)
             for label, dim, params, nll, bleu in (("base", 32, 100, 5.0, 1.0), ("base", 64, 400, 4.0, 3.0),
@@ -743,8 +743,8 @@ def _curve_run(label, dim, lr, seed, curve, params=1000, baseline=False):
 
 def test_quality_ranking_stability_finds_the_last_change():
     """The report says from which validation on the ranking of the models stayed the final one,
-    and which pair changed order last (issue 14: 'a budget long enough that the ranking has
-    stopped changing')."""
+    and which pair changed order last (a budget is long enough once the ranking has stopped
+    changing)."""
     runs = [_curve_run("a", 64, 1e-3, 1, [(100, 5.0), (200, 4.0), (300, 3.0)]),
             _curve_run("b", 64, 1e-3, 1, [(100, 4.5), (200, 4.2), (300, 3.1)]),
             _curve_run("c", 64, 1e-3, 1, [(100, 6.0), (200, 5.0), (300, 4.0)]),

@@ -1,5 +1,5 @@
 """Post-training Tensor-Chain compression of fairseq transformers and dense export of TC
-checkpoints (issue 16, "Tools users lack"): scripts/compress_checkpoint.py, scripts/export_dense.py,
+checkpoints: scripts/compress_checkpoint.py, scripts/export_dense.py,
 slim_fairseq/compression.py."""
 import math
 import os

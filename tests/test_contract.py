@@ -1,4 +1,4 @@
-"""The architecture contract (issue 2, item 6): every architecture the plugin registers, built
+"""The architecture contract: every architecture the plugin registers, built
 tiny by its model's ``contract_overrides``, plus fairseq's own ``transformer`` and
 ``transformer_lm`` as controls that show the suite can pass.
 

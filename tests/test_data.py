@@ -1,4 +1,4 @@
-"""Bundled real data (issue 2, item 5) and the binarize helper (scripts/binarize_bundled.py)."""
+"""Bundled real data and the binarize helper (scripts/binarize_bundled.py)."""
 import gzip
 import os
 import re

@@ -1,6 +1,7 @@
-"""Documentation citations (issue 15): every citation in the repository can be followed from the
-repository alone. Code and docs cite papers by arXiv id and the project's own
-docs/TECHNIQUES.md by section anchor; nothing cites a document that is not in the repository."""
+"""Documentation that can be followed and trusted: every citation and every link in the
+repository leads somewhere in the repository (papers by arXiv id, docs/TECHNIQUES.md by section
+anchor, Markdown links to files and headings that exist), nothing names a tracker's issue
+numbers, and the figures README.md repeats are those of the studies they come from."""
 import os
 import re
 import subprocess
@@ -134,3 +135,151 @@ def test_tests_cited_in_techniques_exist():
 def test_techniques_is_linked(doc):
     with open(os.path.join(REPO, doc), encoding="utf-8") as f:
         assert re.search(r"\]\((docs/)?TECHNIQUES\.md\)", f.read())
+
+
+# ---------------------------------------------------------------------------- links
+
+MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def without_code_blocks(markdown):
+    """``markdown`` with its fenced code blocks left out (a link inside one is an example)."""
+    return re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
+
+
+def test_every_markdown_link_leads_to_a_file_and_heading_that_exist():
+    markdown = {path: text for path, text in text_files() if path.endswith(".md")}
+    broken, checked = [], 0
+    for path, text in markdown.items():
+        for target in MARKDOWN_LINK.findall(without_code_blocks(text)):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            name, _, anchor = target.partition("#")
+            linked = os.path.normpath(os.path.join(os.path.dirname(path), name)) if name else path
+            checked += 1
+            if not os.path.exists(os.path.join(REPO, linked)):
+                broken.append(f"{path}: {target} (no {linked})")
+            elif anchor and anchor not in github_anchors(markdown.get(linked, "")):
+                broken.append(f"{path}: {target} (no heading #{anchor} in {linked})")
+    assert checked >= 100  # README, the docs and the study pages link to each other
+    assert broken == [], "\n".join(broken)
+
+
+# ---------------------------------------------------------------------------- no tracker numbers
+
+# Built from pieces so that this file does not name what it looks for.
+TRACKER_NUMBER = re.compile(r"(?<![a-z])issue" + r"s?[\s_#-]*\d", re.IGNORECASE)
+
+
+def test_no_issue_numbers_anywhere():
+    """Docs say what is true now and why, code and tests what they do; neither names the issue
+    that asked for it (no reader can look one up). Every tracked text file: docs, headings and
+    anchors, --help texts, code, comments, test names."""
+    offenders = [f"{path}:{n}: {line.strip()[:120]}"
+                 for path, text in text_files()
+                 for n, line in enumerate(text.splitlines(), 1) if TRACKER_NUMBER.search(line)]
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_issue_number_pattern():
+    samples = ["(@ 14)", "@ 8, item 4", "@s 8 and 14", "#quality-per-parameter-@-14",
+               "cpu_d512_@16", "t@ 5", "an @ with 8 sentences", "@s: 3"]
+    found = [bool(TRACKER_NUMBER.search(s.replace("@", "Iss" + "ue"))) for s in samples]
+    assert found == [True, True, True, True, True, False, False, False]
+
+
+# ---------------------------------------------------------------------------- README figures
+
+
+def markdown_table(text, header):
+    """Rows (lists of cell texts) of the first table of ``text`` whose header row starts with
+    the cells ``header``."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[:len(header)] == header:
+            rows = []
+            for row in lines[i + 2:]:
+                if not row.startswith("|"):
+                    break
+                rows.append([c.strip() for c in row.strip().strip("|").split("|")])
+            return rows
+    raise AssertionError(f"no table with the header {header}")
+
+
+def read(path):
+    with open(os.path.join(REPO, path), encoding="utf-8") as f:
+        return f.read()
+
+
+def study_deltas(study, label):
+    """Δ valid NLL against the frontier at each width, narrowest first, from the report
+    ``scripts/quality.py`` wrote for ``docs/study/<study>/``."""
+    rows = markdown_table(read(f"docs/study/{study}/table.md"), ["model", "d", "best lr"])
+    widths = sorted((int(r[1]), float(r[5].split()[0])) for r in rows if r[0] == label)
+    assert [d for d, _ in widths] == [32, 64, 128], (study, label)
+    return [delta for _, delta in widths]
+
+
+def page_cell(page, header, row_label, column):
+    rows = markdown_table(read(f"docs/study/{page}/README.md"), header)
+    (row,) = [r for r in rows if r[0].strip("*`") == row_label]
+    return row[column]
+
+
+def ratio(text):
+    (value,) = re.findall(r"(\d+\.\d+)×", text)
+    return value
+
+
+# (row of README's "Which to pick" that starts with, which triple of that row, study, model)
+README_DELTAS = [
+    ("a small language model", 0, "wikitext2", "stlm_tied"),
+    ("a small language model", 1, "wikitext2", "anthe_lm"),
+    ("a small translation model", 0, "ende", "glu"),
+    ("a small translation model", 1, "ende", "glu_gates"),
+    ("few parameters", 0, "ende", "anthe"),
+    ("the Subformer", 0, "ende", "subformer"),
+    ("the Subformer", 1, "wikitext2", "subformer_lm"),
+]
+DELTA_TRIPLE = re.compile(r"([+−]?\d\.\d\d) / ([+−]?\d\.\d\d) / ([+−]?\d\.\d\d)")
+
+
+def which_to_pick():
+    section = read("README.md").split("\n## Which to pick\n", 1)[1].split("\n## ", 1)[0]
+    return {row[0]: " | ".join(row[1:]) for row in markdown_table(section, ["you want"])}
+
+
+def test_readme_quality_figures_are_the_studies():
+    rows = which_to_pick()
+    triples = {start: [[float(x.replace("−", "-")) for x in triple]
+                       for triple in DELTA_TRIPLE.findall(text)]
+               for start, text in rows.items()}
+    assert sum(len(t) for t in triples.values()) == len(README_DELTAS), triples  # none unchecked
+    for start, index, study, label in README_DELTAS:
+        (row,) = [t for s, t in triples.items() if s.startswith(start)]
+        expected = study_deltas(study, label)
+        assert all(abs(a - b) <= 0.005 + 1e-9 for a, b in zip(row[index], expected)), \
+            f"README.md '{start}': {row[index]}; docs/study/{study}/table.md {label}: {expected}"
+
+
+def test_readme_run_time_figures_are_the_studies():
+    rows = which_to_pick()
+    (slim,) = [t for s, t in rows.items() if s.startswith("few parameters")]
+    (decoding,) = [t for s, t in rows.items() if s.startswith("faster decoding")]
+    speed_runs = [ratio(r[1]) for r in markdown_table(
+        read("docs/study/runtime_d512/README.md"), ["run", "`anthe_base` training tok/s"])]
+    assert len(speed_runs) >= 4
+    expected = {
+        "parameters": ratio(page_cell("runtime_d512", ["model", "params", "× transformer"],
+                                      "anthe_base", 2)),
+        "memory": ratio(page_cell("runtime_d512", ["model", "2048-token batches"],
+                                  "anthe_base", 1)),
+        "speed": f"{min(speed_runs, key=float)}–{max(speed_runs, key=float)}",
+        "decoding": ratio(page_cell("skipless_removal", ["A vs B", "train tok/s"],
+                                    "skipless_reduced vs skipless_lm", 2)),
+    }
+    figures = (re.findall(r"(\d+\.\d+(?:–\d+\.\d+)?)×", slim)
+               + re.findall(r"(\d+\.\d+)×", decoding))
+    assert figures == [expected["parameters"], expected["memory"], expected["speed"],
+                       expected["decoding"]], (figures, expected)

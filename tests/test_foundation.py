@@ -1,4 +1,4 @@
-"""Foundation (issue 2): plugin loading, console script, safe checkpoints, fairseq CLI round trip."""
+"""Foundation: plugin loading, console script, safe checkpoints, fairseq CLI round trip."""
 import argparse
 import os
 import pickle

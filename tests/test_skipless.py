@@ -1,4 +1,4 @@
-"""Skipless transformers and exact weight removal (docs/TECHNIQUES.md#skipless-transformers, issue 6).
+"""Skipless transformers and exact weight removal (docs/TECHNIQUES.md#skipless-transformers).
 
 Tolerances (max |log-prob difference| / max |log-prob|, reduced vs original):
 * float64 (conversion and both forwards in float64): <= 1e-9 (measured ~1e-13);

@@ -1,4 +1,4 @@
-"""``--tc-min-bond`` and ``--hsoftpos-min-token-dim`` (issue 14): settings that keep Anthe useful
+"""``--tc-min-bond`` and ``--hsoftpos-min-token-dim``: settings that keep Anthe useful
 at small widths, where the paper's ratios clamp a Tensor Chain to bond 2 and H-SoftPOS leaves a
 token table only d/4 wide. Off by default, so the paper presets keep their parameter counts."""
 import pytest

@@ -1,4 +1,4 @@
-"""Subformer (issue 4, docs/TECHNIQUES.md#subformer): SAFE embeddings, sandwich sharing, presets.
+"""Subformer (docs/TECHNIQUES.md#subformer): SAFE embeddings, sandwich sharing, presets.
 
 Models are built through fairseq's own parser with a synthetic dictionary, so these tests need
 no data. Parameter counts are always taken from built models.

@@ -1,4 +1,4 @@
-"""Memory-lean autograd (issue 16): the custom Functions keep fewer tensors for backward and
+"""Memory-lean autograd: the custom Functions keep fewer tensors for backward and
 give autograd's results (gradcheck in float64, comparisons with the plain formulas)."""
 import pytest
 import torch

@@ -1,5 +1,6 @@
 """The paths users take: the option table of docs/DESIGN.md, one meaning per option, one-line
-option errors, the Python hub route per family, TensorBoard logging."""
+option errors, the Python hub route per family, TensorBoard logging, the bundled-data commands
+of docs/GUIDE.md."""
 import argparse
 import glob
 import os
@@ -9,6 +10,7 @@ import subprocess
 import pytest
 import torch
 
+import doc_commands
 from helpers import BIN, REPO, USER_DIR, build, ende_data_bin, plugin_archs, run_cli, task_args
 
 # ---------------------------------------------------------------------------- option table
@@ -304,7 +306,8 @@ def test_tensorboard_logdir_writes_event_files(checkpoints):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["anthe", "subformer"])
 def test_hub_route_translation(family, checkpoints):
-    """README "Python": from_pretrained(..., user_dir=...) with Moses + BPE, then translate/sample."""
+    """docs/GUIDE.md "Bundled data": from_pretrained(..., user_dir=...) with Moses + BPE, then
+    translate/sample."""
     from fairseq.models import BaseFairseqModel
 
     data_bin = ende_data_bin()
@@ -329,7 +332,7 @@ def test_hub_route_translation(family, checkpoints):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["slim_lm", "stlm", "skipless"])
 def test_hub_route_language_model(family, checkpoints):
-    """README "Python": from_pretrained(..., user_dir=...) on an LM, then sample/score."""
+    """README.md "Python": from_pretrained(..., user_dir=...) on an LM, then sample/score."""
     from fairseq.models import BaseFairseqModel
 
     from helpers import wikitext_data_bin
@@ -375,36 +378,17 @@ def test_eval_lm_on_translation_and_generate_on_lm_are_one_line_errors(checkpoin
         "--task translation")
 
 
-# ---------------------------------------------------------------------------- README: bundled data
+# ---------------------------------------------------------------------------- bundled data
 
 
-def _readme_commands(section="## Bundled data"):
-    """The commands of the README's ``bash`` blocks in ``section`` (continuations joined)."""
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
-        text = f.read()
-    body = text.split("\n" + section + "\n", 1)[1].split("\n## ", 1)[0]
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", body, re.S):
-        current = ""
-        for line in block.splitlines():
-            if not current and (not line.strip() or line.lstrip().startswith("#")):
-                continue
-            if line.endswith("\\"):
-                current += line[:-1]
-                continue
-            commands.append(" ".join((current + line).split()))
-            current = ""
-    return commands
+def _guide_commands():
+    """The commands of the ``bash`` blocks of docs/GUIDE.md's "Bundled data" section."""
+    return doc_commands.commands(os.path.join("docs", "GUIDE.md"), "## Bundled data")
 
 
-def _tool(command):
-    last = command.split("|")[-1].split()
-    return last[1] if last[0] in ("python", "bash") else last[0]
-
-
-def test_readme_binarize_defaults_are_the_paths_the_readme_names(monkeypatch):
+def test_guide_binarize_defaults_are_the_paths_the_guide_names(monkeypatch):
     """``binarize_bundled.py build/data`` with no other option builds the directories the
-    README's later commands use: 8000 BPE merges, a 5000-word WikiText-2 vocabulary."""
+    guide's later commands use: 8000 BPE merges, a 5000-word WikiText-2 vocabulary."""
     import binarize_bundled
 
     calls = []
@@ -416,20 +400,20 @@ def test_readme_binarize_defaults_are_the_paths_the_readme_names(monkeypatch):
     assert binarize_bundled.ende_paths(*ende[:4])["codes"].endswith("build/data/ende_bpe8000/bpe/codes")
     assert binarize_bundled.wikitext_paths(*wiki[:3])["data_bin"].endswith(
         "build/data/wikitext2_vocab5000/data-bin")
-    for command in _readme_commands():
+    for command in _guide_commands():
         for path in re.findall(r"build/data/\S+", command):
             assert path.split("/")[2] in ("ende_bpe8000", "wikitext2_vocab5000"), command
 
 
 @pytest.mark.slow
-def test_readme_bundled_data_commands_run(tmp_path):
-    """Runs the README's "Bundled data" commands in order, as written, on the test subsets
-    (binarize options appended, paths replaced) with a tiny model and 2 updates."""
+def test_guide_bundled_data_commands_run(tmp_path):
+    """Runs the "Bundled data" commands of docs/GUIDE.md in order, as written, on the test
+    subsets (binarize options appended, paths replaced) with a tiny model and 2 updates."""
     ende_root = os.path.dirname(ende_data_bin())
     from helpers import TEST_DATA, wikitext_data_bin
     wiki_root = os.path.dirname(wikitext_data_bin())
-    commands = _readme_commands()
-    assert [_tool(c) for c in commands] == [
+    guide = _guide_commands()
+    assert [doc_commands.tool(c) for c in guide] == [
         "scripts/binarize_bundled.py", "scripts/binarize_bundled.py", "fairseq-train",
         "fairseq-generate", "fairseq-interactive", "examples/translation/evaluate.sh", "fairseq-train",
         "fairseq-eval-lm"]
@@ -444,13 +428,13 @@ def test_readme_bundled_data_commands_run(tmp_path):
     }
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                PATH=BIN + os.pathsep + os.environ["PATH"])
-    for command in commands:
-        tool = _tool(command)
-        more = extra[tool]
-        if tool == "scripts/binarize_bundled.py":
+    for command in guide:
+        program = doc_commands.tool(command)
+        more = extra[program]
+        if program == "scripts/binarize_bundled.py":
             more = ("--subset 1500 --eval-subset 100 --bpe-merges 1000" if "ende" in command
                     else "--subset 1500 --nwords 2000")
-        elif tool == "fairseq-train":
+        elif program == "fairseq-train":
             more += " " + (lm_tiny if "language_modeling" in command
                            else " ".join(TRANSLATION_TINY))
         run = (command.replace("build/data/ende_bpe8000", ende_root)
@@ -461,16 +445,16 @@ def test_readme_bundled_data_commands_run(tmp_path):
                               capture_output=True, text=True, timeout=600)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, f"{run}\n{out[-3000:]}"
-        if tool == "scripts/binarize_bundled.py":
+        if program == "scripts/binarize_bundled.py":
             assert proc.stdout.split()[-1] in (ende_data_bin(), wikitext_data_bin())
-        if tool == "fairseq-generate":
+        if program == "fairseq-generate":
             assert "BLEU" in out and re.search(r"^D-\d+\t", proc.stdout, re.M)
             assert "@@" not in "".join(re.findall(r"^D-.*$", proc.stdout, re.M))
-        if tool == "fairseq-interactive":
+        if program == "fairseq-interactive":
             assert re.search(r"^D-0\t", proc.stdout, re.M)
-        if tool == "fairseq-eval-lm":
+        if program == "fairseq-eval-lm":
             assert "Perplexity" in out
-        if tool == "examples/translation/evaluate.sh":
+        if program == "examples/translation/evaluate.sh":
             # the bundled data-bin carries what evaluate.sh needs (recipe.info, test.raw.de)
             assert re.search(r"sacreBLEU \(detokenized\): BLEU\|nrefs:1\|.*= \d+\.\d+", out), out[-3000:]
             assert re.search(r"perplexity \(fairseq.*\): valid \d+\.\d+, test \d+\.\d+", out)
