@@ -77,7 +77,7 @@ STLM_TINY = ["--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "48",
 @pytest.mark.parametrize("arch", ["stlm_tied", "skipless_lm"])
 @pytest.mark.parametrize("kv, expected", [("0", 4), ("4", 4), ("2", 2), ("1", 1)])
 def test_kv_heads_means_the_same_in_both_models(arch, kv, expected):
-    """0 = MHA (one kv head per query head), 1 = MQA, a divisor = GQA, in stlm_lm and skipless_lm."""
+    """0 = MHA (one kv head per query head), 1 = MQA, a divisor = GQA, in the STLM and skipless presets."""
     _, _, model = build(arch, STLM_TINY + ["--kv-heads", kv], lm=True)
     attn = model.decoder.layers[0].self_attn
     assert attn.q_proj.weight.shape[0] == 4 * 8  # 4 query heads of width 8

@@ -155,6 +155,11 @@ def _in_eval_lm():
 
 @register_model_architecture("slim_lm", "slim_lm")
 def slim_lm_base(args):
-    """fairseq's transformer_lm with every technique off."""
+    """fairseq's transformer_lm with every technique off, pre-norm unless
+    ``--no-decoder-normalize-before`` (fairseq's base_lm_architecture sets pre-norm whatever it
+    is given)."""
     set_slim_defaults(args)
+    post_norm = getattr(args, "decoder_normalize_before", None) is False
     base_lm_architecture(args)
+    if post_norm:
+        args.decoder_normalize_before = False

@@ -213,6 +213,8 @@ FAIRSEQ_READINGS = (
      "choices"),
     ("--no-share-decoder-input-output-embed", "tied as the preset says", "unties the vocabulary "
      "projection of a preset that ties it (stlm_tied and the STLM rows)"),
+    ("--no-decoder-normalize-before", "slim_lm: pre-norm; slim_transformer: post-norm", "post-norm "
+     "decoder layers; slim_lm is pre-norm by default, as fairseq's base_lm_architecture makes it"),
 )
 
 
@@ -272,6 +274,10 @@ def extend_fairseq_args(parser):
         parser.add_argument("--no-share-decoder-input-output-embed", action="store_false",
                             dest="share_decoder_input_output_embed",
                             help="separate vocabulary projection (for presets that tie it)")
+    if "--decoder-normalize-before" in parser._option_string_actions:
+        parser.add_argument("--no-decoder-normalize-before", action="store_false",
+                            dest="decoder_normalize_before",
+                            help="post-norm decoder layers (slim_lm is pre-norm unless given this)")
 
 
 def set_slim_defaults(args):
@@ -509,8 +515,7 @@ def _check_norm_and_init(args, model):
     if args.rms_norm_eps != BY_DEST["rms_norm_eps"].default and args.norm != "rmsnorm":
         raise _off("--rms-norm-eps", args.rms_norm_eps, "RMSNorm", "--norm rmsnorm, or drop "
                    "--rms-norm-eps")
-    # (fairseq's language models are always pre-norm: base_lm_architecture sets it)
-    if args.norm == "none" and model == "slim_transformer":
+    if args.norm == "none" and model == "slim_transformer":  # (an LM is pre-norm by default)
         for side in ("encoder", "decoder"):
             if getattr(args, f"{side}_normalize_before", False):
                 raise option_error(f"--{side}-normalize-before", None, "places norms, and --norm "
