@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Batch-1 generation speed of a skipless LM before and after weight removal (issue 6 evidence).
+"""Batch-1 generation speed of a skipless LM before and after weight removal (Graef,
+arXiv:2404.12362; docs/TECHNIQUES.md#weight-removal).
 
-Builds a ``skipless_lm`` model with generic random weights, converts it exactly with
-``slim_fairseq.weight_removal.reduce_model`` (drop Q and P by default), checks that both give the
+Builds a skipless_lm model with generic random weights, converts it exactly with
+slim_fairseq.weight_removal.reduce_model (drop Q and P by default), checks that both give the
 same greedy tokens, and times greedy decoding one token at a time through fairseq's incremental
 state (what fairseq-generate does per step, without the beam bookkeeping). Batch-1 decoding
 reads every weight once per token, so it is memory-bound; the paper expects ~1.17-1.19x.
+Prints a JSON summary: the conversion, weight counts, whether the greedy tokens agree, tokens/s
+of both models and the speed-up.
 
-Example::
+Example:
 
     OMP_NUM_THREADS=1 python scripts/bench_skipless_generation.py --dim 1024 --layers 8 --tokens 64
     python scripts/bench_skipless_generation.py --device cuda --dim 4096 --layers 8 --dtype float16
@@ -85,22 +88,24 @@ def time_generation(model, prompt, new_tokens, repeats, device):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dim", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--kv-heads", type=int, default=0, help="0 = MHA")
-    parser.add_argument("--ffn", type=int, default=0, help="FFN width, 0 = 4 * dim")
-    parser.add_argument("--ffn-type", default="mlp", help="mlp | glu")
-    parser.add_argument("--layout", default="serial", help="serial | parallel")
-    parser.add_argument("--removed", default="q", help="q | k | v")
-    parser.add_argument("--vocab", type=int, default=8000)
-    parser.add_argument("--prompt", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=64, help="new tokens per run")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs, best is reported")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dim", type=int, default=1024, help="model width (default 1024)")
+    parser.add_argument("--layers", type=int, default=8, help="decoder layers (default 8)")
+    parser.add_argument("--heads", type=int, default=16, help="query heads (default 16)")
+    parser.add_argument("--kv-heads", type=int, default=0, help="key/value heads (MQA/GQA); 0 = MHA (default)")
+    parser.add_argument("--ffn", type=int, default=0, help="FFN width, 0 = 4 * dim (default)")
+    parser.add_argument("--ffn-type", default="mlp", choices=["mlp", "glu"], help="feed-forward type (default mlp)")
+    parser.add_argument("--layout", default="serial", choices=["serial", "parallel"],
+                        help="block layout (default serial)")
+    parser.add_argument("--removed", default="q", choices=["q", "k", "v"],
+                        help="the weight removed with P (default q)")
+    parser.add_argument("--vocab", type=int, default=8000, help="vocabulary size (default 8000)")
+    parser.add_argument("--prompt", type=int, default=8, help="prompt tokens fed before timing (default 8)")
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens per run (default 64)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs, best is reported (default 3)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    parser.add_argument("--dtype", default="float32", help="torch dtype name, e.g. float16 (default float32)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     opts = parser.parse_args(argv)
     opts.ffn = opts.ffn or 4 * opts.dim
     if opts.threads:

@@ -338,7 +338,8 @@ def _tool(command):
 def test_readme_binarize_defaults_are_the_paths_the_readme_names(monkeypatch):
     """``binarize_bundled.py build/data`` with no other option builds the directories the
     README's later commands use: 8000 BPE merges, a 5000-word WikiText-2 vocabulary."""
-    import binarize_bundled
+    from helpers import load_script
+    binarize_bundled = load_script("binarize_bundled")
 
     calls = []
     monkeypatch.setattr(binarize_bundled, "binarize_ende", lambda *a: calls.append(("ende", a)) or "x")

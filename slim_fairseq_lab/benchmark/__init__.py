@@ -1,0 +1,6 @@
+"""The speed, memory and size benchmark behind scripts/benchmark.py: measurements of one model
+(:mod:`~slim_fairseq_lab.benchmark.measure`), the benchmark's steps (:mod:`~.run`), its report and
+plots."""
+
+#: the --dtype choices: fp32, or bf16 / fp16 (autocast in training, model cast for generation)
+DTYPE_NAMES = ("fp32", "bf16", "fp16")
