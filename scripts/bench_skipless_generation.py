@@ -22,8 +22,6 @@ import sys
 import time
 import types
 
-import torch
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -33,6 +31,7 @@ def build_pair(opts):
     from fairseq.data import Dictionary
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
+    import torch
     utils.import_user_module(argparse.Namespace(user_dir=os.path.join(REPO, "slim_fairseq")))
     from slim_fairseq.weight_removal import reduce_model
 
@@ -56,24 +55,27 @@ def build_pair(opts):
     return model.to(opts.device, dtype).eval(), reduced.to(opts.device, dtype).eval(), report
 
 
-@torch.no_grad()
 def greedy(model, prompt, new_tokens):
     """Greedy decoding with incremental state; returns the generated token ids."""
-    state = {}
-    tokens = prompt
-    logits = None
-    for t in range(prompt.size(1)):  # feed the prompt one token at a time, as generation does
-        logits = model(tokens[:, : t + 1], incremental_state=state)[0]
-    out = []
-    for _ in range(new_tokens):
-        nxt = logits[:, -1].argmax(-1, keepdim=True)
-        out.append(nxt)
-        tokens = torch.cat([tokens, nxt], dim=1)
-        logits = model(tokens, incremental_state=state)[0]
-    return torch.cat(out, dim=1)
+    import torch
+    with torch.no_grad():
+        state = {}
+        tokens = prompt
+        logits = None
+        for t in range(prompt.size(1)):  # feed the prompt one token at a time, as generation does
+            logits = model(tokens[:, : t + 1], incremental_state=state)[0]
+        out = []
+        for _ in range(new_tokens):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            out.append(nxt)
+            tokens = torch.cat([tokens, nxt], dim=1)
+            logits = model(tokens, incremental_state=state)[0]
+        return torch.cat(out, dim=1)
 
 
 def time_generation(model, prompt, new_tokens, repeats, device):
+    """Tokens/s of greedy decoding (prompt and new tokens), the best of ``repeats`` runs."""
+    import torch
     greedy(model, prompt, 4)  # warm-up
     best = float("inf")
     for _ in range(repeats):
@@ -107,20 +109,24 @@ def main(argv=None):
     parser.add_argument("--dtype", default="float32", help="torch dtype name, e.g. float16 (default float32)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     opts = parser.parse_args(argv)
+    import torch
     opts.ffn = opts.ffn or 4 * opts.dim
     if opts.threads:
         torch.set_num_threads(opts.threads)
 
+    print(f"[bench_skipless] building skipless_lm d {opts.dim}, {opts.layers} layers, removing {opts.removed} "
+          "and P", file=sys.stderr, flush=True)
     original, reduced, report = build_pair(opts)
     weights = lambda m: sum(p.numel() for p in m.parameters() if p.dim() > 1)  # noqa: E731
     prompt = torch.randint(4, opts.vocab, (1, opts.prompt), generator=torch.Generator().manual_seed(0))
     prompt = prompt.to(opts.device)
     same = torch.equal(greedy(original, prompt, 16), greedy(reduced, prompt, 16))
     results = {}
-    for _ in range(2):  # interleave the two models to even out machine noise
+    for round_ in range(2):  # interleave the two models to even out machine noise
         for name, model in (("original", original), ("reduced", reduced)):
             tps = time_generation(model, prompt, opts.tokens, opts.repeats, opts.device)
             results[name] = max(results.get(name, 0.0), tps)
+            print(f"[bench_skipless] round {round_ + 1}/2, {name}: {tps:,.1f} tokens/s", file=sys.stderr, flush=True)
     summary = {
         "device": opts.device if opts.device != "cuda" else torch.cuda.get_device_name(),
         "dtype": opts.dtype, "threads": torch.get_num_threads(),

@@ -24,7 +24,7 @@ import os
 import sys
 
 from slim_fairseq_lab import fairseq_logs, launcher, specs
-from slim_fairseq_lab.benchmark.measure import EMBEDDING_PARTS
+from slim_fairseq_lab.benchmark import EMBEDDING_PARTS
 from slim_fairseq_lab.paths import REPO_ROOT, output_dir
 from slim_fairseq_lab.study import options
 

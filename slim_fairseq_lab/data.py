@@ -152,8 +152,8 @@ def _write_evaluation_files(data_bin, source_dir, eval_subset, src, tgt):
     scripts write it: ``recipe.info`` (languages, segmentation) and the untokenized valid and
     test text (``{split}.raw.{lang}``), so that sacreBLEU scores against the references as they
     are, not as they come back from Moses and BPE (38 of the 1,000 test references change, e.g.
-    "flitzte/sauste" -> "flitzte / sauste"). Rewritten on every call (cheap), so a data-bin
-    built before these files existed gains them without being rebuilt."""
+    "flitzte/sauste" -> "flitzte / sauste"). Rewritten on every call (cheap), so a cached
+    data-bin always has them."""
     for split in ("valid", "test"):
         for lang in (src, tgt):
             lines = _read_lines(os.path.join(source_dir, f"{split}.{lang}"))

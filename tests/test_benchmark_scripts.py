@@ -205,7 +205,7 @@ def test_benchmark_time_breakdown(tmp_path, monkeypatch):
     seen = []
     real_time_by_part = measure.time_by_part
     monkeypatch.setattr(measure, "time_by_part", lambda *a: (seen.append(tensor_chain.BLOCK_FLOATS),
-                                                               real_time_by_part(*a))[1])
+                                                             real_time_by_part(*a))[1])
     block_floats = tensor_chain.BLOCK_FLOATS
     benchmark.main(["--out", str(tmp_path / "one_pass"), *TINY_SHAPE, "--threads", "1", "--max-tokens", "128",
                     "--num-batches", "1", "--steps", "1", "--repeats", "1", "--no-generation", "--no-memory",
@@ -419,7 +419,7 @@ def test_quality_lr_width_check_steps_the_rate_with_width(tmp_path, monkeypatch)
         ("a", 128, 0.01, 1), ("a", 128, 0.003333, 1), ("a", 128, 0.001111, 1), ("a", 128, 0.003333, 2),
         ("b", 128, 0.01, 1), ("b", 128, 0.003333, 1), ("b", 128, 0.01, 2)}
     assert "other widths also a step lower (wider) or higher (narrower)" in (tmp_path / "table.md").read_text()
-    # the same float as the grid arithmetic of earlier versions, so their recorded runs are reused
+    # the step is computed as lr * grid[0] / grid[1], the float the committed studies' runs record
     assert 0.01 * 1e-3 / 3e-3 in {r["lr"] for r in runs if r["dim"] == 128}
     quality.main(argv)
     assert len(json.loads((tmp_path / "results.json").read_text())["runs"]) == len(runs)
@@ -483,7 +483,7 @@ def test_quality_restarted_study_takes_finished_runs_without_a_core(tmp_path, mo
 
     def sweep_job(label, lr):
         return study_runs.Job("wikitext", label, "transformer_lm", [], False, 64, lr, 1,
-                           str(tmp_path / "runs" / study_runs.run_tag("wikitext", label, 64, lr, 1, False, False)))
+                              str(tmp_path / "runs" / study_runs.run_tag("wikitext", label, 64, lr, 1, False, False)))
     for lr in (1e-3, 3e-3):  # a's sweep finished in an earlier call
         job = sweep_job("a", lr)
         os.makedirs(job.save_dir)
@@ -579,7 +579,7 @@ def test_quality_run_interrupted_after_a_checkpoint_resumes_from_it(tmp_path, mo
 
 
 def test_quality_reuses_runs_recorded_without_checkpoint_options():
-    """Runs recorded by earlier versions (which passed --no-last-checkpoints and
+    """Runs recorded with other checkpoint-writing options (--no-last-checkpoints,
     --save-interval-updates 0) still match: checkpoint writing is not part of a run's identity."""
     old = ["--arch", "transformer_lm", "--no-epoch-checkpoints", "--no-last-checkpoints", "--max-update", "3000",
            "--save-interval-updates", "0", "--optimizer", "adam"]
@@ -701,7 +701,7 @@ def test_quality_plot_draws_the_frontier_of_several_baselines(tmp_path, monkeypa
 
 def test_quality_family_table_gives_bleu_at_each_width_for_translation(tmp_path):
     """The per-model table over widths gives, for en-de, the test BLEU at each width beside the
-    valid-loss distance (what issue 14 asks the RESULTS table to say for MT)."""
+    valid-loss distance."""
     runs = [dict(_curve_run(label, dim, 1e-3, seed, [(10, nll + 0.01 * seed)], params=params),
                  corpus="ende", test_bleu=bleu + seed)
             for label, dim, params, nll, bleu in (("base", 32, 100, 5.0, 1.0), ("base", 64, 400, 4.0, 3.0),
@@ -718,8 +718,8 @@ def test_quality_family_table_gives_bleu_at_each_width_for_translation(tmp_path)
 
 def test_quality_best_rate_is_chosen_on_the_seeds_every_rate_has():
     """A second seed of the chosen rate that lands worse must not hand the choice to a rate tried
-    with one seed only: rates are compared on their shared seeds (found on the en-de study, where
-    the transformer's width-128 best moved from 1e-3, two seeds, to 3e-3, one seed)."""
+    with one seed only: rates are compared on their shared seeds (on the en-de study, the
+    transformer's width-128 best would otherwise be 3e-3, one seed, instead of 1e-3, two seeds)."""
     runs = [_curve_run("m", 128, 1e-3, 1, [(10, 5.0)]), _curve_run("m", 128, 1e-3, 2, [(10, 5.3)]),
             _curve_run("m", 128, 3e-3, 1, [(10, 5.1)]), _curve_run("m", 128, 1e-2, 1, [(10, 7.0)])]
     (best,) = summary.best_rows(summary.summarise(runs))
@@ -748,8 +748,8 @@ def _curve_run(label, dim, lr, seed, curve, params=1000, baseline=False):
 
 def test_quality_ranking_stability_finds_the_last_change():
     """The report says from which validation on the ranking of the models stayed the final one,
-    and which pair changed order last (issue 14: 'a budget long enough that the ranking has
-    stopped changing')."""
+    and which pair changed order last: whether the budget was long enough for the ranking to
+    stop changing."""
     runs = [_curve_run("a", 64, 1e-3, 1, [(100, 5.0), (200, 4.0), (300, 3.0)]),
             _curve_run("b", 64, 1e-3, 1, [(100, 4.5), (200, 4.2), (300, 3.1)]),
             _curve_run("c", 64, 1e-3, 1, [(100, 6.0), (200, 5.0), (300, 4.0)]),
@@ -782,7 +782,7 @@ def test_quality_reports_the_best_checkpoint_not_the_last_validation(tmp_path):
     overfit = _curve_run("a", 64, 1e-2, 1, [(100, 4.0), (200, 3.0), (300, 3.9)])
     steady = _curve_run("a", 64, 1e-3, 1, [(100, 4.0), (200, 3.5), (300, 3.3)])
     other = _curve_run("b", 64, 1e-3, 1, [(100, 4.1), (200, 3.2), (300, 3.2)])
-    assert overfit["valid_nll"] == 3.9  # as recorded by earlier versions: the last validation
+    assert overfit["valid_nll"] == 3.9  # a run.json whose valid_nll is the last validation's
     (tmp_path / "results.json").write_text(json.dumps({"argv": [
         "quality.py", "--corpus", "wikitext", "--lm-model", "a=transformer_lm", "--lm-model", "b=transformer_lm",
         "--no-baseline", "--dim", "64", "--lr", "1e-3,1e-2"], "runs": [overfit, steady, other]}))
@@ -791,7 +791,7 @@ def test_quality_reports_the_best_checkpoint_not_the_last_validation(tmp_path):
     assert "| a | 64 | 0.01 | 1,000 | 1 | 8.00 | 3.000 | 200 | 3.900 |" in table
     assert "| a | 64 | 0.001 | 1,000 | 1 | 9.85 | 3.300 | 300 | 3.300 |" in table
     best = {r["label"]: r for r in summary.best_rows(summary.summarise([summary.with_checkpoint_metrics(r)
-                                                                           for r in (overfit, steady, other)]))}
+                                                                        for r in (overfit, steady, other)]))}
     assert best["a"]["lr"] == 1e-2 and best["a"]["valid_nll"][0] == 3.0
     stability = summary.ranking_stability([overfit, steady, other], "wikitext", 64)
     assert stability["final"] == ["a", "b"] and stability["last_swap"] is None
@@ -810,7 +810,7 @@ def test_quality_report_gives_no_spread_for_one_seed():
             _curve_run("slim", 64, 1e-3, 1, [(100, 4.9)], params=4000)]
     assert summary.mean_std([5.0]) == (5.0, None)
     front = {f["dim"]: f for f in summary.frontier_rows(summary.best_rows(summary.summarise(runs)),
-                                                          {"wikitext": "base"}) if f["label"] == "slim"}
+                                                        {"wikitext": "base"}) if f["label"] == "slim"}
     assert front[32]["delta_std"] == pytest.approx(math.hypot(summary.mean_std([5.8, 5.9])[1],
                                                               summary.mean_std([6.0, 6.2])[1]))
     assert front[64]["delta_std"] is None
@@ -897,7 +897,7 @@ def test_quality_dry_run_lists_the_next_runs_and_trains_nothing(tmp_path, monkey
     finished = [record(a1, 6.0), record(a3, 5.0)]  # 600 s each
     assert ("0 of 2 planned runs are done; 2 to train: about 0.2 h of wall time at --jobs 1, plus 1 run(s) "
             "at a width with no finished run") in report.dry_run_report([c64, c32], [c64, c32], [], finished,
-                                                                         args, {"wikitext": "DATA"})
+                                                                        args, {"wikitext": "DATA"})
     with pytest.raises(SystemExit):
         quality.main(argv + ["--report-only"])
     # every spec is checked at every width before anything trains: one line naming the model
@@ -919,7 +919,7 @@ def test_quality_resumes_only_a_matching_attempt_first(tmp_path):
     specs.load_plugin()
     data = {"wikitext": "DATA"}
     fresh, stale, matching = (study_runs.Job("wikitext", "a", "transformer_lm", [], False, 32, lr, 1,
-                                          str(tmp_path / name))
+                                             str(tmp_path / name))
                               for lr, name in ((1e-3, "fresh"), (3e-3, "stale"), (1e-2, "matching")))
     for job, settings_of in ((stale, fresh), (matching, matching)):
         os.makedirs(job.save_dir)
@@ -930,7 +930,7 @@ def test_quality_resumes_only_a_matching_attempt_first(tmp_path):
                for job in (fresh, stale, matching)]
     assert resumes == [False, False, True]
     assert not study_runs.resumable(matching.save_dir, study_runs.job_argv(matching, data, args),
-                                 argparse.Namespace(**{**vars(args), "no_resume": True}))
+                                    argparse.Namespace(**{**vars(args), "no_resume": True}))
 
 
 @pytest.mark.slow

@@ -10,9 +10,7 @@ import time
 
 import torch
 
-from slim_fairseq_lab.benchmark import DTYPE_NAMES
-
-EMBEDDING_PARTS = ("embed_tokens", "embed_positions", "output_projection", "adaptive_softmax")
+from slim_fairseq_lab.benchmark import DTYPE_NAMES, EMBEDDING_PARTS
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16)))
 
 
