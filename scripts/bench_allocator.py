@@ -17,7 +17,6 @@ should: only where memory comes from changes). Run it on an otherwise idle machi
         --model "anthe=anthe_base --tc-min-bond 8 --hsoftpos-min-token-dim {d/2}"
 """
 import os
-import re
 import resource
 import statistics
 import tempfile
@@ -32,7 +31,7 @@ def timed_training(argv, log_path, threads, allocator_env):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     output = launcher.run_tool("fairseq-train", argv, log_path, threads, allocator_env=allocator_env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    seconds = float(re.search(r"done training in ([\d.]+) seconds", output).group(1))
+    seconds = fairseq_logs.training_seconds(output)
     points = fairseq_logs.valid_points(output)
     return (seconds, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime,
             points[-1][2] if points else None)

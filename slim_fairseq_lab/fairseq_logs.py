@@ -8,6 +8,10 @@ demo (fairseq-validate).
 import json
 import re
 
+# The last line each tool prints once all of its work is done (and, for training, saved).
+COMPLETION_LINES = {"fairseq-train": r"done training in [\d.]+ seconds",
+                    "fairseq-generate": r"^Generate \S+ with beam=\d+: "}
+
 # "| valid | epoch 001 | valid on 'valid' subset | loss 9.34 | ppl 417.14" (simple format)
 _PIPE_FIELD = re.compile(r"(\w+) (\S+)")
 # "| train_inner | epoch 001:     50 / 100 loss=11.2, nll_loss=11.1, wps=90.5" (simple format)
@@ -88,6 +92,27 @@ def generation_tokens_per_second(text):
     tokens/s)``): X, or None."""
     match = re.search(r"tokens\) in [\d.]+s \([\d.]+ sentences/s, ([\d.]+) tokens/s\)", text)
     return float(match.group(1)) if match else None
+
+
+def completion_line(tool, text):
+    """The line of ``tool``'s log that says all of its work is done (:data:`COMPLETION_LINES`),
+    or None."""
+    marker = COMPLETION_LINES.get(tool)
+    match = marker and re.search(marker, text, re.MULTILINE)
+    return match.group(0).strip() if match else None
+
+
+def training_seconds(text):
+    """fairseq-train's own training time ("done training in S seconds"), or None."""
+    match = re.search(r"done training in ([\d.]+) seconds", text)
+    return float(match.group(1)) if match else None
+
+
+def resumed_from_update(text):
+    """The update of the checkpoint a resumed fairseq-train loaded ("Loaded checkpoint ... (epoch
+    E @ U updates)", the last one), else 0."""
+    loaded = re.findall(r"\(epoch \d+ @ (\d+) updates\)", text)
+    return int(loaded[-1]) if loaded else 0
 
 
 def last_valid_ppl(text):

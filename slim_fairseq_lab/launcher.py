@@ -12,11 +12,11 @@ This module imports nothing beyond the standard library at import time.
 """
 import argparse
 import os
-import re
 import shlex
 import subprocess
 import sys
 
+from slim_fairseq_lab import fairseq_logs
 from slim_fairseq_lab.paths import PLUGIN_DIR
 
 BIN = os.path.dirname(sys.executable)
@@ -27,10 +27,6 @@ BIN = os.path.dirname(sys.executable)
 # in the heap gives the same results bit for bit, faster (docs/TRAINING.md#cpu-memory-allocator).
 # A value in the caller's environment wins.
 ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
-
-# The last line each tool prints once all of its work is done (and, for training, saved).
-COMPLETION_MARKERS = {"fairseq-train": r"done training in [\d.]+ seconds",
-                      "fairseq-generate": r"^Generate \S+ with beam=\d+: "}
 
 
 def log(message):
@@ -53,7 +49,7 @@ def tool_environment(threads, allocator_env=True):
 def run_tool(tool, argv, log_path, threads, append=False, allocator_env=True):
     """Run a fairseq console script of this environment, stream its output to ``log_path``
     (continued when ``append``) and return the whole log. A tool killed by a signal after its
-    last line (:data:`COMPLETION_MARKERS`) counts as finished: its work was saved."""
+    last line (:func:`fairseq_logs.completion_line`) counts as finished: its work was saved."""
     cmd = [os.path.join(BIN, tool), *argv]
     with open(log_path, "a" if append else "w") as f:  # streamed: progress can be followed
         f.write(" ".join(cmd) + "\n")
@@ -63,13 +59,12 @@ def run_tool(tool, argv, log_path, threads, append=False, allocator_env=True):
     with open(log_path) as f:
         output = f.read()
     if proc.returncode != 0:
-        marker = COMPLETION_MARKERS.get(tool)
-        done = marker and re.search(marker, output, re.MULTILINE)
+        done = fairseq_logs.completion_line(tool, output)
         if proc.returncode < 0 and done:
             # seen once in CI: "terminate called without an active exception", SIGABRT, during
             # interpreter shutdown after fairseq-train had saved its checkpoint
             note = (f"{tool} was killed by signal {-proc.returncode} after it printed "
-                    f"{done.group(0).strip()!r}; its results are complete and kept")
+                    f"{done!r}; its results are complete and kept")
             with open(log_path, "a") as f:
                 f.write(f"[launcher] {note}\n")
             log(f"{note} ({log_path})")

@@ -135,8 +135,7 @@ def execute_run(job, data, args):
     if resume:
         # this attempt trained from the checkpoint's update on: its time, scaled to the whole run
         # (what --dry-run estimates from); train_wps is this attempt's
-        loaded = re.findall(r"\(epoch \d+ @ (\d+) updates\)", output)
-        first = int(loaded[-1]) if loaded else 0
+        first = fairseq_logs.resumed_from_update(output)
         if 0 < first < run["updates"]:
             run["train_seconds"] = seconds * run["updates"] / (run["updates"] - first)
         run["resumed"] = True
