@@ -263,9 +263,111 @@ parse_size() {
     esac
 }
 
-# require_value FLAG VALUE: a flag that needs an argument got one
-require_value() {
-    [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value"
+# ---------------------------------------------------------------------------------------------
+# the command line: one parser for every recipe
+#
+# parse_options DECLARATION... -- ARGS...: reads ARGS with the DECLARATIONs, one string per
+# option (a recipe keeps them in an array: parse_options "${OPTIONS[@]}" -- "$@").
+# `--name=V` and `--name V` are the same option everywhere.
+#   "--name value VAR"       --name V: VAR=V (V may not be empty or start with --)
+#   "--name append VAR"      the same, repeatable: V is appended to the array VAR
+#   "--name flag VAR"        --name: VAR=1
+#   "--name set VAR VALUE"   --name: VAR=VALUE
+#   "--name one VAR VALUE"   as set; VAR may be set by one of its options only (another option
+#                            that sets it is an error naming both)
+#   "--name refuse WHY"      an error "--name: WHY", whatever the spelling
+#   "@positional VAR..."     the arguments that are not options fill VAR... in order
+#   "@unknown pass ARRAY"    undeclared options, and arguments beyond the @positional ones, are
+#                            appended to ARRAY as written (for the fairseq tool the recipe runs);
+#                            without it they are an error
+#   "@help FUNCTION"         what -h / --help prints before exiting 0 (default: usage)
+# Variables are assigned in the caller's scope (its locals included).
+parse_options() {
+    local _po_line _po_word _po_name _po_value _po_has_value _po_kind _po_var
+    local _po_rest _po_unknown="" _po_help=usage
+    local -a _po_decls=() _po_slots=()
+    local -A _po_kinds=() _po_args=() _po_set_by=()
+    while [[ $# -gt 0 && "$1" != -- ]]; do
+        _po_decls+=("$1")
+        shift
+    done
+    [[ $# -gt 0 ]] || die "parse_options: no '--' after the declarations"
+    shift
+    for _po_line in "${_po_decls[@]}"; do
+        read -r _po_name _po_kind _po_rest <<<"$_po_line"
+        case "$_po_name" in
+            @positional) read -ra _po_slots <<<"$_po_kind $_po_rest" ;;
+            @unknown)
+                [[ "$_po_kind" == pass && -n "$_po_rest" ]] || die "parse_options: bad declaration '$_po_line'"
+                _po_unknown="$_po_rest" ;;
+            @help) _po_help="$_po_kind" ;;
+            --*)
+                case "$_po_kind" in
+                    value | append | flag | set | one | refuse) ;;
+                    *) die "parse_options: bad declaration '$_po_line'" ;;
+                esac
+                _po_kinds[$_po_name]="$_po_kind"
+                _po_args[$_po_name]="$_po_rest" ;;
+            *) die "parse_options: bad declaration '$_po_line'" ;;
+        esac
+    done
+    while [[ $# -gt 0 ]]; do
+        _po_word="$1"
+        shift
+        case "$_po_word" in
+            -h | --help)
+                "$_po_help"
+                exit 0 ;;
+            --*=*) _po_name="${_po_word%%=*}" _po_value="${_po_word#*=}" _po_has_value=1 ;;
+            -?*) _po_name="$_po_word" _po_value="" _po_has_value=0 ;;
+            *)
+                if [[ ${#_po_slots[@]} -gt 0 ]]; then
+                    printf -v "${_po_slots[0]}" '%s' "$_po_word"
+                    _po_slots=("${_po_slots[@]:1}")
+                elif [[ -n "$_po_unknown" ]]; then
+                    eval "$_po_unknown+=(\"\$_po_word\")"
+                else
+                    die "unexpected argument '$_po_word' (see --help)"
+                fi
+                continue ;;
+        esac
+        _po_kind="${_po_kinds[$_po_name]:-}"
+        if [[ -z "$_po_kind" ]]; then
+            [[ -n "$_po_unknown" ]] || die "unknown option $_po_name (see --help)"
+            eval "$_po_unknown+=(\"\$_po_word\")"
+            continue
+        fi
+        read -r _po_var _po_rest <<<"${_po_args[$_po_name]}"
+        case "$_po_kind" in
+            value | append)
+                if [[ "$_po_has_value" == 0 ]]; then
+                    [[ $# -gt 0 && "$1" != --* ]] || die "$_po_name needs a value"
+                    _po_value="$1"
+                    shift
+                fi
+                [[ -n "$_po_value" ]] || die "$_po_name needs a value"
+                if [[ "$_po_kind" == value ]]; then
+                    printf -v "$_po_var" '%s' "$_po_value"
+                else
+                    eval "$_po_var+=(\"\$_po_value\")"
+                fi ;;
+            flag | set | one)
+                [[ "$_po_has_value" == 0 ]] || die "$_po_name takes no value (got $_po_word)"
+                _po_value="$([[ "$_po_kind" == flag ]] && echo 1 || printf '%s' "$_po_rest")"
+                if [[ "$_po_kind" == one ]]; then
+                    [[ -z "${_po_set_by[$_po_var]:-}" || "${_po_set_by[$_po_var]}" == "$_po_name" ]] ||
+                        die "${_po_set_by[$_po_var]} and $_po_name exclude each other; allowed: one of them"
+                    _po_set_by[$_po_var]="$_po_name"
+                fi
+                printf -v "$_po_var" '%s' "$_po_value" ;;
+            refuse) die "$_po_name: ${_po_args[$_po_name]}" ;;
+        esac
+    done
+}
+
+# whole_number FLAG VALUE: VALUE is a whole number, or a one-line error naming FLAG
+whole_number() {
+    [[ "$2" =~ ^[0-9]+$ ]] || die "$1: a whole number, got '$2'"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -435,13 +537,67 @@ bleu_split() {
     if [[ "$1" == de ]]; then compound_split; else cat; fi
 }
 
-# bleu_tokenization_name LANG: how tokenized BLEU tokenizes LANG (printed in the reports)
+# bleu_tokenization_name LANG [REFS]: how tokenized BLEU tokenizes LANG (printed in the
+# reports). REFS describes the tokens of references the data ships (Google's WMT14: Moses
+# without -a), which the hypotheses then keep as generated; without it, both sides go through
+# the Moses tokenizer with -a.
 bleu_tokenization_name() {
+    local how="${2:-Moses tokenizer -a}"
     if [[ "$1" == de ]]; then
-        printf 'Moses tokenizer -a + compound splitting (German target)\n'
+        printf '%s + compound splitting (German target)\n' "$how"
     else
-        printf 'Moses tokenizer -a, no compound splitting (target %s)\n' "$1"
+        printf '%s, no compound splitting (target %s)\n' "$how" "$1"
     fi
+}
+
+# Scoring per target language (examples/translation/README.md#evaluate). The Moses tokenizer
+# does not segment Chinese or Japanese (a sentence stays one or a few "tokens", so tokenized
+# BLEU is near 0 whatever the translation): for those targets the length penalty is chosen,
+# and the translation scored, with sacreBLEU's own tokenizer for the language.
+# sacrebleu_tokenizer LANG -> the sacreBLEU tokenizer of LANG (13a, sacreBLEU's default, for
+# languages the Moses tokenizer segments)
+sacrebleu_tokenizer() {
+    case "$1" in
+        zh) printf 'zh\n' ;;
+        ja) printf 'ja-mecab\n' ;;
+        *) printf '13a\n' ;;
+    esac
+}
+
+# moses_segments LANG: true when the Moses tokenizer segments LANG (tokenized BLEU means
+# something for it)
+moses_segments() {
+    [[ "$(sacrebleu_tokenizer "$1")" == 13a ]]
+}
+
+# check_sacrebleu_tokenizer LANG: a one-line error before anything runs when sacreBLEU cannot
+# build LANG's tokenizer (ja-mecab needs mecab-python3 and ipadic: pip install "sacrebleu[ja]")
+check_sacrebleu_tokenizer() {
+    local tok
+    tok="$(sacrebleu_tokenizer "$1")"
+    [[ "$tok" == ja-mecab ]] || return 0
+    "$PYTHON" -c 'from sacrebleu.tokenizers.tokenizer_ja_mecab import TokenizerJaMecab; TokenizerJaMecab()' \
+        >/dev/null 2>&1 ||
+        die "target ja: sacreBLEU's ja-mecab tokenizer does not load in $PYTHON (pip install \"sacrebleu[ja]\": mecab-python3 and ipadic)"
+}
+
+# show_progress PID FILE PATTERN TOTAL WHAT: while process PID runs, log every
+# PROGRESS_INTERVAL seconds (default 30) "WHAT: N of TOTAL", N the lines of FILE that match
+# PATTERN; with an empty PATTERN, how long it has been running
+show_progress() {
+    local pid="$1" file="$2" pattern="$3" total="$4" what="$5" ticks=0 done_lines
+    local every=$((${PROGRESS_INTERVAL:-30} * 5))
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 0.2
+        ticks=$((ticks + 1))
+        ((ticks % every == 0)) || continue
+        if [[ -n "$pattern" ]]; then
+            done_lines="$(grep -c -- "$pattern" "$file" 2>/dev/null || true)"
+            log "$what: ${done_lines:-0} of $total"
+        else
+            log "$what: running for $((ticks / 5)) s"
+        fi
+    done
 }
 
 # ceil_div A B
@@ -464,10 +620,12 @@ run_or_print() {
 
 # resolve_checkpoint CKPT AVG OUT_DIR: set MODEL to the checkpoint to evaluate. CKPT is a file,
 # or a folder: its checkpoint_best.pt, or with AVG > 1 the average of its last AVG update
-# checkpoints (checkpoint_E_U.pt; epoch checkpoints checkpointE.pt when there are not enough),
-# written to OUT_DIR. Everything is checked before OUT_DIR is created.
+# checkpoints (checkpoint_E_U.pt, by update number; epoch checkpoints checkpointE.pt, by epoch
+# number, when there are not enough), written to OUT_DIR; AVERAGED (array) then holds the
+# averaged files, oldest first. Everything is checked before OUT_DIR is created.
 resolve_checkpoint() {
-    local ckpt="$1" avg="$2" out_dir="$3" mode n_update n_epoch
+    local ckpt="$1" avg="$2" out_dir="$3" mode n_update n_epoch averaged
+    AVERAGED=()
     [[ "$avg" =~ ^[1-9][0-9]*$ ]] || die "--avg: a whole number >= 1, got '$avg'"
     if [[ -f "$ckpt" ]]; then
         [[ "$avg" == 1 ]] || die "--avg $avg needs a checkpoint folder, got the file $ckpt"
@@ -487,11 +645,38 @@ resolve_checkpoint() {
         fi
         mkdir -p "$out_dir"
         MODEL="$out_dir/average_last$avg.pt"
-        "$PYTHON" "$REPO_ROOT/scripts/average_checkpoints.py" --inputs "$ckpt" "$mode" "$avg" \
-            --output "$MODEL" || die "averaging the last $avg checkpoints of $ckpt failed"
+        averaged="$("$PYTHON" "$REPO_ROOT/scripts/average_checkpoints.py" --inputs "$ckpt" "$mode" "$avg" \
+            --output "$MODEL" --quiet)" || die "averaging the last $avg checkpoints of $ckpt failed"
+        mapfile -t AVERAGED <<<"$averaged"
+        log "--avg $avg: $MODEL is the average of ${AVERAGED[*]##*/} (in $ckpt)"
     else
         die "checkpoint $ckpt not found"
     fi
+}
+
+# subset_tokens DATA_BIN SUBSET -> the tokens of the binarized SUBSET of a language-modelling
+# DATA_BIN (end-of-line symbols included: what fairseq-eval-lm scores); fails when it has none.
+# Read from the index file's list of item sizes (the layouts of fairseq's mmap and legacy
+# indexed datasets, data/indexed_dataset.py), without loading fairseq.
+subset_tokens() {
+    "$PYTHON" - "${1%%:*}/$2.idx" <<'PY'
+import struct, sys
+import numpy as np
+with open(sys.argv[1], "rb") as f:
+    head = f.read(9)
+    if head == b"MMIDIDX\x00\x00":  # version <Q, dtype code <B, count <Q, then int32 sizes
+        f.read(9)
+        (count,) = struct.unpack("<Q", f.read(8))
+        sizes = np.fromfile(f, dtype=np.int32, count=count)
+    elif head[:8] == b"TNTIDX\x00\x00":  # version, code, element size, count, s, offsets, sizes
+        f.seek(24)
+        count, s = struct.unpack("<QQ", f.read(16))
+        f.seek(40 + 16 * (count + 1))
+        sizes = np.fromfile(f, dtype=np.int64, count=s)
+    else:
+        sys.exit(f"error: {sys.argv[1]}: not a fairseq index file")
+print(int(sizes.sum()))
+PY
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -569,6 +754,19 @@ moses_bpe_pipeline() {
     log "done: $dest ($(wc -l <"$dest/dict.$s.txt") dictionary entries)"
 }
 
+# The Anthe paper's tokenizer (arXiv:2305.10991, Sec. 3): one 32K BPE trained on WikiText-103,
+# for every language; the recipes learn it on the raw release's training text.
+WIKITEXT103_RAW="https://wikitext.smerity.com/wikitext-103-raw-v1.zip wikitext-103-raw-v1.zip sha1:86f2375181b9247049d9c9205fad2b71b274b568"
+
+# wikitext103_train_text DIR -> path of wiki.train.raw, extracted into DIR from the download of
+# WIKITEXT103_RAW (fetched by the recipe)
+wikitext103_train_text() {
+    local name
+    read -r _ name _ <<<"$WIKITEXT103_RAW"
+    extract "$(raw_path "$name")" "$1"
+    find_one "$1" wiki.train.raw
+}
+
 # spm_train MODEL_PREFIX VOCAB COVERAGE SAMPLE FILE...: sentencepiece BPE model
 spm_train() {
     local prefix="$1" vocab="$2" coverage="$3" sample="$4"
@@ -640,17 +838,28 @@ spm_pipeline() {
 # training launcher shared by the train-*.sh scripts
 #
 # A train script sets ARCH, TASK_ARGS (array), HPARAMS (array), MAX_TOKENS, TOKENS_PER_UPDATE
-# (0 = no target: --update-freq 1), SMOKE_ARGS (array) and, for --paper, PAPER_ARGS (array),
-# PAPER_SENTENCES (sentences per update, 0 = the default token batch) or PAPER_NONE (why the
-# script has no paper setting), then calls `train_main "$@"`, which parses the options below,
-# passes unknown options to fairseq-train (after the recipe's own, so they win) and launches:
+# (0 = no target: --update-freq 1), SMOKE_ARGS (array) and the --paper variables below, then
+# calls `train_main "$@"`, which parses the options of TRAIN_OPTIONS, passes undeclared options
+# to fairseq-train (after the recipe's own, so they win) and launches:
 #   1 GPU / CPU      fairseq-train ... --distributed-world-size 1
 #   N GPUs, 1 node   fairseq-train ... --distributed-world-size N   (fairseq spawns N workers)
 #   several nodes    torchrun --nnodes M --node-rank R --nproc-per-node N ... (default), or
 #                    fairseq-train ... --distributed-init-method tcp://HOST:PORT
 #                        --distributed-world-size M*N --distributed-rank R*N   (--init-method)
 # The world size is always passed: fairseq's own default is every visible GPU, which would
-# multiply the batch that --update-freq was computed for.
+# multiply the batch that --update-freq was computed for. The options that decide the batch
+# (--max-tokens, --batch-size, --update-freq) are read by the launcher, whichever way they are
+# written, so that the batch it prints is the one fairseq gets.
+#
+# --paper variables:
+#   PAPER_ARGS       (array) fairseq-train options of the paper's setting
+#   PAPER_SENTENCES  the paper's batch in sentences per update (empty: the recipe's token batch)
+#   PAPER_UNIT       what those are called in the printed batch (default: sentences)
+#   PAPER_GPUS       the paper's GPU count, used when --gpus is not given (empty: every GPU)
+#   PAPER_HARDWARE   what the paper trained on, in words (printed)
+#   PAPER_PRECISION  --fp16 when the paper trained with mixed precision
+#   PAPER_NOTES      (array) what --paper does not reproduce, printed with it
+#   PAPER_NONE       why the script has no paper setting (--paper is then refused)
 
 # check_save_dir SAVE_DIR DATA_BIN: fairseq-train resumes from SAVE_DIR/checkpoint_last.pt, and the
 # default SAVE_DIR is per architecture, not per dataset. Refuse a folder that holds a run on other
@@ -668,74 +877,99 @@ check_save_dir() {
     printf '%s\n' "$data" >"$save_dir/recipe.data"
 }
 
-TRAIN_USAGE='options of every train script:
+TRAIN_USAGE='options of every train script (--name=VALUE is the same as --name VALUE):
   DATA_BIN                  binarized data (first argument)
   --arch ARCH               architecture preset (default: the script'"'"'s)
   --save-dir DIR            checkpoints (default: checkpoints/ARCH); refused if it holds a
                             run on another DATA_BIN (noted in DIR/recipe.data)
   --paper                   the paper'"'"'s training setting where it differs from the default
                             (see the header above)
-  --gpus N                  GPUs per node (default: all visible; 0 = CPU)
+  --gpus N                  GPUs per node (default: all visible; 0 = CPU; --cpu = --gpus 0)
   --nodes M --node-rank R   multi-node training (run the same command on every node)
   --master-addr HOST --master-port PORT   rendezvous of torchrun (default 127.0.0.1:29500)
   --init-method URL         use fairseq'"'"'s own spawning with this init method instead of torchrun
+                            (--distributed-init-method is the same option)
   --fp16 | --bf16           mixed precision (fp16 on CUDA GPUs, bf16 on Ampere or newer)
   --max-tokens N            tokens per GPU batch (the update frequency keeps the recipe'"'"'s batch)
+  --batch-size N            sentences per GPU batch: an upper bound on top of --max-tokens; with
+                            --paper it replaces the paper'"'"'s sentence batch
   --update-freq N           fixed update frequency instead of the derived one
   --cpu-smoke               2 updates of a tiny copy of the architecture on CPU (tests)
   --dry-run                 print the command only
-  other options             passed on to fairseq-train (they override the recipe'"'"'s)
-Before training, the effective batch per update (max tokens x update frequency x workers)
-is printed.'
+  other options             passed on to fairseq-train (they override the recipe'"'"'s); the
+                            world size and the rank are the launcher'"'"'s (refused here)
+Before training, the effective batch per update (max tokens or sentences x update frequency x
+workers) is printed.'
+
+# the options of every train script (see parse_options); the variables are train_main's
+TRAIN_OPTIONS=(
+    "@positional data"
+    "@unknown pass extra"
+    "@help train_help"
+    "--arch value ARCH"
+    "--save-dir value save_dir"
+    "--gpus value gpus"
+    "--cpu set gpus 0"
+    "--nodes value nodes"
+    "--node-rank value node_rank"
+    "--master-addr value master_addr"
+    "--master-port value master_port"
+    "--init-method value init_method"
+    "--distributed-init-method value init_method"
+    "--max-tokens value max_tokens"
+    "--batch-size value batch_size"
+    "--update-freq value update_freq"
+    "--distributed-world-size refuse set by the recipe from --gpus and --nodes"
+    "--distributed-rank refuse set by the recipe from --node-rank and --gpus"
+    "--paper flag paper"
+    "--fp16 one precision --fp16"
+    "--bf16 one precision --bf16"
+    "--cpu-smoke flag cpu_smoke"
+    "--dry-run flag DRY_RUN"
+)
+
+train_help() {
+    usage
+    printf '\n%s\n' "$TRAIN_USAGE"
+}
 
 # defaults of the --paper variables (a train script sets its own after sourcing this file)
 PAPER_ARGS=()
 PAPER_SENTENCES=""
+PAPER_UNIT=sentences
+PAPER_GPUS=""
+PAPER_HARDWARE=""
+PAPER_PRECISION=""
+PAPER_NOTES=()
 PAPER_NONE=""
 
 train_main() {
     local data="" gpus="" nodes=1 node_rank=0 master_addr=127.0.0.1 master_port=29500
-    local init_method="" precision="" cpu_smoke=0 save_dir="" paper=0 update_freq="" extra=() arg
-    while [[ $# -gt 0 ]]; do
-        arg="$1"
-        case "$arg" in
-            --arch) require_value "$@"; ARCH="$2"; shift 2 ;;
-            --save-dir) require_value "$@"; save_dir="$2"; shift 2 ;;
-            --gpus) require_value "$@"; gpus="$2"; shift 2 ;;
-            --nodes) require_value "$@"; nodes="$2"; shift 2 ;;
-            --node-rank) require_value "$@"; node_rank="$2"; shift 2 ;;
-            --master-addr) require_value "$@"; master_addr="$2"; shift 2 ;;
-            --master-port) require_value "$@"; master_port="$2"; shift 2 ;;
-            --init-method) require_value "$@"; init_method="$2"; shift 2 ;;
-            --max-tokens) require_value "$@"; MAX_TOKENS="$2"; shift 2 ;;
-            --update-freq) require_value "$@"; update_freq="$2"; shift 2 ;;
-            --distributed-world-size) die "--distributed-world-size: set by the recipe from --gpus and --nodes" ;;
-            --paper) paper=1; shift ;;
-            --fp16 | --bf16) precision="$arg"; shift ;;
-            --cpu-smoke) cpu_smoke=1; shift ;;
-            --dry-run) DRY_RUN=1; shift ;;
-            -h | --help) usage; printf '\n%s\n' "$TRAIN_USAGE"; exit 0 ;;
-            -*) extra+=("$arg"); shift ;;
-            *)
-                if [[ -z "$data" ]]; then data="$arg"; else extra+=("$arg"); fi
-                shift ;;
-        esac
-    done
+    local init_method="" precision="" cpu_smoke=0 save_dir="" paper=0 update_freq="" extra=()
+    local max_tokens="" batch_size="" arg note
+    parse_options "${TRAIN_OPTIONS[@]}" -- "$@"
     [[ -n "$data" ]] || die "DATA_BIN is required (the output of a prepare script; see --help)"
     [[ -d "$data" || "${DRY_RUN:-0}" == 1 ]] || die "DATA_BIN: $data is not a folder"
-    for arg in "$nodes" "$node_rank" "$MAX_TOKENS" ${update_freq:+"$update_freq"}; do
-        [[ "$arg" =~ ^[0-9]+$ ]] || die "--nodes/--node-rank/--max-tokens/--update-freq: whole numbers, got '$arg'"
+    whole_number --nodes "$nodes"
+    whole_number --node-rank "$node_rank"
+    whole_number --master-port "$master_port"
+    for arg in gpus max_tokens batch_size update_freq; do
+        [[ -z "${!arg}" ]] || whole_number "--${arg//_/-}" "${!arg}"
     done
+    [[ -z "$batch_size" || "$batch_size" -gt 0 ]] || die "--batch-size: at least 1, got 0"
+    [[ -z "$update_freq" || "$update_freq" -gt 0 ]] || die "--update-freq: at least 1, got 0"
+    MAX_TOKENS="${max_tokens:-$MAX_TOKENS}"
     local sentences=0
     if [[ "$paper" == 1 ]]; then
         [[ -z "${PAPER_NONE:-}" ]] || die "--paper: $PAPER_NONE"
         sentences="${PAPER_SENTENCES:-0}"
-        HPARAMS+=("${PAPER_ARGS[@]}")
-        if [[ "${#PAPER_ARGS[@]}" == 0 && "$sentences" == 0 ]]; then
-            log "--paper: this recipe's defaults already are the paper's setting"
-        else
-            log "--paper: ${PAPER_ARGS[*]}${PAPER_SENTENCES:+ and $PAPER_SENTENCES sentences per update}"
-        fi
+        [[ "$sentences" == 0 || -z "$max_tokens" ]] ||
+            die "--max-tokens: --paper batches by $PAPER_UNIT ($sentences per update, as the paper); drop --max-tokens, or --paper"
+        HPARAMS+=(${PAPER_ARGS[@]+"${PAPER_ARGS[@]}"})
+        [[ "${#PAPER_ARGS[@]}" == 0 ]] || log "--paper: ${PAPER_ARGS[*]}"
+        for note in ${PAPER_NOTES[@]+"${PAPER_NOTES[@]}"}; do
+            log "--paper: $note"
+        done
     fi
     save_dir="${save_dir:-checkpoints/$ARCH}"
     check_save_dir "$save_dir" "$data"
@@ -747,11 +981,16 @@ train_main() {
         "${HPARAMS[@]}" --save-dir "$save_dir")
     if [[ "$cpu_smoke" == 1 ]]; then
         # 2 updates of a tiny model of the same kind: the model class's own shrinking overrides
-        # (contract_overrides) are appended in the same Python process that runs fairseq-train
+        # (contract_overrides) are appended in the same Python process that runs fairseq-train;
+        # batch options given on the command line still win
         cmd+=(--cpu --max-update 2 --max-tokens 256 --update-freq 1 --num-workers 0
             --save-interval-updates 1 --keep-interval-updates 3 --log-format simple --log-interval 1
-            "${SMOKE_ARGS[@]}" "${extra[@]}")
+            "${SMOKE_ARGS[@]}")
         [[ "$sentences" -gt 0 ]] && cmd+=(--batch-size "$sentences")
+        [[ -n "$max_tokens" ]] && cmd+=(--max-tokens "$max_tokens")
+        [[ -n "$batch_size" ]] && cmd+=(--batch-size "$batch_size")
+        [[ -n "$update_freq" ]] && cmd+=(--update-freq "$update_freq")
+        cmd+=(${extra[@]+"${extra[@]}"})
         printf '+ (tiny overrides of %s appended)' "$ARCH"
         printf ' %q' "${cmd[@]}"
         printf '\n'
@@ -772,21 +1011,46 @@ PY
         return
     fi
 
+    local visible=""
     if [[ -z "$gpus" ]]; then
-        gpus="$(gpu_count)"
-        [[ "$paper" == 1 && "$gpus" -gt 1 ]] && gpus=1 && log "--paper: one GPU, as the paper (--gpus N to use more)"
+        visible="$(gpu_count)"
+        gpus="$visible"
+        if [[ "$paper" == 1 && -n "$PAPER_GPUS" && "$gpus" -gt "$PAPER_GPUS" ]]; then
+            gpus="$PAPER_GPUS"
+            log "--paper: $gpus of the $visible visible GPUs, as the paper ($PAPER_HARDWARE); --gpus N to use more"
+        fi
     fi
-    [[ "$gpus" =~ ^[0-9]+$ ]] || die "--gpus: a whole number, got '$gpus'"
     local world=$((nodes * (gpus > 0 ? gpus : 1)))
+    if [[ "$paper" == 1 && -n "$PAPER_HARDWARE" ]]; then
+        log "--paper: the paper trained on $PAPER_HARDWARE; this run: $world worker(s) ($([[ "$gpus" == 0 ]] && echo CPU || echo "$gpus GPU(s) x $nodes node(s)"))"
+    fi
+    if [[ "$paper" == 1 && -n "$PAPER_PRECISION" ]]; then
+        if [[ -z "$precision" ]]; then
+            [[ "$gpus" != 0 ]] ||
+                die "--paper: the paper trained with mixed precision ($PAPER_PRECISION), which needs GPUs: drop --paper, or --gpus 0"
+            precision="$PAPER_PRECISION"
+            log "--paper: $precision (the paper trained with mixed precision)"
+        else
+            log "--paper: mixed precision as the paper, in $precision"
+        fi
+    fi
     local batch_args=() per_update
     if [[ "$sentences" -gt 0 ]]; then
-        # the paper's batch counts sentences: split it over the workers
-        [[ $((sentences % world)) == 0 ]] ||
-            die "--paper: $sentences sentences per update do not split evenly over $world workers (--gpus/--nodes)"
+        # the paper's batch counts sentences: split it over the workers, unless --batch-size
+        # gives the sentences per worker
         update_freq="${update_freq:-1}"
-        local per_worker=$((sentences / world))
+        local per_worker
+        if [[ -n "$batch_size" ]]; then
+            per_worker="$batch_size"
+        else
+            [[ $((sentences % world)) == 0 ]] ||
+                die "--paper: $sentences $PAPER_UNIT per update do not split evenly over $world workers (--gpus/--nodes, or --batch-size N per worker)"
+            per_worker=$((sentences / world))
+        fi
         batch_args=(--batch-size "$per_worker" --update-freq "$update_freq")
-        per_update="$per_worker sentences x update-freq $update_freq x $world workers = $((per_worker * update_freq * world)) sentences per update"
+        local total=$((per_worker * update_freq * world))
+        per_update="$per_worker $PAPER_UNIT x update-freq $update_freq x $world workers = $total $PAPER_UNIT per update"
+        [[ "$total" == "$sentences" ]] || per_update+=" (the paper: $sentences)"
     else
         if [[ -z "$update_freq" ]]; then
             update_freq=1
@@ -797,6 +1061,10 @@ PY
         batch_args=(--max-tokens "$MAX_TOKENS" --update-freq "$update_freq")
         per_update="$MAX_TOKENS tokens x update-freq $update_freq x $world workers = $((MAX_TOKENS * update_freq * world)) tokens per update (at most)"
         [[ "${TOKENS_PER_UPDATE:-0}" -gt 0 ]] && per_update+="; recipe target $TOKENS_PER_UPDATE"
+        if [[ -n "$batch_size" ]]; then
+            batch_args+=(--batch-size "$batch_size")
+            per_update+="; at most $batch_size sentences per worker batch (--batch-size)"
+        fi
     fi
     cmd+=("${batch_args[@]}")
     if [[ "$gpus" == 0 ]]; then
@@ -819,7 +1087,7 @@ PY
     else
         cmd+=(--distributed-world-size "$world")
     fi
-    run_or_print "${cmd[@]}" "${extra[@]}"
+    run_or_print "${cmd[@]}" ${extra[@]+"${extra[@]}"}
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -828,8 +1096,9 @@ PY
 # compare_on_bundled_ende NAME_A ARGS_A... -- NAME_B ARGS_B...
 # Binarizes the bundled en-de corpus under $OUT/data (cached), trains both models with the same
 # seed, optimizer, schedule and batches ($SHAPE plus each model's own fairseq-train arguments),
-# translates the test set (beam 5, BPE removed, plus $GENERATE_ARGS) and prints the table of
-# examples/summarize_runs.py. The calling script sets OUT, SHAPE and GENERATE_ARGS (arrays),
+# translates the test set with each model's checkpoint_last.pt (beam 5, BPE removed, plus
+# $GENERATE_ARGS), prints the table of examples/summarize_runs.py and, under it, what its test
+# BLEU is (test_bleu_note). The calling script sets OUT, SHAPE and GENERATE_ARGS (arrays),
 # SEED, MAX_UPDATE, MAX_TOKENS, WARMUP, LOG_INTERVAL, THREADS (per model), PARALLEL (1: both at
 # once), DRY_RUN (1: print the two fairseq-train commands, run nothing), EVAL_ONLY (1: reuse the
 # checkpoints of an earlier run) and RUN_NOTE (added to the wall-time line).
@@ -863,6 +1132,33 @@ compare_on_bundled_ende() {
     echo "wall time: $(( $(date +%s) - start )) s (updates: $MAX_UPDATE, max tokens: $MAX_TOKENS," \
          "warmup: $WARMUP, seed: $SEED, threads per model: $THREADS${RUN_NOTE:+, $RUN_NOTE})"
     "$PYTHON" "$REPO_ROOT/examples/summarize_runs.py" "$OUT" "$name_a" "$name_b"
+    test_bleu_note "$OUT" "$name_a" "$name_b"
+}
+
+# test_bleu_note OUT NAME...: what the "test BLEU" of compare_on_bundled_ende's table is, read
+# from each run's generate.log (the scorer) and train.log (the checkpoint it translated with)
+test_bleu_note() {
+    local out="$1" name scorers=() saved
+    shift
+    for name in "$@"; do
+        scorers+=("$(grep -oE 'BLEU4? = ' "$out/$name/generate.log" 2>/dev/null | head -n 1 || true)")
+    done
+    case "$(printf '%s\n' "${scorers[@]}" | sort -u)" in
+        "BLEU4 = ")
+            echo "test BLEU: fairseq-generate's BLEU4 (fairseq's own scorer on the BPE-removed output and" \
+                 "references split at spaces: tokenized BLEU on Moses tokens (-a), no compound splitting;" \
+                 "not sacreBLEU), beam 5, bundled en-de test set, translated with:" ;;
+        "BLEU = ")
+            echo "test BLEU: fairseq-generate --scoring sacrebleu on the tokenized, BPE-removed text (not" \
+                 "detokenized: not comparable with published sacreBLEU), beam 5, translated with:" ;;
+        *) echo "test BLEU: the generate logs hold no score of one kind ($out/NAME/generate.log); translated with:" ;;
+    esac
+    for name in "$@"; do
+        # the last checkpoint fairseq saved is the state of checkpoint_last.pt
+        saved="$(grep -oE 'Saved checkpoint [^ ]+ \(epoch [0-9]+ @ [0-9]+ updates' "$out/$name/train.log" 2>/dev/null |
+            tail -n 1 | sed 's/.*(//' || true)"
+        echo "  $name: $out/$name/checkpoint_last.pt (${saved:-its update is not in $out/$name/train.log})"
+    done
 }
 
 # _train_and_translate NAME ARGS...: one model of compare_on_bundled_ende (its `data`); the

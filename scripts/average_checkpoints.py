@@ -6,6 +6,8 @@ Checkpoints are read with ``torch.load(weights_only=True)``; the only non-tensor
 are those fairseq checkpoints contain (docs/TECHNIQUES.md#safe-checkpoint-loading: argparse.Namespace, a few numpy and
 omegaconf types). The output keeps every field of the newest input (cfg / args, extra state)
 with the averaged ``model`` weights; optimizer state is dropped (the result is for inference).
+A folder's checkpoints are picked by their number (checkpoint10.pt is newer than
+checkpoint9.pt); the averaged files are listed, oldest first, on stdout (one per line).
 
 usage:
   average_checkpoints.py --inputs DIR --num-update-checkpoints 5 --output avg.pt
@@ -50,7 +52,8 @@ def load_checkpoint(path: str) -> dict:
 
 
 def last_checkpoints(folder: str, count: int, pattern: re.Pattern, upper_bound: int | None) -> list[str]:
-    """The COUNT checkpoints of FOLDER with the highest epoch / update number (newest first)."""
+    """The COUNT checkpoints of FOLDER with the highest epoch / update number, compared as
+    numbers (newest first)."""
     found = []
     for name in os.listdir(folder):
         match = pattern.match(name)
@@ -106,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--num-update-checkpoints", type=int, help="last N checkpoint_E_U.pt files")
     parser.add_argument("--checkpoint-upper-bound", type=int,
                         help="ignore checkpoints after this epoch / update number")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no messages on stderr (errors excepted); stdout still lists the inputs")
     args = parser.parse_args(argv)
 
     count = args.num_epoch_checkpoints or args.num_update_checkpoints
@@ -124,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             print(f"error: --inputs: {missing[0]} is not a checkpoint file", file=sys.stderr)
             return 1
-    print("averaging:", *paths, sep="\n  ", file=sys.stderr)
+    if not args.quiet:
+        print("averaging:", *paths, sep="\n  ", file=sys.stderr)
     try:
         state = average(paths)
     except ValueError as err:
@@ -132,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     torch.save(state, args.output)
-    print(f"wrote {args.output}", file=sys.stderr)
+    print(*reversed(paths) if count is not None else paths, sep="\n")
+    if not args.quiet:
+        print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
 

@@ -6,9 +6,11 @@ scripts/average_checkpoints.py's load_checkpoint: weights_only=True with fairseq
   checkpoint_info.py CKPT positions    the longest sequence the model accepts: its
                                        max_target_positions, else the tokens_per_sample it
                                        was trained with (fairseq's LMs default one to the other)
+  checkpoint_info.py CKPT block        the tokens_per_sample it was trained with (its task's)
+  checkpoint_info.py CKPT positions block   both, one per line
 
-Prints the value; exits 1 with a one-line error when the checkpoint is missing or records
-neither.
+Prints each value on a line of its own; exits 1 with a one-line error when the checkpoint is
+missing or does not record a value asked for.
 """
 
 from __future__ import annotations
@@ -56,10 +58,17 @@ def max_positions(state: dict) -> int | None:
     return int(value) if value is not None else None
 
 
+def training_block(state: dict) -> int | None:
+    """The tokens_per_sample of the task the model was trained with (None if not recorded)."""
+    value = _get(_section(state, "task"), "tokens_per_sample")
+    return int(value) if value is not None else None
+
+
 def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", metavar="CKPT", help="a fairseq checkpoint (.pt)")
-    parser.add_argument("what", choices=["positions"], help="the fact to print (positions)")
+    parser.add_argument("what", nargs="+", choices=["positions", "block"],
+                        help="the facts to print, in order: positions, block")
     return parser
 
 
@@ -68,12 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(args.checkpoint):
         print(f"error: checkpoint {args.checkpoint} not found", file=sys.stderr)
         return 1
-    value = max_positions(load_checkpoint(args.checkpoint))
-    if value is None:
-        print(f"error: {args.checkpoint} records neither max_target_positions nor tokens_per_sample",
-              file=sys.stderr)
-        return 1
-    print(value)
+    state = load_checkpoint(args.checkpoint)
+    for what in args.what:
+        value = max_positions(state) if what == "positions" else training_block(state)
+        if value is None:
+            missing = "neither max_target_positions nor tokens_per_sample" if what == "positions" else \
+                "no tokens_per_sample"
+            print(f"error: {args.checkpoint} records {missing}", file=sys.stderr)
+            return 1
+        print(value)
     return 0
 
 

@@ -9,9 +9,14 @@
 #      perplexity, training tokens/s and, per model, whether its difference from the baseline is
 #      larger than the spread between seeds. Plots: params_vs_quality.png, valid_loss_wikitext.png;
 #   3. the translation pipeline: train a small anthe_base on en-de, score the test set with
-#      fairseq-generate (sacreBLEU), then translate a few test sentences with fairseq-interactive
-#      (Moses + BPE applied and removed by fairseq itself).
-# Resumable: finished runs are reused by the next call (delete DEMO_DIR to start over).
+#      fairseq-generate (--scoring sacrebleu on its Moses-detokenized output and references),
+#      then translate a few test sentences with fairseq-interactive (Moses + BPE applied and
+#      removed by fairseq itself).
+# Resumable: finished runs are reused by the next call (delete DEMO_DIR to start over). Each
+# stage logs what it starts; the training runs write their progress to DEMO_DIR/lm.log and
+# DEMO_DIR/mt.log.
+#
+# usage: bash scripts/demo.sh [--help]     (or: make demo)
 #
 # Settings (environment variables):
 #   DEMO_DIR        build directory                                (default: build/demo)
@@ -26,6 +31,9 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 [ -x "$PYTHON" ] || PYTHON="$(command -v python3)"
+# shellcheck source=SCRIPTDIR/../examples/common.sh
+. "$REPO/examples/common.sh"
+parse_options -- "$@"
 BIN="$(dirname "$PYTHON")"
 DEMO_DIR="${DEMO_DIR:-$REPO/build/demo}"
 LM_UPDATES="${DEMO_LM_UPDATES:-200}"

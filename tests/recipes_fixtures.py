@@ -242,3 +242,117 @@ def build_wikitext103_raw_gpt2(raw: Path, max_train: int = 600, max_eval: int = 
                                    encoding="utf-8")
     (raw / "dict.txt").write_text("".join(f"{i} {10000 - i}\n" for i in range(len(symbols))), encoding="utf-8")
     return raw
+
+
+# ---------------------------------------------------------------------------------------------
+# stand-ins for the fairseq tools and the GPU count (the recipes' own logic, tested without a
+# model): each fake records its command line in $FAKE_DIR/calls.log (one line per call,
+# arguments separated by tabs) and answers from files the test writes into $FAKE_DIR.
+
+_FAKE_GENERATE = r'''
+"""fairseq-generate: hypotheses from FAKE_DIR/SUBSET.lenpenL.hyp (else SUBSET.hyp), one per line
+of the subset, in fairseq's output layout (S-, T-, H-, D- lines), FAKE_GENERATE_DELAY seconds
+between lines; a BLEU4 line at the end as fairseq's default scorer prints it."""
+import os, sys, time
+fake = os.environ["FAKE_DIR"]
+args = sys.argv[1:]
+with open(os.path.join(fake, "calls.log"), "a", encoding="utf-8") as f:
+    f.write("fairseq-generate\t" + "\t".join(args) + "\n")
+opt = lambda name, default=None: args[args.index(name) + 1] if name in args else default
+subset, lenpen = opt("--gen-subset", "test"), opt("--lenpen", "1")
+path = os.path.join(fake, f"{subset}.lenpen{lenpen}.hyp")
+if not os.path.exists(path):
+    path = os.path.join(fake, f"{subset}.hyp")
+with open(path, encoding="utf-8") as f:
+    hyps = f.read().splitlines()
+delay = float(os.environ.get("FAKE_GENERATE_DELAY", "0"))
+print("INFO | fairseq_cli.generate | loading the model", file=sys.stderr)
+for i, hyp in enumerate(hyps):
+    print(f"S-{i}\tsource {i}\nH-{i}\t-0.5\t{hyp}\nD-{i}\t-0.5\t{hyp}", flush=True)
+    time.sleep(delay)
+print(f"Generate {subset} with beam=5: BLEU4 = 12.34, 40.0/20.0/10.0/5.0 (BP=1.000)")
+'''
+
+_FAKE_VALIDATE = r'''
+"""fairseq-validate: fixed perplexities of valid and test."""
+import os, sys
+with open(os.path.join(os.environ["FAKE_DIR"], "calls.log"), "a", encoding="utf-8") as f:
+    f.write("fairseq-validate\t" + "\t".join(sys.argv[1:]) + "\n")
+print("valid on 'valid' subset | loss 4.1 | nll_loss 3.0 | ppl 8.00 | wps 100")
+print("valid on 'test' subset | loss 4.2 | nll_loss 3.1 | ppl 8.57 | wps 100")
+'''
+
+_FAKE_EVAL_LM = r'''
+"""fairseq-eval-lm: prints FAKE_DIR/eval-lm.out (fairseq's log of a run) to stdout and stderr
+as fairseq does (its logger writes to stdout), exits with the code in FAKE_DIR/eval-lm.rc."""
+import os, sys
+fake = os.environ["FAKE_DIR"]
+with open(os.path.join(fake, "calls.log"), "a", encoding="utf-8") as f:
+    f.write("fairseq-eval-lm\t" + "\t".join(sys.argv[1:]) + "\n")
+with open(os.path.join(fake, "eval-lm.out"), encoding="utf-8") as f:
+    sys.stdout.write(f.read())
+rc = os.path.join(fake, "eval-lm.rc")
+sys.exit(int(open(rc).read()) if os.path.exists(rc) else 0)
+'''
+
+_FAKE_TRAIN = r'''
+"""fairseq-train: a train.log-style output naming the checkpoints it "saved", and an empty
+checkpoint_last.pt in --save-dir."""
+import os, sys
+args = sys.argv[1:]
+with open(os.path.join(os.environ["FAKE_DIR"], "calls.log"), "a", encoding="utf-8") as f:
+    f.write("fairseq-train\t" + "\t".join(args) + "\n")
+save_dir = args[args.index("--save-dir") + 1]
+updates = int(args[len(args) - 1 - args[::-1].index("--max-update") + 1])
+os.makedirs(save_dir, exist_ok=True)
+open(os.path.join(save_dir, "checkpoint_last.pt"), "wb").close()
+print("INFO | fairseq_cli.train | num. shared model params: 1,000 (num. trained: 1,000)")
+print(f"INFO | fairseq.checkpoint_utils | Saved checkpoint {save_dir}/checkpoint_1_{updates}.pt "
+      f"(epoch 1 @ {updates} updates, score 5.0) (writing took 0.1 seconds)")
+'''
+
+
+def install_fake_tools(bin_dir: Path, python: str) -> Path:
+    """Write fake fairseq-generate, fairseq-validate, fairseq-eval-lm and fairseq-train into
+    BIN_DIR (run with PYTHON), and BIN_DIR/python, the interpreter PYTHON except for two
+    questions the recipes ask it: with FAKE_GPUS set, the GPU count (``python -c
+    '...device_count()'``) answers FAKE_GPUS; with FAKE_BINARIZED set, scripts/binarize_bundled.py
+    answers that folder (the bundled data, "binarized")."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, code in (("fairseq-generate", _FAKE_GENERATE), ("fairseq-validate", _FAKE_VALIDATE),
+                       ("fairseq-eval-lm", _FAKE_EVAL_LM), ("fairseq-train", _FAKE_TRAIN)):
+        path = bin_dir / name
+        path.write_text(f"#!{python}\n{code.lstrip()}", encoding="utf-8")
+        path.chmod(0o755)
+    path = bin_dir / "python"
+    path.write_text(
+        '#!/usr/bin/env bash\n'
+        'if [[ -n "${FAKE_GPUS:-}" && "$1" == -c && "$2" == *device_count* ]]; then echo "$FAKE_GPUS"; exit 0; fi\n'
+        'if [[ -n "${FAKE_BINARIZED:-}" && "$1" == */binarize_bundled.py ]]; then echo "$FAKE_BINARIZED"; exit 0; fi\n'
+        f'exec {python} "$@"\n', encoding="utf-8")
+    path.chmod(0o755)
+    return bin_dir
+
+
+def fake_calls(fake_dir: Path, tool: str) -> list[list[str]]:
+    """The command lines a fake tool was called with, in order."""
+    log = fake_dir / "calls.log"
+    if not log.exists():
+        return []
+    calls = [line.split("\t") for line in log.read_text(encoding="utf-8").splitlines()]
+    return [call[1:] for call in calls if call[0] == tool]
+
+
+def option_value(argv: list[str], name: str) -> str | None:
+    """The value of the last NAME in ARGV (fairseq's argparse keeps the last one)."""
+    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == name]
+    return values[-1] if values else None
+
+
+def chinese_sentences(count: int, seed: int = 0) -> list[str]:
+    """COUNT sentences of 12-20 common Chinese characters, no spaces and no punctuation (the
+    Moses tokenizer leaves each one a single token)."""
+    import random
+    chars = "我们你他她是的了在有和人这中大为上个国不以会要到说时生也就出年可那得于着下自之过家学对"
+    rng = random.Random(seed)
+    return ["".join(rng.choice(chars) for _ in range(rng.randint(12, 20))) for _ in range(count)]

@@ -15,11 +15,15 @@ from slim_fairseq_lab import fairseq_logs, launcher
 from slim_fairseq_lab.study import options, planner
 from slim_fairseq_lab.study.scheduler import Scheduler
 
-SCRIPTS = sorted(glob.glob(os.path.join(REPO, "scripts", "*.py"))) + [os.path.join(REPO, "examples", "summarize_runs.py")]
+SCRIPTS = (sorted(glob.glob(os.path.join(REPO, "scripts", "*.py")) + glob.glob(os.path.join(REPO, "scripts", "*.sh")))
+           + [os.path.join(REPO, "examples", "summarize_runs.py")])
 
 
 def _description(help_text):
-    """The description of an argparse --help: after the usage block, before the first group."""
+    """The description of an argparse --help: after the usage block, before the first group (a
+    shell script's --help is its description)."""
+    if not help_text.startswith("usage:"):
+        return help_text.strip()
     body = help_text.split("\n\n", 1)[1]
     for heading in ("\npositional arguments:", "\noptions:", "positional arguments:", "options:"):
         body = body.split(heading, 1)[0]
@@ -29,9 +33,10 @@ def _description(help_text):
 def test_every_script_answers_help_with_a_complete_description():
     """``--help`` of every script under scripts/ (and examples/summarize_runs.py) exits 0 and
     describes the tool in whole sentences: its first paragraph ends a sentence."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    procs = {path: subprocess.Popen([sys.executable, path, "--help"], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, env=env) for path in SCRIPTS}
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHON=sys.executable)
+    procs = {path: subprocess.Popen(["bash" if path.endswith(".sh") else sys.executable, path, "--help"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for path in SCRIPTS}
     failures = []
     for path, proc in procs.items():
         out, err = proc.communicate(timeout=300)
@@ -136,6 +141,12 @@ def test_checkpoint_info_prints_the_positions_a_checkpoint_records(tmp_path, cap
     torch.save({"cfg": {"model": {"max_target_positions": None}, "task": {"tokens_per_sample": 96}}}, path)
     assert checkpoint_info.main([str(path), "positions"]) == 0
     assert capsys.readouterr().out.strip() == "96"
+    torch.save({"cfg": {"model": {"max_target_positions": 512}, "task": {"tokens_per_sample": 96}}}, path)
+    assert checkpoint_info.main([str(path), "positions", "block"]) == 0
+    assert capsys.readouterr().out.split() == ["512", "96"]
+    torch.save({"cfg": {"model": {"max_target_positions": 512}, "task": {}}}, path)
+    assert checkpoint_info.main([str(path), "block"]) == 1
+    assert "records no tokens_per_sample" in capsys.readouterr().err
     assert checkpoint_info.main([str(tmp_path / "missing.pt"), "positions"]) == 1
     assert "not found" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:

@@ -1,9 +1,11 @@
-"""Offline tests of the recipes in examples/ (issue 7).
+"""Offline tests of the recipes in examples/.
 
 Miniature copies of every raw download (tests/recipes_fixtures.py) go through each prepare
 script in --raw-dir mode (no network), the train scripts run in --cpu-smoke mode (2 updates of
 a tiny copy of the arch) and the evaluate scripts score the result. Tiny BPE / sentencepiece
-vocabularies keep the whole file within a few minutes on 2 CPU cores.
+vocabularies keep the whole file within a few minutes on 2 CPU cores. The recipes' own logic
+(option parsing, batch arithmetic, scoring protocol, result checks) is also tested with fake
+fairseq tools and a fake GPU count (recipes_fixtures.install_fake_tools), in seconds.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def script_env(**extra: str) -> dict:
     env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
                PYTHON=sys.executable, NUM_WORKERS="1", OMP_NUM_THREADS="1",
                PYTHONWARNINGS="ignore", CONNECT_TIMEOUT="3")
-    env.update(extra)  # the caller's values win, as before
+    env.update(extra)  # the caller's values win
     return env
 
 
@@ -247,22 +249,37 @@ def test_prepare_wmt17_sentencepiece(wmt17):
 
 
 def test_prepare_wmt14_anthe_paper_segmentation(raw_wmt, work):
-    """--paper anthe: one sentencepiece model per language, separate dictionaries."""
-    run(EXAMPLES / "translation/prepare-wmt14en2de.sh", "--raw-dir", str(raw_wmt), "--work-dir", "wmt14-anthe",
-        "--paper", "anthe", "--vocab-size", "300", "--no-verify", cwd=work)
+    """--paper anthe: the Anthe paper's one tokenizer for every language (arXiv:2305.10991,
+    Sec. 3): a BPE learned on WikiText-103 (raw), applied to both sides, one joined dictionary;
+    --spm-model reuses a model (so WMT14 and WMT17 can share one), and only with --paper anthe."""
+    proc = run(EXAMPLES / "translation/prepare-wmt14en2de.sh", "--raw-dir", str(raw_wmt), "--work-dir",
+               "wmt14-anthe", "--paper=anthe", "--vocab-size", "300", "--no-verify", cwd=work)
+    assert re.search(r"vocabulary 300, on: \S*/wiki\.train\.raw\n", proc.stderr)
     data = work / "wmt14-anthe" / "data-bin"
     assert lines(data / "recipe.info") == ["SRC=en", "TGT=de", "SCHEME=sentencepiece"]
+    assert not (data / "spm.en.model").exists() and not (data / "spm.de.model").exists()
     import sentencepiece as spm
-    models = {lang: spm.SentencePieceProcessor(model_file=str(data / f"spm.{lang}.model")) for lang in ("en", "de")}
-    assert all(m.get_piece_size() == 300 for m in models.values())
-    assert {models["en"].id_to_piece(i) for i in range(300)} != {models["de"].id_to_piece(i) for i in range(300)}
-    dicts = {lang: dictionary(data / f"dict.{lang}.txt") for lang in ("en", "de")}
-    assert dicts["en"] != dicts["de"]  # not joined
+    model = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
+    vocabulary = {model.id_to_piece(i) for i in range(model.get_piece_size())}
+    assert model.get_piece_size() == 300
+    assert dictionary(data / "dict.en.txt") == dictionary(data / "dict.de.txt")  # joined
     prep = work / "wmt14-anthe" / "tmp" / "prep"
-    for lang in ("en", "de"):
-        pieces = {tok for line in lines(prep / f"train.{lang}") for tok in line.split()}
-        assert pieces <= {models[lang].id_to_piece(i) for i in range(300)} and pieces <= set(dicts[lang])
+    pieces = {tok for lang in ("en", "de") for line in lines(prep / f"train.{lang}") for tok in line.split()}
+    assert pieces <= set(dictionary(data / "dict.de.txt"))
+    # the model's pieces, or characters its English training text did not have (written as
+    # themselves, read as unknown: the paper's English-trained tokenizer on German text)
+    unknown = pieces - vocabulary
+    assert pieces & vocabulary and all(model.piece_to_id(p) == model.unk_id() for p in unknown), unknown
     assert len(lines(data / "test.raw.de")) == EVAL_COUNT
+    # the same model again, given with --spm-model: nothing is learned
+    again = run(EXAMPLES / "translation/prepare-wmt14en2de.sh", "--raw-dir", str(raw_wmt), "--work-dir",
+                "wmt14-anthe-reuse", "--paper", "anthe", "--spm-model", str(data / "spm.model"), "--no-verify",
+                cwd=work)
+    assert "training a sentencepiece" not in again.stderr
+    assert (work / "wmt14-anthe-reuse" / "data-bin" / "spm.model").read_bytes() == (data / "spm.model").read_bytes()
+    refused = run(EXAMPLES / "translation/prepare-wmt14en2de.sh", "--spm-model", str(data / "spm.model"),
+                  "--dry-run", cwd=work, expect_ok=False)
+    assert refused.returncode != 0 and refused.stderr.startswith("error: --spm-model: only with --paper anthe")
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +292,9 @@ def wmt14_google(raw_wmt, work) -> Path:
 def test_prepare_wmt14_subformer_paper_data(wmt14_google, raw_wmt, work):
     """--paper subformer: Google's preprocessed WMT14 (fairseq's scaling_nmt), binarized as is."""
     data = wmt14_google
-    assert lines(data / "recipe.info") == ["SRC=en", "TGT=de", "SCHEME=moses-bpe", "SOURCE=google-wmt16_en_de"]
+    assert lines(data / "recipe.info") == [
+        "SRC=en", "TGT=de", "SCHEME=moses-bpe", "SOURCE=google-wmt16_en_de",
+        "REF_TOKENS=Moses tokenizer without -a (Google's preprocessing: the data's own test.tok.de)"]
     assert dictionary(data / "dict.en.txt") == dictionary(data / "dict.de.txt")
     google = work / "wmt14-google" / "extracted" / "google"
     # the training text went in unchanged: every BPE token of it is in the dictionary
@@ -365,12 +384,16 @@ def test_train_and_evaluate_anthe_translation(anthe_checkpoints, wmt14, work):
     report = _report(out)
     assert re.fullmatch(r"\d+\.\d+", report["BLEU (tokenized)"])
     assert report["tokenization of tokenized BLEU"] == "Moses tokenizer -a + compound splitting (German target)"
-    assert re.search(r"sacreBLEU \(detokenized\): BLEU\|nrefs:1\|.*= \d+\.\d+", out)
+    assert re.search(r"sacreBLEU \(detokenized\): BLEU\|nrefs:1\|.*tok:13a.*= \d+\.\d+", out)
+    # the averaged files are named, oldest first
+    eval_dir = anthe_checkpoints / "eval" / "average_last2"
+    assert f"average of: {anthe_checkpoints}/checkpoint_1_1.pt {anthe_checkpoints}/checkpoint_1_2.pt" in out
+    assert "is the average of checkpoint_1_1.pt checkpoint_1_2.pt" in proc.stderr
     # fairseq's masked per-token perplexity of valid and test, beside BLEU (the Anthe metric)
     ppl = re.fullmatch(r"valid ([0-9.]+), test ([0-9.]+)",
                        report["perplexity (fairseq, per target token, padding excluded)"])
     assert ppl and all(1.0 < float(x) < 1e6 for x in ppl.groups())
-    eval_dir = anthe_checkpoints / "eval"
+    assert (eval_dir / "results.txt").read_text(encoding="utf-8").strip() == out[out.index("model: "):].strip()
     lenpen = re.search(r"best length penalty on valid: (\S+)", out).group(1)
     assert lenpen in ("0.8", "1.2")
     assert len(lines(eval_dir / f"test.lenpen{lenpen}.detok")) == EVAL_COUNT
@@ -415,16 +438,20 @@ def test_train_and_evaluate_subformer_on_sentencepiece_data(wmt17, work):
     # an English target: no compound splitting, and the report says so
     assert report["tokenization of tokenized BLEU"] == "Moses tokenizer -a, no compound splitting (target en)"
     assert re.search(r"sacreBLEU \(detokenized\): BLEU\|.*= \d+\.\d+", proc.stdout)
-    hyp = lines(save_dir / "eval" / "test.lenpen1.0.detok")
+    eval_dir = save_dir / "eval" / "checkpoint_last"
+    # one length penalty: used as it is, valid is not translated
+    assert "lenpen 1.0 (the only value of --lenpens: valid not translated)" in proc.stdout
+    assert not list(eval_dir.glob("valid.*"))
+    hyp = lines(eval_dir / "test.lenpen1.0.detok")
     assert len(hyp) == EVAL_COUNT and not any("\u2581" in h for h in hyp)  # pieces were decoded
-    refs = lines(save_dir / "eval" / "test.lenpen1.0.ref.tok")
+    refs = lines(eval_dir / "test.lenpen1.0.ref.tok")
     assert refs == _sacremoses_tokenize("en", lines(data / "test.raw.en"))
     assert any("@-@" in line for line in refs)  # hyphens the German rule would have split
 
 
 def test_compound_splitting_only_for_german(tmp_path):
-    """The Romanian example of issue 13: hyphenated clitics must stay whole for ro, en, ...;
-    only a German target gets the WMT14 en-de compound splitting."""
+    """Romanian hyphenated clitics (s-a, într-o) must stay whole for ro, en, ...; only a German
+    target gets the WMT14 en-de compound splitting."""
     text = "Ea s-a dus într-o zi la piață.\n"
     ro = _bash_with_common("bleu_tokenize ro", text, tmp_path)
     de = _bash_with_common("bleu_tokenize de", "Das Know-how der Berlin-Reise\n", tmp_path)
@@ -435,19 +462,130 @@ def test_compound_splitting_only_for_german(tmp_path):
                                   "Moses tokenizer -a + compound splitting (German target)"]
 
 
-def test_evaluate_uses_the_shipped_reference_tokens(wmt14_google, work):
-    """Google's data ships its tokenized references: tokenized BLEU scores against them (as
-    fairseq's compound_split_bleu.sh does on the binarized references), compound-split."""
-    save_dir = work / "ckpt-subformer-google"
-    _smoke_train("translation/train-subformer.sh", wmt14_google, save_dir, "--arch", "subformer_small")
-    proc = run(EXAMPLES / "translation/evaluate.sh", str(wmt14_google), str(save_dir / "checkpoint_last.pt"),
-               "--lenpens", "1.0", "--batch-size", "64", "--cpu", "--max-len-a", "0", "--max-len-b", "8",
-               cwd=work)
-    assert re.fullmatch(r"\d+\.\d+", _report(proc.stdout)["BLEU (tokenized)"])
-    refs = lines(save_dir / "eval" / "test.lenpen1.0.ref.tok")
+# ---------------------------------------------------------------------------------------------
+# evaluate.sh with fake fairseq tools: the scoring protocol per target language
+
+@pytest.fixture
+def fakes(tmp_path):
+    """(env, fake_dir): fake fairseq tools first on PATH (recipes_fixtures.install_fake_tools)."""
+    fake_dir = tmp_path / "fake"
+    fixtures.install_fake_tools(fake_dir / "bin", sys.executable)
+    env = {"PATH": f"{fake_dir / 'bin'}{os.pathsep}{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "FAKE_DIR": str(fake_dir)}
+    return env, fake_dir
+
+
+def _translation_data(folder: Path, tgt: str, valid: list[str], test: list[str], scheme: str = "sentencepiece",
+                      **info: str) -> Path:
+    """A data-bin as far as evaluate.sh reads it: recipe.info and the untokenized references."""
+    folder.mkdir(parents=True)
+    (folder / "recipe.info").write_text("".join(f"{k}={v}\n" for k, v in
+                                                {"SRC": "en", "TGT": tgt, "SCHEME": scheme, **info}.items()))
+    (folder / f"valid.raw.{tgt}").write_text("".join(line + "\n" for line in valid), encoding="utf-8")
+    (folder / f"test.raw.{tgt}").write_text("".join(line + "\n" for line in test), encoding="utf-8")
+    return folder
+
+
+def _damage(sentences: list[str], every: int) -> list[str]:
+    """Every EVERY-th character of each sentence replaced (a translation of known quality)."""
+    return ["".join("的" if i % every == every - 1 else c for i, c in enumerate(s)) for s in sentences]
+
+
+def test_evaluate_chinese_target_uses_sacrebleu_zh(fakes, tmp_path):
+    """The Moses tokenizer does not segment Chinese (tokenized BLEU is 0.00 for any imperfect
+    translation): the length penalty is chosen on sacreBLEU with its zh tokenizer, and the
+    report scores with it. Here lenpen 0.6 translates much better than 1.0, listed first."""
+    env, fake_dir = fakes
+    valid, test = fixtures.chinese_sentences(40, seed=1), fixtures.chinese_sentences(40, seed=2)
+    data = _translation_data(tmp_path / "data", "zh", valid, test)
+    (fake_dir / "valid.lenpen1.0.hyp").write_text("\n".join(_damage(valid, 2)) + "\n", encoding="utf-8")
+    (fake_dir / "valid.lenpen0.6.hyp").write_text("\n".join(_damage(valid, 9)) + "\n", encoding="utf-8")
+    (fake_dir / "test.hyp").write_text("\n".join(_damage(test, 9)) + "\n", encoding="utf-8")
+    (tmp_path / "model.pt").write_bytes(b"")
+    proc = run(EXAMPLES / "translation/evaluate.sh", str(data), str(tmp_path / "model.pt"), "--lenpens", "1.0 0.6",
+               cwd=tmp_path, env=env)
+    import sacrebleu
+    scores = {lp: sacrebleu.corpus_bleu(lines(fake_dir / f"valid.lenpen{lp}.hyp"), [valid], tokenize="zh").score
+              for lp in ("1.0", "0.6")}
+    assert scores["0.6"] > scores["1.0"] + 20
+    assert f"valid lenpen 0.6: sacreBLEU (-tok zh) {scores['0.6']:.2f}" in proc.stdout
+    assert "best length penalty on valid: 0.6" in proc.stdout
+    assert fixtures.option_value(fixtures.fake_calls(fake_dir, "fairseq-generate")[-1], "--lenpen") == "0.6"
+    test_score = sacrebleu.corpus_bleu(_damage(test, 9), [test], tokenize="zh").score
+    assert re.search(rf"sacreBLEU \(detokenized\): BLEU\|.*tok:zh\|.* = {test_score:.2f} ", proc.stdout)
+    assert "BLEU (tokenized): not computed" in proc.stdout and "BLEU (tokenized) =" not in proc.stdout
+
+
+def test_evaluate_single_length_penalty_translates_no_valid_and_shows_progress(fakes, tmp_path):
+    """--lenpens 1.0 is used as it is (valid is not decoded); the translation logs how far it
+    got while it runs; --lenpens=VALUE and --cpu reach the tools."""
+    env, fake_dir = fakes
+    refs = fixtures.bundled_lines("test", "de", 0, 30)
+    data = _translation_data(tmp_path / "data", "de", refs, refs)
+    (fake_dir / "test.hyp").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    (tmp_path / "model.pt").write_bytes(b"")
+    proc = run(EXAMPLES / "translation/evaluate.sh", str(data), str(tmp_path / "model.pt"), "--lenpens=1.0", "--cpu",
+               cwd=tmp_path, env={**env, "FAKE_GENERATE_DELAY": "0.1", "PROGRESS_INTERVAL": "1"})
+    calls = fixtures.fake_calls(fake_dir, "fairseq-generate")
+    assert [fixtures.option_value(c, "--gen-subset") for c in calls] == ["test"]
+    assert "--cpu" in calls[0] and "--cpu" in fixtures.fake_calls(fake_dir, "fairseq-validate")[0]
+    progress = re.findall(r"test, length penalty 1.0: sentences translated: (\d+) of 30", proc.stderr)
+    assert progress and 0 < int(progress[0]) < 30, proc.stderr
+    assert _report(proc.stdout)["BLEU (tokenized)"] == "100.00"
+
+
+def test_evaluate_refuses_options_it_sets_itself(tmp_path):
+    data = _translation_data(tmp_path / "data", "de", ["a"], ["a"])
+    for argv, message in ((["--lenpen", "0.6"], "error: --lenpen: the length penalty is chosen on valid"),
+                          (["--gen-subset=valid"], "error: --gen-subset: evaluate.sh chooses"),
+                          (["--paper", "--lenpens", "1.0"], "error: --lenpens: --paper tunes over 0.0 0.2"),
+                          (["--lenpens", "0.6 x"], "error: --lenpens: numbers >= 0")):
+        proc = run(EXAMPLES / "translation/evaluate.sh", str(data), str(tmp_path), *argv, cwd=tmp_path,
+                   expect_ok=False)
+        assert proc.returncode != 0 and proc.stderr.startswith(message), (argv, proc.stderr)
+    assert not (tmp_path / "eval").exists()
+
+
+def test_evaluate_names_the_shipped_reference_tokens(wmt14_google, fakes, tmp_path):
+    """Google's WMT14 ships its tokenized references (Moses without -a): tokenized BLEU scores
+    against them (as fairseq's compound_split_bleu.sh does on the binarized references),
+    compound-split, and the report says that is the tokenization, not Moses -a."""
+    env, fake_dir = fakes
     shipped = lines(wmt14_google / "test.tok.de")
+    for subset in ("valid", "test"):
+        (fake_dir / f"{subset}.hyp").write_text("\n".join(lines(wmt14_google / f"{subset}.tok.de")) + "\n",
+                                                encoding="utf-8")
+    (tmp_path / "model.pt").write_bytes(b"")
+    proc = run(EXAMPLES / "translation/evaluate.sh", str(wmt14_google), str(tmp_path / "model.pt"),
+               "--lenpens", "1.0", cwd=tmp_path, env=env)
+    report = _report(proc.stdout)
+    assert report["BLEU (tokenized)"] == "100.00"
+    assert report["tokenization of tokenized BLEU"] == (
+        "Moses tokenizer without -a (Google's preprocessing: the data's own test.tok.de) "
+        "+ compound splitting (German target)")
+    refs = lines(tmp_path / "eval" / "model" / "test.lenpen1.0.ref.tok")
     assert refs == [re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", line) for line in shipped]
     assert refs != _sacremoses_tokenize("de", lines(wmt14_google / "test.raw.de"))
+
+
+def test_evaluate_leaves_no_results_of_a_failed_run(fakes, tmp_path):
+    """results.txt is per model (eval/NAME/) and only written when every step succeeded."""
+    env, fake_dir = fakes
+    refs = fixtures.bundled_lines("test", "de", 0, 10)
+    data = _translation_data(tmp_path / "data", "de", refs, refs)
+    for subset in ("valid", "test"):
+        (fake_dir / f"{subset}.hyp").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
+        (tmp_path / name).write_bytes(b"")
+        run(EXAMPLES / "translation/evaluate.sh", str(data), str(tmp_path / name), "--lenpens", "1.0",
+            cwd=tmp_path, env=env)
+    results = {name: tmp_path / "eval" / name / "results.txt" for name in ("checkpoint_best", "checkpoint_last")}
+    assert all(f"model: {tmp_path}/{name}.pt" in path.read_text() for name, path in results.items())
+    (fake_dir / "test.hyp").unlink()  # fairseq-generate fails
+    proc = run(EXAMPLES / "translation/evaluate.sh", str(data), str(tmp_path / "checkpoint_best.pt"),
+               "--lenpens", "1.0", cwd=tmp_path, env=env, expect_ok=False)
+    assert proc.returncode != 0 and "fairseq-generate failed" in proc.stderr
+    assert not results["checkpoint_best"].exists() and results["checkpoint_last"].exists()
 
 
 LM_RECIPES = [
@@ -483,7 +621,8 @@ def _evaluate_lm_checks(data: Path, save_dir: Path, work: Path) -> None:
     # defaults read from the checkpoint (the smoke model has 64 positions)
     proc = run(EXAMPLES / "lm/evaluate-lm.sh", str(data), str(save_dir), "--avg", "2", "--cpu",
                "--sample-break-mode", "none", cwd=work)
-    assert "blocks of 64 tokens (none), context window 54 (model positions: 64)" in proc.stderr
+    assert ("blocks of 64 tokens (the training block: tokens_per_sample of the checkpoint's task; none), "
+            "context window 54 (model positions: 64, training block: 64)") in proc.stderr
     match = re.search(r"test: Loss \(base 2\): ([0-9.]+), Perplexity: ([0-9.]+) \((\d+) tokens", proc.stdout)
     assert match, proc.stdout[-2000:]
     loss, ppl = float(match.group(1)), float(match.group(2))
@@ -491,6 +630,120 @@ def _evaluate_lm_checks(data: Path, save_dir: Path, work: Path) -> None:
     test_tokens = sum(len(line.split()) + 1 for line in lines(next((work / "wikitext" / "extracted").rglob("wiki.test.tokens"))))
     assert int(match.group(3)) == test_tokens  # every token of the test set, eos included
     assert (save_dir / "eval" / "average_last2.pt").is_file()
+    assert lines(save_dir / "eval" / "average_last2.test.results.txt") == [match.group(0) + proc.stdout.split(
+        match.group(0))[1].strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluate-lm.sh with a fake fairseq-eval-lm
+
+LM_LINES = [[5, 6, 7, 8, 2], [9, 10, 2], [5, 2]]  # token ids of a 3-line subset, eos (2) included
+
+
+def _write_lm_subset(prefix: Path, items: list[list[int]]) -> None:
+    """PREFIX.bin / PREFIX.idx as fairseq-preprocess writes them (mmap dataset)."""
+    import numpy as np
+    from fairseq.data import indexed_dataset
+    builder = indexed_dataset.MMapIndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for ids in items:
+        builder.add_item(torch.tensor(ids, dtype=torch.int64))
+    builder.finalize(f"{prefix}.idx")
+
+
+@pytest.fixture
+def lm_eval(fakes, tmp_path):
+    """(env, fake_dir, data, ckpt): a binarized 3-line test and valid set, and a checkpoint of a
+    model with 256 positions trained on 32-token blocks (only its configuration is read)."""
+    env, fake_dir = fakes
+    data = tmp_path / "data"
+    data.mkdir()
+    for subset in ("valid", "test"):
+        _write_lm_subset(data / subset, LM_LINES)
+    ckpt = tmp_path / "ckpt" / "checkpoint_best.pt"
+    ckpt.parent.mkdir()
+    torch.save({"cfg": {"model": {"max_target_positions": 256}, "task": {"tokens_per_sample": 32}},
+                "model": {}}, ckpt)
+    return env, fake_dir, data, ckpt
+
+
+SUBSET_TOKENS = sum(len(ids) for ids in LM_LINES)
+
+
+def _eval_lm_log(fake_dir: Path, tokens: int, ppl: float = 71.37, rc: int = 0) -> None:
+    """What fairseq-eval-lm prints (to stdout) for a run that scored TOKENS tokens."""
+    import math
+    (fake_dir / "eval-lm.out").write_text(
+        "INFO | fairseq_cli.eval_lm | loading model(s)\n"
+        f"INFO | fairseq_cli.eval_lm | Evaluated {tokens:,} tokens in 1.0s (100.00 tokens/s)\n"
+        f"INFO | fairseq_cli.eval_lm | Loss (base 2): {math.log2(ppl):.4f}, Perplexity: {ppl:.2f}\n")
+    (fake_dir / "eval-lm.rc").write_text(str(rc))
+
+
+def test_evaluate_lm_prints_only_a_verified_perplexity(lm_eval, tmp_path):
+    """fairseq's log (which holds a perplexity even when the run fails or scored part of the
+    subset) never reaches stdout; a failed run leaves no results file of an earlier run; the
+    results are one file per model and subset."""
+    env, fake_dir, data, ckpt = lm_eval
+    script = EXAMPLES / "lm/evaluate-lm.sh"
+    _eval_lm_log(fake_dir, SUBSET_TOKENS, ppl=45.5)
+    for subset in ("valid", "test"):
+        proc = run(script, str(data), str(ckpt), "--subset", subset, cwd=tmp_path, env=env)
+        assert proc.stdout.startswith(f"{subset}: Loss (base 2): 5.5078, Perplexity: 45.50 ({SUBSET_TOKENS} tokens;")
+        assert len(proc.stdout.splitlines()) == 1 and "INFO" not in proc.stdout
+    results = {subset: ckpt.parent / f"checkpoint_best.{subset}.results.txt" for subset in ("valid", "test")}
+    assert all(path.read_text().startswith(f"{subset}: Loss") for subset, path in results.items())
+    # the run fails after fairseq logged a perplexity: nothing on stdout, no results file left
+    _eval_lm_log(fake_dir, 17_500, rc=1)
+    proc = run(script, str(data), str(ckpt), cwd=tmp_path, env=env, expect_ok=False)
+    assert proc.returncode != 0 and proc.stdout == "" and "fairseq-eval-lm failed (exit 1" in proc.stderr
+    assert not results["test"].exists() and results["valid"].exists()
+    # a run that scored part of the subset: an error naming both counts, no perplexity
+    _eval_lm_log(fake_dir, SUBSET_TOKENS - 3)
+    proc = run(script, str(data), str(ckpt), "--subset=valid", cwd=tmp_path, env=env, expect_ok=False)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert f"evaluated {SUBSET_TOKENS - 3} tokens, but valid holds {SUBSET_TOKENS}" in proc.stderr
+    assert not results["valid"].exists()
+    # shards of the subset are refused before fairseq-eval-lm runs, in either spelling
+    calls = len(fixtures.fake_calls(fake_dir, "fairseq-eval-lm"))
+    for argv in (["--num-shards", "2", "--shard-id", "0"], ["--num-shards=2"], ["--shard-id=1"]):
+        proc = run(script, str(data), str(ckpt), *argv, cwd=tmp_path, env=env, expect_ok=False)
+        assert proc.returncode != 0 and proc.stdout == "" and "whole subset" in proc.stderr, argv
+    assert len(fixtures.fake_calls(fake_dir, "fairseq-eval-lm")) == calls
+
+
+def test_evaluate_lm_block_defaults_to_the_training_block(lm_eval, tmp_path):
+    """A model trained on 32-token blocks with 256 positions is scored on 32-token blocks by
+    default (its task's tokens_per_sample), and the log says where the length came from; one
+    process (world size 1), whatever fairseq's default."""
+    env, fake_dir, data, ckpt = lm_eval
+    _eval_lm_log(fake_dir, SUBSET_TOKENS)
+    proc = run(EXAMPLES / "lm/evaluate-lm.sh", str(data), str(ckpt), cwd=tmp_path, env=env)
+    argv = fixtures.fake_calls(fake_dir, "fairseq-eval-lm")[-1]
+    assert [fixtures.option_value(argv, o) for o in ("--tokens-per-sample", "--context-window", "--max-tokens",
+                                                     "--distributed-world-size")] == ["32", "27", "32", "1"]
+    assert "blocks of 32 tokens (the training block: tokens_per_sample of the checkpoint's task" in proc.stderr
+    assert "(model positions: 256, training block: 32)" in proc.stderr
+    assert "blocks of 32, context 27" in proc.stdout
+    run(EXAMPLES / "lm/evaluate-lm.sh", str(data), str(ckpt), "--tokens-per-sample=128", cwd=tmp_path, env=env)
+    argv = fixtures.fake_calls(fake_dir, "fairseq-eval-lm")[-1]
+    assert fixtures.option_value(argv, "--tokens-per-sample") == "128" and argv.count("--tokens-per-sample") == 1
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["--tokens-per-sample=512"], "error: --tokens-per-sample 512: the model accepts at most 256 positions"),
+    (["--tokens-per-sample=64", "--context-window=64"],
+     "error: --context-window 64 must be smaller than --tokens-per-sample 64"),
+    (["--context-window=32"], "error: --context-window 32 must be smaller than --tokens-per-sample 32"),
+    (["--max-tokens=16"], "error: --max-tokens 16 must hold one block of --tokens-per-sample 32 tokens"),
+    (["--tokens-per-sample=x"], "error: --tokens-per-sample: a whole number, got 'x'"),
+    (["--distributed-world-size=2"], "error: --distributed-world-size: evaluate-lm.sh runs one process"),
+])
+def test_evaluate_lm_checks_equals_spelled_options(argv, error, lm_eval, tmp_path):
+    """--name=VALUE gets the same checks as --name VALUE, before fairseq-eval-lm runs."""
+    env, fake_dir, data, ckpt = lm_eval
+    proc = run(EXAMPLES / "lm/evaluate-lm.sh", str(data), str(ckpt), *argv, cwd=tmp_path, env=env, expect_ok=False)
+    assert proc.returncode != 0 and proc.stderr.splitlines()[-1].startswith(error), proc.stderr
+    assert fixtures.fake_calls(fake_dir, "fairseq-eval-lm") == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -553,9 +806,9 @@ def test_paper_settings(tmp_path):
     proc = run(EXAMPLES / "translation/train-anthe.sh", "data-bin", "--dry-run", "--paper", "--gpus", "3",
                cwd=tmp_path, expect_ok=False)
     assert proc.returncode != 0 and "do not split evenly over 3 workers" in proc.stderr
-    # Subformer: the defaults are the paper's
-    _, log = _dry("translation/train-subformer.sh", "--paper", "--gpus", "1", tmp_path=tmp_path, with_log=True)
-    assert "defaults already are the paper's setting" in log
+    # Subformer: the defaults are the paper's, --paper adds its mixed precision
+    command, log = _dry("translation/train-subformer.sh", "--paper", "--gpus", "1", tmp_path=tmp_path, with_log=True)
+    assert "--fp16" in command and "--paper: --fp16 (the paper trained with mixed precision)" in log
     # no paper recipe to reproduce: refused, not ignored
     proc = run(EXAMPLES / "lm/train-stlm.sh", "data-bin", "--dry-run", "--paper", cwd=tmp_path, expect_ok=False)
     assert proc.returncode != 0 and proc.stderr.startswith("error: --paper: the STLM report")
@@ -590,7 +843,8 @@ def test_help_prints_the_header_only(script, tmp_path):
     header = _header(script)
     assert any(line.lower().startswith("usage:") for line in header), header
     if script.name.startswith("train-"):  # the header, then the launcher's shared options
-        assert printed[:len(header)] == header and printed[len(header) + 1] == "options of every train script:"
+        assert printed[:len(header)] == header
+        assert printed[len(header) + 1].startswith("options of every train script")
     else:
         assert printed == header
     assert not any(word in proc.stdout for word in ("set -euo", "shellcheck", "$(", "; then"))
@@ -623,10 +877,11 @@ def test_prepare_dry_run_lists_downloads_and_changes_nothing(raw_wmt, tmp_path):
             assert f"{raw_wmt}/{name}" in proc.stdout, (script, proc.stdout)
         assert "download https://" in proc.stdout
         assert not (tmp_path / "dry").exists(), script
-    # the WMT17 paper setting: WikiText-103's tokenizer and the first 7M pairs for zh
+    # the WMT17 paper setting (the Anthe paper, Sec. 3 and 3.2): WikiText-103's tokenizer, and
+    # zh limited to 9G
     assert "wikitext-103-raw-v1.zip (sha1:86f2375181b9247049d9c9205fad2b71b274b568, present)" in proc.stdout
     assert "UNv1.0.en-zh.tar.gz (no published checksum, missing)" in proc.stdout
-    assert "pair cap: 7000000" in proc.stderr
+    assert f"pair cap: none; size cap: 9G = {9 * 1024**3} bytes" in proc.stderr
     proc = run(EXAMPLES / "lm/prepare-wikitext-103.sh", "--work-dir", "dry", "--dry-run", cwd=tmp_path)
     assert "download https://wikitext.smerity.com/wikitext-103-v1.zip" in proc.stdout
     assert not (tmp_path / "dry").exists()
@@ -661,6 +916,7 @@ def test_evaluate_checks_the_checkpoint_before_writing(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     (data / "recipe.info").write_text("SRC=en\nTGT=ro\nSCHEME=moses-bpe\n")
+    _write_lm_subset(data / "test", LM_LINES)  # evaluate-lm.sh checks the subset first
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     proc = run(EXAMPLES / "translation/evaluate.sh", str(data), str(ckpt), cwd=tmp_path, expect_ok=False)
@@ -778,11 +1034,256 @@ def test_wikitext2_comparisons_train_every_run_alike(name, runs, own, tmp_path):
 
 def test_comparison_waits_for_both_runs_and_names_the_one_that_failed(tmp_path):
     """compare_on_bundled_ende (examples/common.sh) runs the two models in parallel: when one
-    fails, the script still waits for the other, then exits non-zero naming the failed one
-    (before, the first failure ended the script and left the second run going on its own)."""
+    fails, the script still waits for the other (no run is left going on its own), then exits
+    non-zero naming the failed one."""
     script = EXAMPLES / "translation" / "subformer_vs_transformer.sh"
     proc = run(script, str(tmp_path), "--max-update", "2", "--max-tokens", "512",
                "--subformer-lr", "not-a-rate", cwd=tmp_path, expect_ok=False)
     assert proc.returncode != 0
     assert f"subformer failed: see the logs under {tmp_path}/subformer" in proc.stderr
     assert (tmp_path / "transformer" / "generate.log").stat().st_size > 0  # the other one finished
+
+
+# ---------------------------------------------------------------------------------------------
+# --paper and the batch, with a fake GPU count
+
+def _dry_gpus(script: str, gpus: int, *args: str, tmp_path: Path, expect_ok: bool = True):
+    """A --dry-run of SCRIPT on a machine that shows GPUS GPUs: (command, log) or the process."""
+    bin_dir = fixtures.install_fake_tools(tmp_path / "fake-gpus" / "bin", sys.executable)
+    proc = run(EXAMPLES / script, "data-bin", "--dry-run", *args, cwd=tmp_path, expect_ok=expect_ok,
+               env={"PYTHON": str(bin_dir / "python"), "FAKE_GPUS": str(gpus)})
+    if not expect_ok:
+        return proc
+    commands = [line for line in proc.stdout.splitlines() if line.startswith("+ ")]
+    assert len(commands) == 1, proc.stdout
+    return commands[0], proc.stderr
+
+
+def test_paper_batch_is_what_fairseq_gets(tmp_path):
+    """With --paper the printed batch is the one on fairseq's command line: --batch-size replaces
+    the paper's sentences (said so), --max-tokens is refused, each option appears once."""
+    command, log = _dry_gpus("translation/train-anthe.sh", 8, "--paper", "--batch-size", "64", tmp_path=tmp_path)
+    argv = command.split()
+    assert argv.count("--batch-size") == 1 and fixtures.option_value(argv, "--batch-size") == "64"
+    assert fixtures.option_value(argv, "--distributed-world-size") == "1" and "--max-tokens" not in argv
+    assert "64 sentences x update-freq 1 x 1 workers = 64 sentences per update (the paper: 32)" in log
+    assert "--paper: 1 of the 8 visible GPUs, as the paper (one V100 GPU)" in log
+    for spelling in (["--max-tokens", "4096"], ["--max-tokens=4096"]):
+        proc = _dry_gpus("translation/train-anthe.sh", 8, "--paper", *spelling, tmp_path=tmp_path, expect_ok=False)
+        assert proc.returncode != 0
+        assert proc.stderr.startswith("error: --max-tokens: --paper batches by sentences (32 per update")
+    # without --paper, --batch-size is an upper bound next to the token batch, and said so
+    command, log = _dry_gpus("translation/train-anthe.sh", 1, "--batch-size=100", tmp_path=tmp_path)
+    assert command.split().count("--batch-size") == 1 and "--max-tokens 4096 --update-freq 7 --batch-size 100" in command
+    assert "; at most 100 sentences per worker batch (--batch-size)" in log
+
+
+def test_paper_gpus_and_precision_as_each_paper(tmp_path):
+    """Anthe (one V100) and its LM appendix (a single GPU) keep one GPU of the 8 visible; the
+    Subformer paper trained on 8 V100s with mixed precision: all 8 workers, --fp16, the
+    dropout it does not sweep said so; a CPU run of it is refused (no fp16 on CPU)."""
+    command, log = _dry_gpus("translation/train-subformer.sh", 8, "--paper", tmp_path=tmp_path)
+    argv = command.split()
+    assert fixtures.option_value(argv, "--distributed-world-size") == "8" and "--fp16" in argv
+    assert "one GPU" not in log and "the paper trained on 8 V100 GPUs (16 for the big/large models)" in log
+    assert "no sweep" in log and "--dropout 0.2 and --dropout 0.3" in log
+    command, log = _dry_gpus("translation/train-subformer.sh", 8, "--paper", "--bf16", tmp_path=tmp_path)
+    assert "--bf16" in command.split() and "--fp16" not in command.split()
+    assert "mixed precision as the paper, in --bf16" in log
+    proc = _dry_gpus("translation/train-subformer.sh", 8, "--paper", "--gpus=0", tmp_path=tmp_path, expect_ok=False)
+    assert proc.returncode != 0 and "mixed precision (--fp16), which needs GPUs" in proc.stderr
+    command, log = _dry_gpus("lm/train-subformer-lm.sh", 8, "--paper", tmp_path=tmp_path)
+    assert "--fp16" in command.split() and "--update-freq 3 --fp16 --distributed-world-size 8" in command
+    assert "the paper trained on 8 GPUs" in log
+    # the Anthe paper's App. C: 100 epochs, batch size 8, a single GPU
+    command, log = _dry_gpus("lm/train-anthe-lm.sh", 8, "--paper", tmp_path=tmp_path)
+    argv = command.split()
+    assert [fixtures.option_value(argv, o) for o in ("--max-epoch", "--patience", "--batch-size",
+                                                     "--distributed-world-size")] == ["100", "-1", "8", "1"]
+    assert "--stop-time-hours" not in argv and "--max-tokens" not in argv
+    assert "8 blocks x update-freq 1 x 1 workers = 8 blocks per update" in log
+    assert "Penn Treebank and WikiText-2" in log
+
+
+@pytest.mark.parametrize("spelling", ["space", "equals"])
+def test_train_options_read_by_the_launcher_in_both_spellings(spelling, tmp_path):
+    """--update-freq / --max-tokens / --batch-size / --gpus in the --name=VALUE form are read by
+    the launcher (the printed batch is fairseq's), and --distributed-world-size is refused."""
+    def opts(**values):
+        out = []
+        for name, value in values.items():
+            name = "--" + name.replace("_", "-")
+            out += [f"{name}={value}"] if spelling == "equals" else [name, value]
+        return out
+
+    command, log = _dry_gpus("translation/train-subformer.sh", 1, *opts(update_freq="8", max_tokens="8192", gpus="2"),
+                             tmp_path=tmp_path)
+    argv = command.split()
+    assert [argv.count(o) for o in ("--update-freq", "--max-tokens", "--distributed-world-size")] == [1, 1, 1]
+    assert "--max-tokens 8192 --update-freq 8" in command and "--distributed-world-size 2" in command
+    assert "8192 tokens x update-freq 8 x 2 workers = 131072 tokens per update" in log
+    proc = _dry_gpus("translation/train-subformer.sh", 8, *opts(distributed_world_size="4"), tmp_path=tmp_path,
+                     expect_ok=False)
+    assert proc.returncode != 0
+    assert proc.stderr == "error: --distributed-world-size: set by the recipe from --gpus and --nodes\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# one option parser (examples/common.sh: parse_options) for every recipe
+
+PARSED_SCRIPTS = sorted([p for p in RECIPE_SCRIPTS if p.name != "common.sh"] + [REPO / "scripts" / "demo.sh"])
+
+
+def _declarations(script: Path) -> list[str]:
+    """The option declarations a script gives parse_options: its OPTIONS array, or for the train
+    scripts common.sh's TRAIN_OPTIONS."""
+    if "train_main" in script.read_text():
+        script = EXAMPLES / "common.sh"
+    text = script.read_text()
+    match = re.search(r"^(?:TRAIN_)?OPTIONS=\((.*?)\)$", text, re.S | re.M)
+    if match is None:
+        return []
+    return re.findall(r'"([^"]+)"', match.group(1))
+
+
+def _parsed(declarations: list[str], argv: list[str]) -> str:
+    """The variables (and pass-through array) after parse_options DECLARATIONS -- ARGV, or its
+    error, as bash reports them."""
+    scalars, arrays = set(), set()
+    for declaration in declarations:
+        words = declaration.split()
+        if words[0] == "@positional":
+            scalars.update(words[1:])
+        elif words[0] == "@unknown":
+            arrays.add(words[2])
+        elif words[0].startswith("--") and words[1] != "refuse":
+            (arrays if words[1] == "append" else scalars).add(words[2])
+    names = sorted(scalars | arrays)
+    code = (f'. "{EXAMPLES}/common.sh"; ' + "".join(f'{n}=""; ' for n in sorted(scalars))
+            + "".join(f"{n}=(); " for n in sorted(arrays)) + 'parse_options "$@" && declare -p ' + " ".join(names))
+    proc = subprocess.run(["bash", "-c", code, "parse", *declarations, "--", *argv], capture_output=True,
+                          text=True, env=script_env())
+    return f"rc={proc.returncode}\n{proc.stdout}{proc.stderr}"
+
+
+def test_every_script_reads_its_command_line_with_the_one_parser():
+    """No recipe parses arguments by hand: each declares its options for parse_options, the only
+    loop over the command line (so --name=VALUE and --name VALUE are one option everywhere)."""
+    by_hand = re.compile(r'while \[\[ \$# -gt 0|case "\$1" in\s*\n\s*-|\$\{1:-|"\$1" == -|for \w+ in "\$\{(EXTRA|extra)\[')
+    for script in PARSED_SCRIPTS:
+        text = script.read_text()
+        assert 'parse_options "${' in text or "train_main" in text or "parse_options --" in text, script
+        assert not by_hand.search(text), (script, by_hand.search(text).group(0))
+    common = (EXAMPLES / "common.sh").read_text()
+    assert common.count("while [[ $# -gt 0 ]]") == 1  # parse_options' own loop
+
+
+@pytest.mark.parametrize("script", PARSED_SCRIPTS, ids=[f"{p.parent.name}/{p.name}" for p in PARSED_SCRIPTS])
+def test_every_option_reads_the_same_in_both_spellings(script):
+    """For every option a script declares: --name=V and --name V give the same variables; a flag
+    refuses a value; a refused option is refused in both spellings; --help is answered."""
+    declarations = _declarations(script)
+    assert declarations or script.name == "demo.sh", f"{script}: no declarations for parse_options"
+    slots = next((d.split()[1:] for d in declarations if d.startswith("@positional")), [])
+    positional = [f"P{i}" for i in range(len(slots))]
+    for declaration in declarations:
+        if not declaration.startswith("--"):
+            continue
+        name, kind = declaration.split()[:2]
+        if kind in ("value", "append"):  # given twice, between the positional arguments
+            spaced = _parsed(declarations, positional[:1] + [name, "v 1"] + positional[1:] + [name, "v 2"])
+            joined = _parsed(declarations, positional[:1] + [f"{name}=v 1"] + positional[1:] + [f"{name}=v 2"])
+            assert spaced.startswith("rc=0") and spaced == joined, (script, name, spaced, joined)
+            assert '"v 2"' in spaced and ('"v 1"' in spaced) == (kind == "append")
+            missing = _parsed(declarations, [name])
+            assert missing.startswith("rc=1") and f"error: {name} needs a value" in missing
+        elif kind in ("flag", "set", "one"):
+            assert _parsed(declarations, [name]).startswith("rc=0")
+            refused = _parsed(declarations, [f"{name}=1"])
+            assert f"error: {name} takes no value (got {name}=1)" in refused
+        else:
+            for argv in ([name, "1"], [f"{name}=1"]):
+                refused = _parsed(declarations, argv)
+                assert refused.startswith("rc=1") and f"error: {name}: " in refused, (script, argv)
+    assert _parsed(declarations, ["--help"]).startswith("rc=0")
+
+
+def test_parse_options_kinds(tmp_path):
+    """The declaration kinds of parse_options, in both spellings."""
+    declarations = ["@positional DATA", "@unknown pass EXTRA", "--avg value AVG", "--skip append SKIP",
+                    "--paper flag PAPER", "--sequential set PARALLEL 0", "--fp16 one PRECISION --fp16",
+                    "--bf16 one PRECISION --bf16", "--world refuse set by the recipe"]
+    out = _parsed(declarations, ["data", "--avg=3", "--skip", "a", "--skip=b c", "--paper", "--sequential",
+                                 "--fp16", "--lr=1e-4", "--max-len-a", "0", "--cpu"])
+    assert out.startswith("rc=0")
+    for expected in ('AVG="3"', 'DATA="data"', 'PAPER="1"', 'PARALLEL="0"', 'PRECISION="--fp16"',
+                     'SKIP=([0]="a" [1]="b c")', 'EXTRA=([0]="--lr=1e-4" [1]="--max-len-a" [2]="0" [3]="--cpu")'):
+        assert expected in out, (expected, out)
+    assert "error: --fp16 and --bf16 exclude each other" in _parsed(declarations, ["--fp16", "--bf16"])
+    assert "error: --world: set by the recipe" in _parsed(declarations, ["--world=4"])
+    assert "error: --avg needs a value" in _parsed(declarations, ["--avg", "--paper"])
+    assert "error: --avg needs a value" in _parsed(declarations, ["--avg="])
+    assert "error: unknown option --nope" in _parsed(declarations[:1], ["--nope=1"])
+    assert "error: unexpected argument 'more'" in _parsed(declarations[:1], ["data", "more"])
+
+
+def test_demo_help_starts_nothing(tmp_path):
+    """scripts/demo.sh --help prints its header and exits 0 at once; an unknown option is a
+    one-line error; neither creates the demo's folder."""
+    demo = REPO / "scripts" / "demo.sh"
+    proc = run(demo, "--help", cwd=tmp_path, env={"DEMO_DIR": str(tmp_path / "demo")}, timeout=60)
+    assert proc.stdout.splitlines() == _header(demo)
+    assert any(line.startswith("usage:") for line in _header(demo))
+    proc = run(demo, "--nope", cwd=tmp_path, env={"DEMO_DIR": str(tmp_path / "demo")}, expect_ok=False, timeout=60)
+    assert proc.returncode != 0 and proc.stderr == "error: unknown option --nope (see --help)\n"
+    assert not (tmp_path / "demo").exists()
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), "--help"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "--num-epoch-checkpoints" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# what a BLEU number is, and which checkpoints an average holds
+
+def test_comparison_says_what_its_bleu_is(fakes, tmp_path):
+    """anthe_vs_transformer.sh (compare_on_bundled_ende) prints, under its table, that "test
+    BLEU" is fairseq-generate's tokenized BLEU4, not sacreBLEU, and which checkpoint (and
+    update) each model was translated with."""
+    env, fake_dir = fakes
+    bundled = tmp_path / "bundled"
+    bundled.mkdir()
+    (bundled / "dict.en.txt").write_text("a 1\n")
+    (fake_dir / "test.hyp").write_text("ein Test\n")
+    out = tmp_path / "out"
+    proc = run(EXAMPLES / "translation/anthe_vs_transformer.sh", str(out), "--max-update=30", "--sequential",
+               cwd=tmp_path, env={**env, "PYTHON": str(fake_dir / "bin" / "python"), "FAKE_BINARIZED": str(bundled)})
+    table = proc.stdout.splitlines()
+    assert table[1].split()[0] == "model" and "test BLEU" in table[1]
+    assert [row.split()[6] for row in table[2:4]] == ["12.34", "12.34"], table
+    note = table[4:]
+    assert note[0].startswith("test BLEU: fairseq-generate's BLEU4") and "not sacreBLEU" in note[0]
+    assert "tokenized BLEU on Moses tokens (-a), no compound splitting" in note[0]
+    assert note[1:] == [f"  anthe: {out}/anthe/checkpoint_last.pt (epoch 1 @ 30 updates)",
+                        f"  transformer: {out}/transformer/checkpoint_last.pt (epoch 1 @ 30 updates)"]
+    paths = [fixtures.option_value(c, "--path") for c in fixtures.fake_calls(fake_dir, "fairseq-generate")]
+    assert paths == [f"{out}/anthe/checkpoint_last.pt", f"{out}/transformer/checkpoint_last.pt"]
+    assert all(fixtures.option_value(c, "--max-update") == "30" for c in fixtures.fake_calls(fake_dir, "fairseq-train"))
+
+
+def test_avg_picks_checkpoints_by_number_and_names_them(tmp_path):
+    """--avg N averages the N highest-numbered checkpoints, compared as numbers (checkpoint10
+    after checkpoint9), and says which files it averaged."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for epoch in range(1, 11):
+        torch.save({"model": {"w": torch.tensor([float(epoch)])}, "cfg": {}}, ckpt / f"checkpoint{epoch}.pt")
+    proc = subprocess.run(["bash", "-c", f'. "{EXAMPLES}/common.sh"; resolve_checkpoint "{ckpt}" 2 "{tmp_path}/eval"; '
+                           'echo "$MODEL"; printf "%s\\n" "${AVERAGED[@]}"'],
+                          capture_output=True, text=True, env=script_env())
+    assert proc.returncode == 0, proc.stderr
+    model, *averaged = proc.stdout.splitlines()
+    assert averaged == [f"{ckpt}/checkpoint9.pt", f"{ckpt}/checkpoint10.pt"]
+    assert f"--avg 2: {model} is the average of checkpoint9.pt checkpoint10.pt (in {ckpt})" in proc.stderr
+    sys.path.insert(0, str(REPO / "scripts"))
+    import average_checkpoints as averager
+    assert averager.load_checkpoint(model)["model"]["w"].item() == 9.5

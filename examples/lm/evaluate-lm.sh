@@ -4,20 +4,28 @@
 # averaged over padding positions too; they are not comparable with these.
 #
 # CKPT is a checkpoint file or a checkpoint folder (its checkpoint_best.pt, or with --avg N the
-# average of its last N checkpoints). The subset is cut into blocks of --tokens-per-sample
-# tokens; each block scores its last tokens with the --context-window tokens before them as
-# context (fairseq's adaptive-input WikiText-103 evaluation: 3072 / 2560).
-# Defaults follow the model: --tokens-per-sample is the longest sequence the checkpoint accepts
-# (its max_target_positions, else its training tokens_per_sample), --context-window 5/6 of it
-# (3072 -> 2560, as fairseq's setting), --max-tokens one block. Blocks hold complete lines
-# (--sample-break-mode complete, fairseq's protocol); a line longer than the model's positions
-# cannot be scored that way: --sample-break-mode none lets blocks cross line boundaries.
-# If fairseq-eval-lm skips blocks (longer than the model's positions) or evaluates no token,
-# the script fails instead of printing a perplexity of a part (or none) of the subset.
+# average of its last N checkpoints, named in the log). The subset is cut into blocks of
+# --tokens-per-sample tokens; each block scores its last tokens with the --context-window
+# tokens before them as context (fairseq's adaptive-input WikiText-103 evaluation: 3072 / 2560).
+# Defaults follow the checkpoint: --tokens-per-sample is the block the model was trained on (its
+# task's tokens_per_sample; the model's positions when the checkpoint records none; the log
+# says which), --context-window 5/6 of it (3072 -> 2560, as fairseq's setting), --max-tokens
+# one block. Blocks hold complete lines (--sample-break-mode complete, fairseq's protocol); a
+# line longer than the model's positions cannot be scored that way: --sample-break-mode none
+# lets blocks cross line boundaries.
+#
+# Only a verified result reaches stdout: "SUBSET: Loss (base 2): L, Perplexity: P (N tokens ...)"
+# when fairseq-eval-lm scored every token of the subset. fairseq's own log goes to
+# CKPT_NAME.SUBSET.eval-lm.log next to the checkpoint (progress on stderr); the result also to
+# CKPT_NAME.SUBSET.results.txt (one file per model and subset, removed when a run fails). The
+# script fails, printing no perplexity, when fairseq-eval-lm fails, skips blocks longer than the
+# model's positions, or evaluates fewer (or more) tokens than the subset holds; blocks longer
+# than the model's positions and shards of the subset (--num-shards) are refused before it runs.
 #
 # usage: evaluate-lm.sh DATA_BIN CKPT [--avg N] [--subset test] [--tokens-per-sample N]
 #            [--context-window N] [--max-tokens N] [--sample-break-mode complete|none]
 #            [--cpu] [fairseq-eval-lm options]
+#        (--name=VALUE is the same as --name VALUE; --gen-subset is --subset)
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
@@ -30,39 +38,60 @@ TOKENS_PER_SAMPLE=""
 CONTEXT_WINDOW=""
 MAX_TOKENS=""
 BREAK_MODE=complete
+NUM_SHARDS=1
 EXTRA=()
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        --avg) require_value "$@"; AVG="$2"; shift 2 ;;
-        --subset) require_value "$@"; SUBSET="$2"; shift 2 ;;
-        --tokens-per-sample) require_value "$@"; TOKENS_PER_SAMPLE="$2"; shift 2 ;;
-        --context-window) require_value "$@"; CONTEXT_WINDOW="$2"; shift 2 ;;
-        --max-tokens) require_value "$@"; MAX_TOKENS="$2"; shift 2 ;;
-        --sample-break-mode) require_value "$@"; BREAK_MODE="$2"; shift 2 ;;
-        -h | --help) usage; exit 0 ;;
-        -*) EXTRA+=("$1"); shift ;;
-        *)
-            if [[ -z "$DATA" ]]; then DATA="$1"
-            elif [[ -z "$CKPT" ]]; then CKPT="$1"
-            else EXTRA+=("$1"); fi
-            shift ;;
-    esac
-done
-[[ -n "$DATA" && -n "$CKPT" ]] || { usage; die "DATA_BIN and CKPT are required"; }
+OPTIONS=(
+    "@positional DATA CKPT"
+    "@unknown pass EXTRA"
+    "--avg value AVG"
+    "--subset value SUBSET"
+    "--gen-subset value SUBSET"
+    "--tokens-per-sample value TOKENS_PER_SAMPLE"
+    "--context-window value CONTEXT_WINDOW"
+    "--max-tokens value MAX_TOKENS"
+    "--sample-break-mode value BREAK_MODE"
+    "--num-shards value NUM_SHARDS"
+    "--shard-id refuse evaluate-lm.sh scores the whole subset (run fairseq-eval-lm itself for a shard)"
+    "--path refuse the checkpoint is CKPT, the second argument"
+    "--max-valid-steps refuse evaluate-lm.sh scores the whole subset"
+    "--distributed-world-size refuse evaluate-lm.sh runs one process (several would each score a shard)"
+)
+parse_options "${OPTIONS[@]}" -- "$@"
+[[ -n "$DATA" && -n "$CKPT" ]] || die "DATA_BIN and CKPT are required (see --help)"
 [[ -d "$DATA" ]] || die "DATA_BIN: $DATA is not a folder"
-for value in "$TOKENS_PER_SAMPLE" "$CONTEXT_WINDOW" "$MAX_TOKENS"; do
-    [[ -z "$value" || "$value" =~ ^[0-9]+$ ]] || die "--tokens-per-sample/--context-window/--max-tokens: whole numbers, got '$value'"
+for option in tokens-per-sample context-window max-tokens; do
+    variable="$(tr a-z- A-Z_ <<<"$option")"
+    [[ -z "${!variable}" ]] || whole_number "--$option" "${!variable}"
 done
+[[ "$NUM_SHARDS" == 1 ]] ||
+    die "--num-shards $NUM_SHARDS: evaluate-lm.sh scores the whole subset, not a shard of it (run fairseq-eval-lm itself for a shard)"
 case "$BREAK_MODE" in
     complete | none | eos | complete_doc) ;;
     *) die "--sample-break-mode: allowed complete, none, eos, complete_doc; got '$BREAK_MODE'" ;;
 esac
 need_cmd fairseq-eval-lm
+SUBSET_TOKENS="$(subset_tokens "$DATA" "$SUBSET" 2>/dev/null)" ||
+    die "--subset $SUBSET: no binarized $SUBSET set in $DATA (no readable $SUBSET.idx)"
 resolve_checkpoint "$CKPT" "$AVG" "$(if [[ -d "$CKPT" ]]; then echo "$CKPT"; else dirname "$CKPT"; fi)/eval"
 
-POSITIONS="$("$PYTHON" "$REPO_ROOT/scripts/checkpoint_info.py" "$MODEL" positions)" ||
-    die "cannot read the model's positions from $MODEL"
-TOKENS_PER_SAMPLE="${TOKENS_PER_SAMPLE:-$POSITIONS}"
+# the model's positions and the block it was trained on (one load of the checkpoint; a second
+# one when it records no training block)
+if INFO="$("$PYTHON" "$REPO_ROOT/scripts/checkpoint_info.py" "$MODEL" positions block 2>/dev/null)"; then
+    { read -r POSITIONS; read -r TRAINING_BLOCK; } <<<"$INFO"
+else
+    POSITIONS="$("$PYTHON" "$REPO_ROOT/scripts/checkpoint_info.py" "$MODEL" positions)" ||
+        die "cannot read the model's positions from $MODEL"
+    TRAINING_BLOCK=""
+fi
+if [[ -n "$TOKENS_PER_SAMPLE" ]]; then
+    BLOCK_SOURCE="--tokens-per-sample"
+elif [[ -n "$TRAINING_BLOCK" && "$TRAINING_BLOCK" -le "$POSITIONS" ]]; then
+    TOKENS_PER_SAMPLE="$TRAINING_BLOCK"
+    BLOCK_SOURCE="the training block: tokens_per_sample of the checkpoint's task"
+else
+    TOKENS_PER_SAMPLE="$POSITIONS"
+    BLOCK_SOURCE="the model's positions: the checkpoint records no usable training block"
+fi
 CONTEXT_WINDOW="${CONTEXT_WINDOW:-$((TOKENS_PER_SAMPLE - TOKENS_PER_SAMPLE / 6))}"
 MAX_TOKENS="${MAX_TOKENS:-$TOKENS_PER_SAMPLE}"
 [[ "$TOKENS_PER_SAMPLE" -le "$POSITIONS" ]] ||
@@ -71,18 +100,25 @@ MAX_TOKENS="${MAX_TOKENS:-$TOKENS_PER_SAMPLE}"
     die "--context-window $CONTEXT_WINDOW must be smaller than --tokens-per-sample $TOKENS_PER_SAMPLE"
 [[ "$MAX_TOKENS" -ge "$TOKENS_PER_SAMPLE" ]] ||
     die "--max-tokens $MAX_TOKENS must hold one block of --tokens-per-sample $TOKENS_PER_SAMPLE tokens"
-log "evaluating $MODEL on $SUBSET: blocks of $TOKENS_PER_SAMPLE tokens ($BREAK_MODE), context window $CONTEXT_WINDOW (model positions: $POSITIONS)"
+
+STEM="${MODEL%.pt}.$SUBSET"
+LOG="$STEM.eval-lm.log"
+RESULTS="$STEM.results.txt"
+rm -f "$RESULTS"
+log "evaluating $MODEL on $SUBSET ($SUBSET_TOKENS tokens): blocks of $TOKENS_PER_SAMPLE tokens ($BLOCK_SOURCE; $BREAK_MODE), context window $CONTEXT_WINDOW (model positions: $POSITIONS${TRAINING_BLOCK:+, training block: $TRAINING_BLOCK}); fairseq's log: $LOG"
 
 # --softmax-batch: the adaptive softmax scores the vocabulary in chunks; batch multiple 1: with
-# the default (8) this fairseq build silently drops the last blocks of the subset
-LOG="$MODEL.eval-lm.log"
-rc=0
+# the default (8) this fairseq build silently drops the last blocks of the subset; world size 1:
+# fairseq's default (every visible GPU) would score one shard of the subset per GPU
 fairseq-eval-lm "$DATA" --user-dir "$(slim_user_dir)" --path "$MODEL" --task language_modeling \
     --gen-subset "$SUBSET" --sample-break-mode "$BREAK_MODE" --tokens-per-sample "$TOKENS_PER_SAMPLE" \
     --context-window "$CONTEXT_WINDOW" --max-tokens "$MAX_TOKENS" --softmax-batch 1024 \
-    --required-batch-size-multiple 1 \
-    "${EXTRA[@]}" >"$LOG" 2>&1 || rc=$?
-cat "$LOG"
+    --required-batch-size-multiple 1 --distributed-world-size 1 \
+    ${EXTRA[@]+"${EXTRA[@]}"} >"$LOG" 2>&1 &
+pid=$!
+show_progress "$pid" "$LOG" "" "" "fairseq-eval-lm on $SUBSET"
+rc=0
+wait "$pid" || rc=$?
 [[ "$rc" == 0 ]] || die "fairseq-eval-lm failed (exit $rc, see $LOG)"
 skipped="$(grep -oE '[0-9,]+ samples have invalid sizes and will be skipped' "$LOG" | head -n 1 | cut -d' ' -f1 || true)"
 [[ -z "$skipped" ]] ||
@@ -90,6 +126,10 @@ skipped="$(grep -oE '[0-9,]+ samples have invalid sizes and will be skipped' "$L
 evaluated="$(grep -oE 'Evaluated [0-9,]+ tokens' "$LOG" | tail -n 1 | tr -dc '0-9' || true)"
 [[ -n "$evaluated" && "$evaluated" -gt 0 ]] ||
     die "fairseq-eval-lm evaluated no tokens of $SUBSET: check --tokens-per-sample (now $TOKENS_PER_SAMPLE), --context-window (now $CONTEXT_WINDOW) and --max-tokens (now $MAX_TOKENS) (see $LOG)"
+[[ "$evaluated" == "$SUBSET_TOKENS" ]] ||
+    die "fairseq-eval-lm evaluated $evaluated tokens, but $SUBSET holds $SUBSET_TOKENS: no perplexity of the whole $SUBSET set (options passed to fairseq-eval-lm: ${EXTRA[*]:-none}; see $LOG)"
 result="$(grep -oE 'Loss \(base 2\): [0-9.]+, Perplexity: [0-9.]+' "$LOG" | tail -n 1 || true)"
 [[ -n "$result" ]] || die "fairseq-eval-lm reported no perplexity (see $LOG)"
-echo "$SUBSET: $result ($evaluated tokens; fairseq's masked per-token perplexity)" | tee "$MODEL.results.txt"
+echo "$SUBSET: $result ($evaluated tokens; fairseq's masked per-token perplexity; blocks of $TOKENS_PER_SAMPLE, context $CONTEXT_WINDOW)" >"$RESULTS.part"
+mv "$RESULTS.part" "$RESULTS"
+cat "$RESULTS"

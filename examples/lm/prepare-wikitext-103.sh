@@ -34,20 +34,19 @@ WORK_DIR=""
 DEST_DIR=""
 ARCHIVE=""
 GPT2_BPE=0
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        --raw-dir) require_value "$@"; RAW_DIR="$(abs_dir --raw-dir "$2")"; shift 2 ;;
-        --archive) require_value "$@"; ARCHIVE="$(abs_file --archive "$2")"; shift 2 ;;
-        --url) require_value "$@"; URL="$2"; shift 2 ;;
-        --work-dir) require_value "$@"; WORK_DIR="$2"; shift 2 ;;
-        --dest-dir) require_value "$@"; DEST_DIR="$2"; shift 2 ;;
-        --gpt2-bpe) GPT2_BPE=1; shift ;;
-        --no-verify) NO_VERIFY=1; shift ;;
-        --dry-run) DRY_RUN=1; shift ;;
-        -h | --help) usage; exit 0 ;;
-        *) die "unknown option $1 (see --help)" ;;
-    esac
-done
+OPTIONS=(
+    "--raw-dir value RAW_DIR"
+    "--archive value ARCHIVE"
+    "--url value URL"
+    "--work-dir value WORK_DIR"
+    "--dest-dir value DEST_DIR"
+    "--gpt2-bpe flag GPT2_BPE"
+    "--no-verify flag NO_VERIFY"
+    "--dry-run flag DRY_RUN"
+)
+parse_options "${OPTIONS[@]}" -- "$@"
+[[ -z "$RAW_DIR" ]] || RAW_DIR="$(abs_dir --raw-dir "$RAW_DIR")"
+[[ -z "$ARCHIVE" ]] || ARCHIVE="$(abs_file --archive "$ARCHIVE")"
 if [[ "$GPT2_BPE" == 1 ]]; then
     # the raw (untokenized) release; same mirror, SHA-1 as published with GluonNLP
     [[ "$URL" == */wikitext-103-v1.zip ]] && URL="${URL%/*}/wikitext-103-raw-v1.zip"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Skipless LM vs a pre-LN transformer LM of the same shape on the bundled WikiText-2 (issue 6).
+# Skipless LM vs a pre-LN transformer LM of the same shape on the bundled WikiText-2.
 #
 # Runs (same data, updates, batches, optimiser and seed; d 128, 4 layers, 4 heads, FFN 512,
 # untied embeddings):
@@ -18,9 +18,10 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PYTHON=${PYTHON:-${FAIRSEQ_BIN:-$HERE/../../.venv/bin}/python}
 # shellcheck source=SCRIPTDIR/../common.sh
 . "$HERE/../common.sh"
-if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then usage; exit 0; fi
-
-OUT=${1:-$REPO_ROOT/build/skipless_vs_preln}
+OUT=""
+OPTIONS=("@positional OUT")
+parse_options "${OPTIONS[@]}" -- "$@"
+OUT=${OUT:-$REPO_ROOT/build/skipless_vs_preln}
 UPDATES=${UPDATES:-400}
 BATCH=${BATCH:-16}
 TOKENS=${TOKENS:-64}

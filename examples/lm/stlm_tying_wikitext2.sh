@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# STLM weight tying on the bundled WikiText-2 (issue 5, docs/TECHNIQUES.md#tying-schemes), shrunk for CPU.
+# STLM weight tying on the bundled WikiText-2 (docs/TECHNIQUES.md#tying-schemes), shrunk for CPU.
 #
 # Three runs at a matched parameter budget (~2.06M with the 8000-word vocabulary), same
 # updates, batches and seed:
@@ -17,9 +17,10 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PYTHON=${PYTHON:-${FAIRSEQ_BIN:-$HERE/../../.venv/bin}/python}
 # shellcheck source=SCRIPTDIR/../common.sh
 . "$HERE/../common.sh"
-if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then usage; exit 0; fi
-
-OUT=${1:-$REPO_ROOT/build/stlm_tying_wikitext2}
+OUT=""
+OPTIONS=("@positional OUT")
+parse_options "${OPTIONS[@]}" -- "$@"
+OUT=${OUT:-$REPO_ROOT/build/stlm_tying_wikitext2}
 UPDATES=${UPDATES:-300}
 BATCH=${BATCH:-8}
 TOKENS=${TOKENS:-128}

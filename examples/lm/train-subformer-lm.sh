@@ -9,11 +9,13 @@
 # 3072-token blocks, 3072 tokens x update-freq 3 on each of 8 GPUs (73,728 tokens per update:
 # the update frequency is adapted to the number of GPUs), adaptive_loss, legacy_ddp.
 #
-# Paper vs recipe: the Subformer paper trains its LMs with this fairseq recipe, so the defaults
-# are the paper's setting (--paper changes nothing). Evaluate with evaluate-lm.sh's defaults
-# (3072-token blocks, 2560 tokens of context, as fairseq's adaptive-input evaluation).
+# Paper vs recipe: the Subformer paper (App. B) trains its LMs with this fairseq recipe on 8
+# GPUs (3072 tokens x update-freq 3 each) with mixed precision: the defaults are its setting
+# and --paper adds --fp16 (--bf16 instead if given). Evaluate with evaluate-lm.sh's defaults
+# (the training block of 3072 tokens, 2560 tokens of context, as fairseq's adaptive-input
+# evaluation).
 #
-# usage: train-subformer-lm.sh DATA_BIN [--arch subformer_lm_wiki103_83m] [--gpus N]
+# usage: train-subformer-lm.sh DATA_BIN [--arch subformer_lm_wiki103_83m] [--paper] [--gpus N]
 #            [--nodes M ...] [--fp16|--bf16] [--cpu-smoke] [fairseq-train options]
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
@@ -31,4 +33,6 @@ HPARAMS=(
     --skip-invalid-size-inputs-valid-test
 )
 SMOKE_ARGS=(--tokens-per-sample 64 --warmup-updates 1 --lr-period-updates 10)
+PAPER_HARDWARE="8 GPUs"
+PAPER_PRECISION=--fp16
 train_main "$@"

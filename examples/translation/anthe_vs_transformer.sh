@@ -8,8 +8,10 @@
 #                  qgv / cross kgv, H-SoftPOS l=2, TC ff .005 + patt .07) at that shape;
 #   - transformer: fairseq's own `transformer` at that shape with --share-all-embeddings.
 # Reported per model: parameters, valid loss / nll / PPL (fairseq's masked per-token
-# perplexity, 2^nll) after the last update, test BLEU (beam 5, BPE removed, fairseq's default
-# tokenized BLEU on the Moses-tokenized references), and training tokens/s (fairseq's wps).
+# perplexity, 2^nll) after the last update, training tokens/s (fairseq's wps), and test BLEU:
+# fairseq-generate's BLEU4 of the model's checkpoint_last.pt (beam 5, BPE removed), fairseq's
+# own scorer on Moses tokens (-a), no compound splitting: a tokenized BLEU, not sacreBLEU. A
+# note under the table says so and names each checkpoint with its update.
 #
 # usage: anthe_vs_transformer.sh [OUT_DIR] [--max-update N] [--max-tokens N] [--warmup N]
 #            [--seed S] [--lr LR] [--anthe-lr LR] [--sequential] [--eval-only] [--dry-run]
@@ -36,21 +38,22 @@ DRY_RUN=0
 LR=
 ANTHE_LR=
 THREADS="${THREADS:-1}"
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        --max-update) MAX_UPDATE="$2"; shift 2 ;;
-        --max-tokens) MAX_TOKENS="$2"; shift 2 ;;
-        --warmup) WARMUP="$2"; shift 2 ;;
-        --seed) SEED="$2"; shift 2 ;;
-        --lr) LR="$2"; shift 2 ;;
-        --anthe-lr) ANTHE_LR="$2"; shift 2 ;;
-        --dry-run) DRY_RUN=1; shift ;;
-        --sequential) PARALLEL=0; shift ;;
-        --eval-only) EVAL_ONLY=1; shift ;;
-        -h | --help) usage; exit 0 ;;
-        -*) die "unknown option $1" ;;
-        *) OUT="$1"; shift ;;
-    esac
+OPTIONS=(
+    "@positional OUT"
+    "--max-update value MAX_UPDATE"
+    "--max-tokens value MAX_TOKENS"
+    "--warmup value WARMUP"
+    "--seed value SEED"
+    "--lr value LR"
+    "--anthe-lr value ANTHE_LR"
+    "--dry-run flag DRY_RUN"
+    "--sequential set PARALLEL 0"
+    "--eval-only flag EVAL_ONLY"
+)
+parse_options "${OPTIONS[@]}" -- "$@"
+for option in max-update max-tokens warmup seed; do
+    variable="$(tr a-z- A-Z_ <<<"$option")"
+    whole_number "--$option" "${!variable}"
 done
 
 # --lr alone sets both rates; without it each model gets its own measured default

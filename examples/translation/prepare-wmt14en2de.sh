@@ -8,10 +8,14 @@
 # fairseq-preprocess --joined-dictionary.
 #
 # Paper settings (--paper PAPER):
-#   anthe      the Anthe paper segments each side with its own 32K SentencePiece model (its
-#              parameter counts assume V = 32000 per side): sentencepiece BPE trained on the
-#              untokenized training text of each language (--vocab-size), separate
-#              dictionaries (anthe_base keeps separate embeddings anyway).
+#   anthe      the Anthe paper (arXiv:2305.10991, Sec. 3) uses "the same tokenizer for all the
+#              languages, which is a byte-pair encoding with 32K sub-words, trained on the
+#              WikiText-103 dataset": one sentencepiece BPE model (--vocab-size 32000) learned
+#              on WikiText-103's raw training text (one more download; the paper does not name
+#              its BPE implementation), applied to the untokenized text of both sides, one
+#              joined dictionary. --spm-model FILE reuses a model, e.g. the spm.model of
+#              prepare-wmt17.sh PAIR --paper, so that every dataset shares one tokenizer as in
+#              the paper.
 #   subformer  the Subformer paper uses the WMT14 data as Google preprocessed it (fairseq's
 #              scaling_nmt example: wmt16_en_de.tar.gz, Moses tokens, 32K joint BPE), binarized
 #              as that example does (--joined-dictionary, 32768 types per side). The archive
@@ -22,8 +26,9 @@
 # tokenization): it serves both model families from one dataset.
 #
 # usage: prepare-wmt14en2de.sh [--raw-dir DIR] [--work-dir DIR] [--dest-dir DIR]
-#            [--paper anthe|subformer] [--bpe-merges N] [--vocab-size N] [--max-len N]
-#            [--ratio R] [--src en --tgt de] [--no-verify] [--dry-run]
+#            [--paper anthe|subformer] [--bpe-merges N] [--vocab-size N] [--spm-model FILE]
+#            [--max-len N] [--ratio R] [--src en --tgt de] [--no-verify] [--dry-run]
+#   --spm-model FILE  with --paper anthe: this sentencepiece model instead of learning one
 #   --raw-dir DIR  the downloads, already downloaded, under the names --dry-run lists (WMT14's
 #                  dev.tgz as wmt14-dev.tgz: several WMT years share one folder); no network
 #   --dry-run      list the downloads (and whether --raw-dir has them), change nothing
@@ -36,33 +41,35 @@ DEST_DIR=""
 PAPER=""
 BPE_MERGES="${BPE_MERGES:-32000}"
 VOCAB_SIZE=32000
+SPM_MODEL=""
 MAX_LEN=250
 RATIO=1.5
 SRC=en
 TGT=de
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        --raw-dir) require_value "$@"; RAW_DIR="$(abs_dir --raw-dir "$2")"; shift 2 ;;
-        --work-dir) require_value "$@"; WORK_DIR="$2"; shift 2 ;;
-        --dest-dir) require_value "$@"; DEST_DIR="$2"; shift 2 ;;
-        --paper) require_value "$@"; PAPER="$2"; shift 2 ;;
-        --bpe-merges) require_value "$@"; BPE_MERGES="$2"; shift 2 ;;
-        --vocab-size) require_value "$@"; VOCAB_SIZE="$2"; shift 2 ;;
-        --max-len) require_value "$@"; MAX_LEN="$2"; shift 2 ;;
-        --ratio) require_value "$@"; RATIO="$2"; shift 2 ;;
-        --src) require_value "$@"; SRC="$2"; shift 2 ;;
-        --tgt) require_value "$@"; TGT="$2"; shift 2 ;;
-        --no-verify) NO_VERIFY=1; shift ;;
-        --dry-run) DRY_RUN=1; shift ;;
-        -h | --help) usage; exit 0 ;;
-        *) die "unknown option $1 (see --help)" ;;
-    esac
-done
+OPTIONS=(
+    "--raw-dir value RAW_DIR"
+    "--work-dir value WORK_DIR"
+    "--dest-dir value DEST_DIR"
+    "--paper value PAPER"
+    "--bpe-merges value BPE_MERGES"
+    "--vocab-size value VOCAB_SIZE"
+    "--spm-model value SPM_MODEL"
+    "--max-len value MAX_LEN"
+    "--ratio value RATIO"
+    "--src value SRC"
+    "--tgt value TGT"
+    "--no-verify flag NO_VERIFY"
+    "--dry-run flag DRY_RUN"
+)
+parse_options "${OPTIONS[@]}" -- "$@"
+[[ -z "$RAW_DIR" ]] || RAW_DIR="$(abs_dir --raw-dir "$RAW_DIR")"
+[[ -z "$SPM_MODEL" ]] || SPM_MODEL="$(abs_file --spm-model "$SPM_MODEL")"
 [[ "$SRC-$TGT" == en-de || "$SRC-$TGT" == de-en ]] || die "--src/--tgt: allowed en de or de en"
 case "$PAPER" in
     "" | anthe | subformer) ;;
     *) die "--paper: allowed anthe, subformer; got '$PAPER'" ;;
 esac
+[[ -z "$SPM_MODEL" || "$PAPER" == anthe ]] || die "--spm-model: only with --paper anthe (the other settings use BPE codes)"
 # Google's preprocessed WMT14 (the archive of fairseq's examples/scaling_nmt)
 GOOGLE_URL="https://drive.google.com/uc?export=download&id=0B_bZck-ksdkpM25jRUN2X2UxMm8"
 if [[ "$PAPER" == subformer && -z "$RAW_DIR" && "${DRY_RUN:-0}" != 1 ]]; then
@@ -92,7 +99,8 @@ if [[ "$PAPER" == subformer ]]; then
         cp "$(find_one "$EXTRACTED/google" "newstest2013.tok.$lang")" "$DEST_DIR/valid.tok.$lang"
         cp "$(find_one "$EXTRACTED/google" "newstest2014.tok.$lang")" "$DEST_DIR/test.tok.$lang"
     done
-    write_recipe_info "$DEST_DIR" "SRC=$SRC" "TGT=$TGT" "SCHEME=moses-bpe" "SOURCE=google-wmt16_en_de"
+    write_recipe_info "$DEST_DIR" "SRC=$SRC" "TGT=$TGT" "SCHEME=moses-bpe" "SOURCE=google-wmt16_en_de" \
+        "REF_TOKENS=Moses tokenizer without -a (Google's preprocessing: the data's own test.tok.$TGT)"
     log "done: $DEST_DIR ($(wc -l <"$DEST_DIR/dict.$SRC.txt") dictionary entries)"
     exit 0
 fi
@@ -105,6 +113,7 @@ SOURCES=(
     "https://www.statmt.org/wmt14/dev.tgz wmt14-dev.tgz md5:88ba3fc60b2278d59277122e1c7dd6e7"
     "https://www.statmt.org/wmt14/test-full.tgz test-full.tgz md5:a8cd784e006feb32ac6f3d9ec7eb389a"
 )
+[[ "$PAPER" == anthe && -z "$SPM_MODEL" ]] && SOURCES+=("$WIKITEXT103_RAW")
 for entry in "${SOURCES[@]}"; do
     read -r url name checksum <<<"$entry"
     fetch "$url" "$name" "$checksum"
@@ -112,7 +121,7 @@ done
 dry_run_stop
 for entry in "${SOURCES[@]}"; do
     read -r url name checksum <<<"$entry"
-    extract "$(raw_path "$name")" "$EXTRACTED"
+    [[ "$name" == "$(basename "${WIKITEXT103_RAW%% *}")" ]] || extract "$(raw_path "$name")" "$EXTRACTED"
 done
 
 mkdir -p "$TMP"
@@ -127,11 +136,13 @@ sgm_to_text "$(find_one "$EXTRACTED" "newstest2014-deen-src.$SRC.sgm")" >"$TMP/r
 sgm_to_text "$(find_one "$EXTRACTED" "newstest2014-deen-ref.$TGT.sgm")" >"$TMP/raw.test.$TGT"
 
 if [[ "$PAPER" == anthe ]]; then
-    for lang in "$SRC" "$TGT"; do
-        log "training a sentencepiece BPE model for $lang, vocabulary $VOCAB_SIZE"
-        spm_train "$TMP/spm.$lang" "$VOCAB_SIZE" 1.0 10000000 "$TMP/raw.train.$lang"
-    done
-    spm_pipeline "$TMP" "$SRC" "$TGT" "$DEST_DIR" "$TMP/spm.$SRC.model" "$TMP/spm.$TGT.model" "$MAX_LEN" "$RATIO"
+    if [[ -z "$SPM_MODEL" ]]; then
+        text="$(wikitext103_train_text "$EXTRACTED/wikitext-103-raw")"
+        log "training a sentencepiece BPE model, vocabulary $VOCAB_SIZE, on: $text"
+        spm_train "$TMP/spm" "$VOCAB_SIZE" 1.0 10000000 "$text"
+        SPM_MODEL="$TMP/spm.model"
+    fi
+    spm_pipeline "$TMP" "$SRC" "$TGT" "$DEST_DIR" "$SPM_MODEL" "$SPM_MODEL" "$MAX_LEN" "$RATIO"
 else
     moses_bpe_pipeline "$TMP" "$SRC" "$TGT" "$BPE_MERGES" "$MAX_LEN" "$RATIO" "$DEST_DIR"
 fi

@@ -31,22 +31,20 @@ MAX_LEN=250
 RATIO=1.5
 SRC=en
 TGT=ro
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        --raw-dir) require_value "$@"; RAW_DIR="$(abs_dir --raw-dir "$2")"; shift 2 ;;
-        --work-dir) require_value "$@"; WORK_DIR="$2"; shift 2 ;;
-        --dest-dir) require_value "$@"; DEST_DIR="$2"; shift 2 ;;
-        --bpe-merges) require_value "$@"; BPE_MERGES="$2"; shift 2 ;;
-        --max-len) require_value "$@"; MAX_LEN="$2"; shift 2 ;;
-        --ratio) require_value "$@"; RATIO="$2"; shift 2 ;;
-        --src) require_value "$@"; SRC="$2"; shift 2 ;;
-        --tgt) require_value "$@"; TGT="$2"; shift 2 ;;
-        --no-verify) NO_VERIFY=1; shift ;;
-        --dry-run) DRY_RUN=1; shift ;;
-        -h | --help) usage; exit 0 ;;
-        *) die "unknown option $1 (see --help)" ;;
-    esac
-done
+OPTIONS=(
+    "--raw-dir value RAW_DIR"
+    "--work-dir value WORK_DIR"
+    "--dest-dir value DEST_DIR"
+    "--bpe-merges value BPE_MERGES"
+    "--max-len value MAX_LEN"
+    "--ratio value RATIO"
+    "--src value SRC"
+    "--tgt value TGT"
+    "--no-verify flag NO_VERIFY"
+    "--dry-run flag DRY_RUN"
+)
+parse_options "${OPTIONS[@]}" -- "$@"
+[[ -z "$RAW_DIR" ]] || RAW_DIR="$(abs_dir --raw-dir "$RAW_DIR")"
 [[ "$SRC-$TGT" == en-ro || "$SRC-$TGT" == ro-en ]] || die "--src/--tgt: allowed en ro or ro en"
 WORK_DIR="$(make_work_dir "$WORK_DIR")"
 DEST_DIR="${DEST_DIR:-$WORK_DIR/data-bin}"

@@ -8,18 +8,22 @@
 # Sentencepiece BPE (32K by default) on untokenized text, trained on both sides of the pair
 # (--tokenizer-lang joint, default), on its English side (en), or on WikiText-103's raw
 # training text (wikitext-103); --spm-model reuses a trained model. Optional caps: the first
-# --max-pairs N pairs, or the first pairs within --max-size SIZE bytes. Then
+# --max-pairs N pairs, or the first pairs within --max-size SIZE (9G = 9 GiB). Then
 # fairseq-preprocess --joined-dictionary.
 #
-# Paper vs recipe (--paper sets the paper's choices; explicit options still win):
-#   tokenizer  paper: one 32K BPE model learned on WikiText-103 (raw) and used for every pair.
-#              --paper: --tokenizer-lang wikitext-103 --vocab-size 32000 (train it once, then
-#              pass its spm.model to the other pairs with --spm-model).
+# Paper vs recipe (the Anthe paper, arXiv:2305.10991, Sec. 3 and 3.2; --paper sets the paper's
+# choices, explicit options still win):
+#   tokenizer  paper: "the same tokenizer for all the languages", a 32K BPE trained on
+#              WikiText-103.  --paper: --tokenizer-lang wikitext-103 --vocab-size 32000, a
+#              sentencepiece BPE model learned on WikiText-103's raw training text (the paper
+#              does not name its BPE implementation); train it once, then pass its spm.model
+#              to the other pairs (and to prepare-wmt14en2de.sh --paper anthe) with --spm-model.
 #              default: a per-pair joint model, which covers the other language's script
 #              (an English-only tokenizer splits Cyrillic and Chinese text into characters
 #              or unknown pieces).
-#   ru, zh     paper: the first 7M training pairs.  --paper: --max-pairs 7000000 for ru and
-#              zh.  default: all pairs.
+#   ru, zh     paper: both pairs "exceed 9G in size, so we limit them to 9G".  --paper:
+#              --max-size 9G for ru and zh (the first pairs whose two untokenized sides fit
+#              in 9 GiB; the paper does not say how it measured the size).  default: all pairs.
 #   corpora    paper: the WMT17 data of each pair; the recipe uses its public part.
 #
 # usage: prepare-wmt17.sh PAIR [--raw-dir DIR] [--work-dir DIR] [--dest-dir DIR] [--paper]
@@ -36,10 +40,7 @@ set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { usage; exit 0; }
-[[ $# -ge 1 && "$1" != -* ]] || die "PAIR is required (e.g. de-en; see --help)"
-PAIR="$1"
-shift
+PAIR=""
 WORK_DIR=""
 DEST_DIR=""
 VOCAB_SIZE=""
@@ -52,29 +53,31 @@ MAX_SIZE=""
 MAX_LEN=250
 RATIO=""
 EXTRA_CORPORA=()
-SKIP=" "
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        --raw-dir) require_value "$@"; RAW_DIR="$(abs_dir --raw-dir "$2")"; shift 2 ;;
-        --work-dir) require_value "$@"; WORK_DIR="$2"; shift 2 ;;
-        --dest-dir) require_value "$@"; DEST_DIR="$2"; shift 2 ;;
-        --vocab-size) require_value "$@"; VOCAB_SIZE="$2"; shift 2 ;;
-        --tokenizer-lang) require_value "$@"; TOKENIZER_LANG="$2"; shift 2 ;;
-        --spm-model) require_value "$@"; SPM_MODEL="$(abs_file --spm-model "$2")"; shift 2 ;;
-        --spm-sample) require_value "$@"; SPM_SAMPLE="$2"; shift 2 ;;
-        --max-size) require_value "$@"; MAX_SIZE="$(parse_size "$2")"; shift 2 ;;
-        --max-pairs) require_value "$@"; MAX_PAIRS="$2"; shift 2 ;;
-        --paper) PAPER=1; shift ;;
-        --max-len) require_value "$@"; MAX_LEN="$2"; shift 2 ;;
-        --ratio) require_value "$@"; RATIO="$2"; shift 2 ;;
-        --extra-corpus) require_value "$@"; EXTRA_CORPORA+=("$2"); shift 2 ;;
-        --skip) require_value "$@"; SKIP+="$2 "; shift 2 ;;
-        --no-verify) NO_VERIFY=1; shift ;;
-        --dry-run) DRY_RUN=1; shift ;;
-        -h | --help) usage; exit 0 ;;
-        *) die "unknown option $1 (see --help)" ;;
-    esac
-done
+SKIPPED=()
+OPTIONS=(
+    "@positional PAIR"
+    "--raw-dir value RAW_DIR"
+    "--work-dir value WORK_DIR"
+    "--dest-dir value DEST_DIR"
+    "--vocab-size value VOCAB_SIZE"
+    "--tokenizer-lang value TOKENIZER_LANG"
+    "--spm-model value SPM_MODEL"
+    "--spm-sample value SPM_SAMPLE"
+    "--max-size value MAX_SIZE"
+    "--max-pairs value MAX_PAIRS"
+    "--paper flag PAPER"
+    "--max-len value MAX_LEN"
+    "--ratio value RATIO"
+    "--extra-corpus append EXTRA_CORPORA"
+    "--skip append SKIPPED"
+    "--no-verify flag NO_VERIFY"
+    "--dry-run flag DRY_RUN"
+)
+parse_options "${OPTIONS[@]}" -- "$@"
+[[ -n "$PAIR" ]] || die "PAIR is required (e.g. de-en; see --help)"
+[[ -z "$RAW_DIR" ]] || RAW_DIR="$(abs_dir --raw-dir "$RAW_DIR")"
+[[ -z "$SPM_MODEL" ]] || SPM_MODEL="$(abs_file --spm-model "$SPM_MODEL")"
+SKIP=" ${SKIPPED[*]} "
 
 case "$PAIR" in
     cs-en | de-en | fi-en | lv-en | ru-en | tr-en | zh-en) SRC="${PAIR%-en}"; TGT=en; XX="$SRC" ;;
@@ -83,8 +86,9 @@ case "$PAIR" in
 esac
 if [[ "$PAPER" == 1 ]]; then
     TOKENIZER_LANG="${TOKENIZER_LANG:-wikitext-103}"
-    [[ "$XX" == ru || "$XX" == zh ]] && MAX_PAIRS="${MAX_PAIRS:-7000000}"
+    [[ "$XX" == ru || "$XX" == zh ]] && MAX_SIZE="${MAX_SIZE:-9G}"
 fi
+MAX_SIZE_BYTES="$([[ -z "$MAX_SIZE" ]] || parse_size "$MAX_SIZE")"
 TOKENIZER_LANG="${TOKENIZER_LANG:-joint}"
 VOCAB_SIZE="${VOCAB_SIZE:-32000}"
 case "$TOKENIZER_LANG" in
@@ -138,9 +142,8 @@ case "$XX" in ru | zh) CORPORA+=("un|$UN|par:UNv1.0.en-$XX") ;; esac
 
 DEV="$WMT17/dev.tgz wmt17-dev.tgz md5:9b1aa63c1cf49dccdd20b962fe313989"
 TEST="$WMT17/test.tgz wmt17-test.tgz md5:86a1724c276004aa25455ae2a04cef26"
-WIKITEXT_RAW="https://wikitext.smerity.com/wikitext-103-raw-v1.zip wikitext-103-raw-v1.zip sha1:86f2375181b9247049d9c9205fad2b71b274b568"
 
-log "$PAIR: tokenizer ${SPM_MODEL:-$TOKENIZER_LANG, vocabulary $VOCAB_SIZE}; pair cap: ${MAX_PAIRS:-none}; size cap: ${MAX_SIZE:-none} bytes"
+log "$PAIR: tokenizer ${SPM_MODEL:-$TOKENIZER_LANG, vocabulary $VOCAB_SIZE}; pair cap: ${MAX_PAIRS:-none}; size cap: ${MAX_SIZE:+$MAX_SIZE = $MAX_SIZE_BYTES bytes}${MAX_SIZE:-none}"
 
 # 1. downloads (all of them first: a dry run lists them and stops)
 DOWNLOADS=()
@@ -149,7 +152,7 @@ for entry in "${CORPORA[@]}"; do
     [[ "$SKIP" == *" $corpus "* ]] || DOWNLOADS+=("$download")
 done
 DOWNLOADS+=("$DEV" "$TEST")
-[[ "$TOKENIZER_LANG" == wikitext-103 && -z "$SPM_MODEL" ]] && DOWNLOADS+=("$WIKITEXT_RAW")
+[[ "$TOKENIZER_LANG" == wikitext-103 && -z "$SPM_MODEL" ]] && DOWNLOADS+=("$WIKITEXT103_RAW")
 for download in "${DOWNLOADS[@]}"; do
     read -r url name checksum <<<"$download"
     [[ "$checksum" == - ]] && checksum=""
@@ -189,7 +192,7 @@ if [[ -n "$MAX_PAIRS" ]]; then
     cap_corpus_pairs "$TMP/raw.train" "$SRC" "$TGT" "$MAX_PAIRS"
 fi
 if [[ -n "$MAX_SIZE" ]]; then
-    cap_corpus "$TMP/raw.train" "$SRC" "$TGT" "$MAX_SIZE"
+    cap_corpus "$TMP/raw.train" "$SRC" "$TGT" "$MAX_SIZE_BYTES"
 fi
 
 # 3. valid and test
@@ -208,10 +211,7 @@ if [[ -z "$SPM_MODEL" ]]; then
     case "$TOKENIZER_LANG" in
         en) spm_inputs=("$TMP/raw.train.en") ;;
         joint) spm_inputs=("$TMP/raw.train.$SRC" "$TMP/raw.train.$TGT") ;;
-        wikitext-103)
-            read -r _ name _ <<<"$WIKITEXT_RAW"
-            extract "$(raw_path "$name")" "$EXTRACTED/wikitext-103-raw"
-            spm_inputs=("$(find_one "$EXTRACTED/wikitext-103-raw" wiki.train.raw)") ;;
+        wikitext-103) spm_inputs=("$(wikitext103_train_text "$EXTRACTED/wikitext-103-raw")") ;;
     esac
     log "training a sentencepiece BPE model, vocabulary $VOCAB_SIZE, on: ${spm_inputs[*]}"
     spm_train "$TMP/spm" "$VOCAB_SIZE" "$COVERAGE" "$SPM_SAMPLE" "${spm_inputs[@]}"

@@ -7,13 +7,16 @@
 #                  sandwich middle d_s 384 / f_s 1024 / 6 heads (d_s = 1.5 d_m as in
 #                  subformer_small), fairseq's default init. The paper's BERT-style init
 #                  (--bert-init, N(0, 0.02)) stalled a width-128 Subformer on this corpus at
-#                  9.9 bits (docs/RESULTS.md, "The Subformer at 6+6 layers"): opt in with
-#                  --bert-init. Pre-LN, which trained the Subformer best there (docs/TRAINING.md,
-#                  "Depth, post-LN and the Subformer"); --post-ln for the paper's post-LN;
+#                  9.9 bits (docs/TRAINING.md, "Depth, post-LN and the Subformer"): opt in
+#                  with --bert-init. Pre-LN, which trained the Subformer best there (same
+#                  section); --post-ln for the paper's post-LN;
 #   - transformer: fairseq's own `transformer` at that shape (post-LN; --pre-ln for pre-LN).
 # Reported per model: parameters, valid loss / nll / PPL (fairseq's masked per-token
-# perplexity, 2^nll) after the last update, test BLEU (beam 5, BPE removed, fairseq's default
-# tokenized BLEU), training tokens/s (fairseq's wps) and generation tokens/s (fairseq-generate).
+# perplexity, 2^nll) after the last update, training tokens/s (fairseq's wps), generation
+# tokens/s (fairseq-generate) and test BLEU: fairseq-generate's BLEU4 of the model's
+# checkpoint_last.pt (beam 5, BPE removed), fairseq's own scorer on Moses tokens (-a), no
+# compound splitting: a tokenized BLEU, not sacreBLEU. A note under the table says so and names
+# each checkpoint with its update.
 # The Subformer paper reports training 10-30% faster and inference 10-20% faster when
 # d_s = d_m, slower when d_s >> d_m: add --same-width to run the subformer with d_s = d_m.
 #
@@ -46,27 +49,31 @@ LR=1e-3
 SUBFORMER_LR=
 MIDDLE=(--sandwich-dim 384 --sandwich-ffn-dim 1024 --sandwich-heads 6)
 THREADS="${THREADS:-1}"
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        --max-update) MAX_UPDATE="$2"; shift 2 ;;
-        --max-tokens) MAX_TOKENS="$2"; shift 2 ;;
-        --seed) SEED="$2"; shift 2 ;;
-        --log-interval) LOG_INTERVAL="$2"; shift 2 ;;
-        --lr) LR="$2"; shift 2 ;;
-        --subformer-lr) SUBFORMER_LR="$2"; shift 2 ;;
-        --same-width) MIDDLE=(--sandwich-dim 256 --sandwich-ffn-dim 1024 --sandwich-heads 4); shift ;;
-        --bert-init) INIT=(--bert-init); shift ;;
-        --pre-ln | --post-ln)
-            [[ -z "$NORM_FLAG" || "$NORM_FLAG" == "$1" ]] || die "$NORM_FLAG and $1 exclude each other; allowed: one of them"
-            NORM_FLAG="$1"; shift ;;
-        --sequential) PARALLEL=0; shift ;;
-        --eval-only) EVAL_ONLY=1; shift ;;
-        --dry-run) DRY_RUN=1; shift ;;
-        -h | --help) usage; exit 0 ;;
-        -*) die "unknown option $1" ;;
-        *) OUT="$1"; shift ;;
-    esac
+SAME_WIDTH=0
+BERT_INIT=0
+OPTIONS=(
+    "@positional OUT"
+    "--max-update value MAX_UPDATE"
+    "--max-tokens value MAX_TOKENS"
+    "--seed value SEED"
+    "--log-interval value LOG_INTERVAL"
+    "--lr value LR"
+    "--subformer-lr value SUBFORMER_LR"
+    "--same-width flag SAME_WIDTH"
+    "--bert-init flag BERT_INIT"
+    "--pre-ln one NORM_FLAG --pre-ln"
+    "--post-ln one NORM_FLAG --post-ln"
+    "--sequential set PARALLEL 0"
+    "--eval-only flag EVAL_ONLY"
+    "--dry-run flag DRY_RUN"
+)
+parse_options "${OPTIONS[@]}" -- "$@"
+for option in max-update max-tokens seed log-interval; do
+    variable="$(tr a-z- A-Z_ <<<"$option")"
+    whole_number "--$option" "${!variable}"
 done
+[[ "$SAME_WIDTH" == 1 ]] && MIDDLE=(--sandwich-dim 256 --sandwich-ffn-dim 1024 --sandwich-heads 4)
+[[ "$BERT_INIT" == 1 ]] && INIT=(--bert-init)
 
 PRE_LN=(--encoder-normalize-before --decoder-normalize-before)
 case "$NORM_FLAG" in

@@ -3,24 +3,26 @@
 # ladder anthe_ablation_*; the Anthe paper, arXiv:2305.10991, docs/TECHNIQUES.md#anthe) on a
 # prepared WMT dataset.
 #
-# Paper vs recipe, per setting:
+# Paper vs recipe, per setting (the Anthe paper, Sec. 3):
 #   optimiser      paper: Adam (0.9, 0.98), eps 1e-9, constant lr 3.16e-5, label smoothing
 #                  0.1, dropout 0.1 (in the arch).                recipe: the same.
-#   stopping       paper: early stopping (validation loss, patience 10), at most two days.
-#                  recipe: patience 10; --paper adds --stop-time-hours 48.
-#   batch          paper: 32 sentences per update on one GPU.
+#   stopping       paper: early stopping (validation loss, patience 10 epochs), at most two
+#                  days.  recipe: patience 10; --paper adds --stop-time-hours 48.
+#   batch          paper: 32 sentences per update on one V100 GPU.
 #                  recipe default: ~25K tokens per update (--max-tokens 4096 per GPU, the
 #                  update frequency fills the rest), on every visible GPU; --paper: 32
-#                  sentences per update (--batch-size 32), one GPU.
+#                  sentences per update (--batch-size 32 on one GPU; with --gpus N they are
+#                  split over the N workers; --batch-size B sets B sentences per worker
+#                  instead, and the printed batch says so; --max-tokens is refused).
 #                  Why: 32 sentences (about 1K tokens) keep a current GPU mostly idle, and a
 #                  48-hour limit makes the result depend on the GPU's speed; the default is
 #                  fairseq's transformer-base batch with a hardware-independent stopping rule.
 #                  The constant lr was chosen for the paper's small batches: with the default
 #                  batch it is probably too low (override with --lr). Numbers from the default
 #                  setting are not the paper's.
-#   segmentation   paper: WMT14 with a separate 32K SentencePiece model per side (data of
-#                  prepare-wmt14en2de.sh --paper anthe); WMT17 with one 32K BPE learned on
-#                  WikiText-103 for every pair (prepare-wmt17.sh --paper).
+#   segmentation   paper: one 32K BPE trained on WikiText-103 for every language (WMT14 and
+#                  WMT17): the data of prepare-wmt14en2de.sh --paper anthe and
+#                  prepare-wmt17.sh PAIR --paper.
 #   metric         paper: perplexity only (computed over padding positions too, so not
 #                  comparable); evaluate.sh prints fairseq's masked per-token perplexity
 #                  beside BLEU.
@@ -45,4 +47,6 @@ HPARAMS=(
 SMOKE_ARGS=()
 PAPER_ARGS=(--stop-time-hours 48)
 PAPER_SENTENCES=32
+PAPER_GPUS=1
+PAPER_HARDWARE="one V100 GPU"
 train_main "$@"
