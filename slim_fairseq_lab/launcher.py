@@ -8,7 +8,8 @@ inverse-square-root schedule, and the test-set translation. The malloc settings 
 tool gets (:data:`ALLOCATOR_ENV`) are defined here only; ``examples/common.sh`` reads them from
 ``python -m slim_fairseq_lab.launcher allocator-env``.
 
-This module imports nothing beyond the standard library at import time.
+It imports only the standard library (and this package's modules that do the same) at import
+time, so any python3 runs its command line.
 """
 import argparse
 import os
