@@ -101,6 +101,29 @@ make_work_dir() {
 RAW_DIR="${RAW_DIR:-}"
 NO_VERIFY="${NO_VERIFY:-0}"
 
+# the options every prepare script shares (parse_options declarations; the script sets WORK_DIR
+# and DEST_DIR first), then use_raw_dir after parsing
+# shellcheck disable=SC2034  # read by the prepare scripts
+PREPARE_OPTIONS=(
+    "--raw-dir value RAW_DIR"
+    "--work-dir value WORK_DIR"
+    "--dest-dir value DEST_DIR"
+    "--no-verify flag NO_VERIFY"
+    "--dry-run flag DRY_RUN"
+)
+
+# the length filter of the training pairs (clean_corpus) in the translation prepare scripts
+# shellcheck disable=SC2034  # read by the prepare scripts
+FILTER_OPTIONS=(
+    "--max-len value MAX_LEN"
+    "--ratio value RATIO"
+)
+
+# use_raw_dir: RAW_DIR (given with --raw-dir) as an absolute path, or a one-line error
+use_raw_dir() {
+    [[ -z "$RAW_DIR" ]] || RAW_DIR="$(abs_dir --raw-dir "$RAW_DIR")"
+}
+
 # file_checksum ALGO FILE -> hex digest
 file_checksum() {
     local algo="$1" file="$2"
@@ -388,9 +411,10 @@ PY
 }
 
 # moses_tokenize LANG < raw > tokenized: punctuation normalisation + Moses tokenizer (sacremoses,
-# aggressive hyphen splitting, XML escaping as tokenizer.perl does by default).
+# aggressive hyphen splitting, XML escaping as tokenizer.perl does by default); with several
+# workers sacremoses shows a progress bar on stderr (minutes for a WMT training corpus).
 moses_tokenize() {
-    sacremoses -q -l "$1" -j "$NUM_WORKERS" normalize -c tokenize -a
+    sacremoses -l "$1" -j "$NUM_WORKERS" normalize -c tokenize -a
 }
 
 # moses_detokenize LANG < tokenized > raw
@@ -668,10 +692,10 @@ with open(sys.argv[1], "rb") as f:
         f.read(9)
         (count,) = struct.unpack("<Q", f.read(8))
         sizes = np.fromfile(f, dtype=np.int32, count=count)
-    elif head[:8] == b"TNTIDX\x00\x00":  # version, code, element size, count, s, offsets, sizes
-        f.seek(24)
+    elif head[:8] == b"TNTIDX\x00\x00":  # version <Q, code and element size <QQ, count and s
+        f.seek(32)                        # <QQ, then two int64 offset tables, then s sizes
         count, s = struct.unpack("<QQ", f.read(16))
-        f.seek(40 + 16 * (count + 1))
+        f.seek(48 + 16 * (count + 1))
         sizes = np.fromfile(f, dtype=np.int64, count=s)
     else:
         sys.exit(f"error: {sys.argv[1]}: not a fairseq index file")
@@ -783,14 +807,18 @@ spm.SentencePieceTrainer.train(
 PY
 }
 
-# spm_encode MODEL < text > pieces (space-separated)
+# spm_encode MODEL < text > pieces (space-separated); every million lines, a progress line on
+# stderr
 spm_encode() {
     "$PYTHON" -c '
-import sys
+import sys, time
 import sentencepiece as spm
 sp = spm.SentencePieceProcessor(model_file=sys.argv[1])
-for line in sys.stdin:
+start = time.time()
+for n, line in enumerate(sys.stdin, 1):
     print(" ".join(sp.encode(line.rstrip("\n"), out_type=str)))
+    if n % 1000000 == 0:
+        print(f"  {n:,} lines in {time.time() - start:.0f} s", file=sys.stderr, flush=True)
 ' "$1"
 }
 

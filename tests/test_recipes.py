@@ -491,6 +491,18 @@ def _damage(sentences: list[str], every: int) -> list[str]:
     return ["".join("的" if i % every == every - 1 else c for i, c in enumerate(s)) for s in sentences]
 
 
+def test_scoring_protocol_per_target_language(tmp_path):
+    """The table of examples/translation/README.md: sacreBLEU's own tokenizer, and no tokenized
+    BLEU, for the targets the Moses tokenizer does not segment."""
+    code = 'for l in de en ro zh ja; do echo "$l $(sacrebleu_tokenizer $l) $(moses_segments $l && echo moses || echo -)"; done'
+    assert _bash_with_common(code, "", tmp_path).splitlines() == [
+        "de 13a moses", "en 13a moses", "ro 13a moses", "zh zh -", "ja ja-mecab -"]
+    readme = (EXAMPLES / "translation" / "README.md").read_text()
+    for row in ("| zh | not computed", "| `zh` | sacreBLEU `-tok zh` on valid |", "| `ja-mecab`",
+                "| de | Moses `-a` on both sides"):
+        assert row in readme, row
+
+
 def test_evaluate_chinese_target_uses_sacrebleu_zh(fakes, tmp_path):
     """The Moses tokenizer does not segment Chinese (tokenized BLEU is 0.00 for any imperfect
     translation): the length penalty is chosen on sacreBLEU with its zh tokenizer, and the
@@ -667,6 +679,21 @@ def lm_eval(fakes, tmp_path):
 
 
 SUBSET_TOKENS = sum(len(ids) for ids in LM_LINES)
+
+
+def test_subset_tokens_reads_both_index_layouts(tmp_path):
+    """subset_tokens (the count evaluate-lm.sh checks fairseq-eval-lm's against) reads fairseq's
+    mmap index (fairseq-preprocess' default) and its legacy one, without loading fairseq."""
+    from fairseq.data import indexed_dataset
+    _write_lm_subset(tmp_path / "test", LM_LINES)
+    builder = indexed_dataset.IndexedDatasetBuilder(str(tmp_path / "valid.bin"))
+    for ids in LM_LINES + [[7, 7, 2]]:
+        builder.add_item(torch.tensor(ids, dtype=torch.int64))
+    builder.finalize(str(tmp_path / "valid.idx"))
+    assert indexed_dataset.infer_dataset_impl(str(tmp_path / "valid")) == "cached"
+    out = _bash_with_common(f'subset_tokens "{tmp_path}" test; subset_tokens "{tmp_path}:/elsewhere" valid', "",
+                            tmp_path)
+    assert out.split() == [str(SUBSET_TOKENS), str(SUBSET_TOKENS + 3)]
 
 
 def _eval_lm_log(fake_dir: Path, tokens: int, ppl: float = 71.37, rc: int = 0) -> None:
@@ -1135,15 +1162,20 @@ PARSED_SCRIPTS = sorted([p for p in RECIPE_SCRIPTS if p.name != "common.sh"] + [
 
 
 def _declarations(script: Path) -> list[str]:
-    """The option declarations a script gives parse_options: its OPTIONS array, or for the train
-    scripts common.sh's TRAIN_OPTIONS."""
+    """The option declarations a script gives parse_options: its OPTIONS array (evaluated by
+    bash, shared declarations of common.sh included), or for the train scripts common.sh's
+    TRAIN_OPTIONS."""
     if "train_main" in script.read_text():
-        script = EXAMPLES / "common.sh"
-    text = script.read_text()
-    match = re.search(r"^(?:TRAIN_)?OPTIONS=\((.*?)\)$", text, re.S | re.M)
-    if match is None:
-        return []
-    return re.findall(r'"([^"]+)"', match.group(1))
+        code = 'printf "%s\\n" "${TRAIN_OPTIONS[@]}"'
+    else:
+        text = script.read_text()
+        match = re.search(r"^OPTIONS=\([^\n]*\)$", text, re.M) or re.search(r"^OPTIONS=\(\n.*?^\)$", text, re.S | re.M)
+        if match is None:
+            return []
+        code = match.group(0) + '; printf "%s\\n" "${OPTIONS[@]}"'
+    proc = subprocess.run(["bash", "-c", f'. "{EXAMPLES}/common.sh"; {code}'], capture_output=True, text=True,
+                          env=script_env(), check=True)
+    return proc.stdout.splitlines()
 
 
 def _parsed(declarations: list[str], argv: list[str]) -> str:

@@ -408,5 +408,6 @@ def test_readme_bundled_data_commands_run(tmp_path):
             # the bundled data-bin carries what evaluate.sh needs (recipe.info, test.raw.de)
             assert re.search(r"sacreBLEU \(detokenized\): BLEU\|nrefs:1\|.*= \d+\.\d+", out), out[-3000:]
             assert re.search(r"perplexity \(fairseq.*\): valid \d+\.\d+, test \d+\.\d+", out)
-            with open(tmp_path / "checkpoints" / "anthe" / "eval" / "test.lenpen1.0.detok", encoding="utf-8") as f:
+            with open(tmp_path / "checkpoints" / "anthe" / "eval" / "checkpoint_best" / "test.lenpen1.0.detok",
+                      encoding="utf-8") as f:
                 assert len(f.read().splitlines()) == 100

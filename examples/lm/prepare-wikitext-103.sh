@@ -35,17 +35,13 @@ DEST_DIR=""
 ARCHIVE=""
 GPT2_BPE=0
 OPTIONS=(
-    "--raw-dir value RAW_DIR"
+    "${PREPARE_OPTIONS[@]}"
     "--archive value ARCHIVE"
     "--url value URL"
-    "--work-dir value WORK_DIR"
-    "--dest-dir value DEST_DIR"
     "--gpt2-bpe flag GPT2_BPE"
-    "--no-verify flag NO_VERIFY"
-    "--dry-run flag DRY_RUN"
 )
 parse_options "${OPTIONS[@]}" -- "$@"
-[[ -z "$RAW_DIR" ]] || RAW_DIR="$(abs_dir --raw-dir "$RAW_DIR")"
+use_raw_dir
 [[ -z "$ARCHIVE" ]] || ARCHIVE="$(abs_file --archive "$ARCHIVE")"
 if [[ "$GPT2_BPE" == 1 ]]; then
     # the raw (untokenized) release; same mirror, SHA-1 as published with GluonNLP

@@ -47,22 +47,17 @@ RATIO=1.5
 SRC=en
 TGT=de
 OPTIONS=(
-    "--raw-dir value RAW_DIR"
-    "--work-dir value WORK_DIR"
-    "--dest-dir value DEST_DIR"
+    "${PREPARE_OPTIONS[@]}"
+    "${FILTER_OPTIONS[@]}"
     "--paper value PAPER"
     "--bpe-merges value BPE_MERGES"
     "--vocab-size value VOCAB_SIZE"
     "--spm-model value SPM_MODEL"
-    "--max-len value MAX_LEN"
-    "--ratio value RATIO"
     "--src value SRC"
     "--tgt value TGT"
-    "--no-verify flag NO_VERIFY"
-    "--dry-run flag DRY_RUN"
 )
 parse_options "${OPTIONS[@]}" -- "$@"
-[[ -z "$RAW_DIR" ]] || RAW_DIR="$(abs_dir --raw-dir "$RAW_DIR")"
+use_raw_dir
 [[ -z "$SPM_MODEL" ]] || SPM_MODEL="$(abs_file --spm-model "$SPM_MODEL")"
 [[ "$SRC-$TGT" == en-de || "$SRC-$TGT" == de-en ]] || die "--src/--tgt: allowed en de or de en"
 case "$PAPER" in

@@ -32,19 +32,14 @@ RATIO=1.5
 SRC=en
 TGT=ro
 OPTIONS=(
-    "--raw-dir value RAW_DIR"
-    "--work-dir value WORK_DIR"
-    "--dest-dir value DEST_DIR"
+    "${PREPARE_OPTIONS[@]}"
+    "${FILTER_OPTIONS[@]}"
     "--bpe-merges value BPE_MERGES"
-    "--max-len value MAX_LEN"
-    "--ratio value RATIO"
     "--src value SRC"
     "--tgt value TGT"
-    "--no-verify flag NO_VERIFY"
-    "--dry-run flag DRY_RUN"
 )
 parse_options "${OPTIONS[@]}" -- "$@"
-[[ -z "$RAW_DIR" ]] || RAW_DIR="$(abs_dir --raw-dir "$RAW_DIR")"
+use_raw_dir
 [[ "$SRC-$TGT" == en-ro || "$SRC-$TGT" == ro-en ]] || die "--src/--tgt: allowed en ro or ro en"
 WORK_DIR="$(make_work_dir "$WORK_DIR")"
 DEST_DIR="${DEST_DIR:-$WORK_DIR/data-bin}"

@@ -55,10 +55,9 @@ RATIO=""
 EXTRA_CORPORA=()
 SKIPPED=()
 OPTIONS=(
+    "${PREPARE_OPTIONS[@]}"
+    "${FILTER_OPTIONS[@]}"
     "@positional PAIR"
-    "--raw-dir value RAW_DIR"
-    "--work-dir value WORK_DIR"
-    "--dest-dir value DEST_DIR"
     "--vocab-size value VOCAB_SIZE"
     "--tokenizer-lang value TOKENIZER_LANG"
     "--spm-model value SPM_MODEL"
@@ -66,16 +65,12 @@ OPTIONS=(
     "--max-size value MAX_SIZE"
     "--max-pairs value MAX_PAIRS"
     "--paper flag PAPER"
-    "--max-len value MAX_LEN"
-    "--ratio value RATIO"
     "--extra-corpus append EXTRA_CORPORA"
     "--skip append SKIPPED"
-    "--no-verify flag NO_VERIFY"
-    "--dry-run flag DRY_RUN"
 )
 parse_options "${OPTIONS[@]}" -- "$@"
 [[ -n "$PAIR" ]] || die "PAIR is required (e.g. de-en; see --help)"
-[[ -z "$RAW_DIR" ]] || RAW_DIR="$(abs_dir --raw-dir "$RAW_DIR")"
+use_raw_dir
 [[ -z "$SPM_MODEL" ]] || SPM_MODEL="$(abs_file --spm-model "$SPM_MODEL")"
 SKIP=" ${SKIPPED[*]} "
 
