@@ -28,15 +28,28 @@ need_cmd() {
 
 PYTHON="${PYTHON:-python3}"
 NUM_WORKERS="${NUM_WORKERS:-$(nproc 2>/dev/null || echo 4)}"
-# glibc's malloc: keep blocks up to 256 MiB in the heap instead of taking fresh pages from the
-# kernel for every large tensor at every step (on CPU a third of the training time went to page
-# faults; the results are the same). The values of scripts/quality.py's ALLOCATOR_ENV; exported
-# values win. docs/TRAINING.md#cpu-memory-allocator
-export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-268435456}"
-export MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-1073741824}"
 CONNECT_TIMEOUT="${CONNECT_TIMEOUT:-15}"
 EXAMPLES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$EXAMPLES_DIR/.." && pwd)"
+
+# lab_launcher ARGS...: `python -m slim_fairseq_lab.launcher ARGS...` of this checkout, where the
+# fairseq command lines of the comparisons below and the malloc settings are defined, for the
+# Python tools and the recipes alike (standard library only: any python3 runs it)
+lab_launcher() {
+    PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m slim_fairseq_lab.launcher "$@"
+}
+
+# glibc's malloc: keep blocks up to 256 MiB in the heap instead of taking fresh pages from the
+# kernel for every large tensor at every step (on CPU a third of the training time went to page
+# faults; the results are the same). The values are slim_fairseq_lab.launcher's ALLOCATOR_ENV,
+# which every tool the Python side starts gets too; exported values win.
+# docs/TRAINING.md#cpu-memory-allocator
+_allocator_env="$(lab_launcher allocator-env)" ||
+    die "cannot read the malloc settings (PYTHON=$PYTHON -m slim_fairseq_lab.launcher allocator-env)"
+while IFS='=' read -r _name _value; do
+    export "$_name=${!_name:-$_value}"
+done <<<"$_allocator_env"
+unset _allocator_env _name _value
 
 # The plugin directory for --user-dir: the installed package's console script when present,
 # else the repository checkout this file lives in.
@@ -1118,7 +1131,7 @@ PY
 # once), DRY_RUN (1: print the two fairseq-train commands, run nothing), EVAL_ONLY (1: reuse the
 # checkpoints of an earlier run) and RUN_NOTE (added to the wall-time line).
 compare_on_bundled_ende() {
-    local name_a="$1" args_a=() name_b args_b=() data common start pid_a pid_b
+    local name_a="$1" args_a=() name_b args_b=() data start pid_a pid_b
     shift
     while [[ $# -gt 0 && "$1" != -- ]]; do args_a+=("$1"); shift; done
     [[ $# -gt 1 ]] || die "compare_on_bundled_ende: no '-- NAME_B' after the first model"
@@ -1131,12 +1144,6 @@ compare_on_bundled_ende() {
         data="$("$PYTHON" "$REPO_ROOT/scripts/binarize_bundled.py" "$OUT/data" --corpus ende | tail -n 1)"
         [[ -f "$data/dict.en.txt" ]] || die "binarization failed ($data)"
     fi
-    common=("$data" --task translation --source-lang en --target-lang de --cpu --seed "$SEED"
-            --optimizer adam --adam-betas "(0.9, 0.98)" --lr-scheduler inverse_sqrt
-            --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1
-            --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --no-epoch-checkpoints
-            --save-interval-updates "$MAX_UPDATE" --keep-interval-updates 1 --log-format simple
-            --log-interval "$LOG_INTERVAL" --num-workers 0 --skip-invalid-size-inputs-valid-test)
     start=$(date +%s)
     if [[ "$PARALLEL" == 1 && "$DRY_RUN" == 0 ]]; then
         _train_and_translate "$name_a" "${args_a[@]}" & pid_a=$!
@@ -1182,25 +1189,28 @@ test_bleu_note() {
     done
 }
 
-# _train_and_translate NAME ARGS...: one model of compare_on_bundled_ende (its `data`, `common`)
+# _train_and_translate NAME ARGS...: one model of compare_on_bundled_ende (its `data`); the
+# fairseq-train and fairseq-generate command lines are slim_fairseq_lab.launcher's
 _train_and_translate() {
-    local name="$1"; shift
+    local name="$1" words train=() generate=()
+    shift
+    words="$(lab_launcher ende-comparison-train --data "$data" --seed "$SEED" --warmup "$WARMUP" \
+        --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --log-interval "$LOG_INTERVAL" \
+        --save-dir "$OUT/$name" -- ${SHAPE[@]+"${SHAPE[@]}"} "$@")" || die "$name: no fairseq-train command line"
+    eval "train=($words)"
     if [[ "$DRY_RUN" == 1 ]]; then
-        echo "$name: fairseq-train ${common[*]} ${SHAPE[*]} $* --save-dir $OUT/$name"
+        echo "$name: fairseq-train ${train[*]}"
         return
     fi
     if [[ "$EVAL_ONLY" == 0 ]]; then
         rm -rf "${OUT:?}/$name"; mkdir -p "$OUT/$name"
-        OMP_NUM_THREADS="$THREADS" fairseq-train "${common[@]}" "${SHAPE[@]}" "$@" \
-            --save-dir "$OUT/$name" > "$OUT/$name/train.log" 2>&1
+        OMP_NUM_THREADS="$THREADS" fairseq-train "${train[@]}" > "$OUT/$name/train.log" 2>&1
     fi
-    # --user-dir also for fairseq's transformer: the plugin allow-lists what fairseq
-    # checkpoints hold for torch's weights_only loading
-    OMP_NUM_THREADS="$THREADS" fairseq-generate "$data" --user-dir "$(slim_user_dir)" \
-        --task translation --source-lang en --target-lang de --cpu \
-        --path "$OUT/$name/checkpoint_last.pt" --gen-subset test --beam 5 --batch-size 64 \
-        --required-batch-size-multiple 1 --remove-bpe --quiet ${GENERATE_ARGS[@]+"${GENERATE_ARGS[@]}"} \
-        > "$OUT/$name/generate.log" 2>&1
+    words="$(lab_launcher ende-comparison-generate --data "$data" --path "$OUT/$name/checkpoint_last.pt" \
+        --user-dir "$(slim_user_dir)" -- ${GENERATE_ARGS[@]+"${GENERATE_ARGS[@]}"})" ||
+        die "$name: no fairseq-generate command line"
+    eval "generate=($words)"
+    OMP_NUM_THREADS="$THREADS" fairseq-generate "${generate[@]}" > "$OUT/$name/generate.log" 2>&1
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -1215,7 +1225,7 @@ _train_and_translate() {
 # $OUT/summary.txt. The calling script defines `lm_run_args NAME` (that run's --arch and shape,
 # as words) and may set LM_TRAIN_ARGS (array, for every run). DRY_RUN=1 prints the commands.
 compare_lms_on_wikitext2() {
-    local name run_args running=0 failed=() pids=() bin="${FAIRSEQ_BIN:-$REPO_ROOT/.venv/bin}"
+    local name run_args words train=() running=0 failed=() pids=() bin="${FAIRSEQ_BIN:-$REPO_ROOT/.venv/bin}"
     for name in $RUNS; do
         lm_run_args "$name" >/dev/null || die "RUNS: unknown run '$name'"
     done
@@ -1230,13 +1240,12 @@ compare_lms_on_wikitext2() {
     fi
     for name in $RUNS; do
         read -ra run_args <<< "$(lm_run_args "$name")"
-        local cmd=("$bin/fairseq-train" "$LM_DATA" --user-dir "$(slim_user_dir)" --cpu --num-workers 0
-                   --task language_modeling --tokens-per-sample "$TOKENS" --sample-break-mode none
-                   "${run_args[@]}" ${LM_TRAIN_ARGS[@]+"${LM_TRAIN_ARGS[@]}"}
-                   --batch-size "$BATCH" --max-update "$UPDATES" --seed "$SEED"
-                   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 --lr "$LR"
-                   --lr-scheduler inverse_sqrt --warmup-updates $(( UPDATES >= 10 ? UPDATES / 10 : 1 ))
-                   --no-save --log-format simple --log-interval 50)
+        words="$(lab_launcher lm-comparison-train --data "$LM_DATA" --user-dir "$(slim_user_dir)" \
+            --tokens-per-sample "$TOKENS" --batch-size "$BATCH" --max-update "$UPDATES" --seed "$SEED" \
+            --lr "$LR" -- "${run_args[@]}" ${LM_TRAIN_ARGS[@]+"${LM_TRAIN_ARGS[@]}"})" ||
+            die "$name: no fairseq-train command line"
+        eval "train=($words)"
+        local cmd=("$bin/fairseq-train" "${train[@]}")
         if [[ "${DRY_RUN:-0}" == 1 ]]; then
             echo "$name: ${cmd[*]}"
             continue

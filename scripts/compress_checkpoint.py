@@ -22,7 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def get_parser():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="fairseq checkpoint of a transformer / transformer_lm arch")
     parser.add_argument("output", help="where to write the compressed checkpoint")
     for place, what in (("ff", "feed-forward linears fc1, fc2"), ("patt", "W_Q, W_K, W_V"),

@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""Compress a trained fairseq transformer on the bundled en-de and fine-tune it (issue 16).
+"""Compress a trained fairseq transformer on the bundled en-de into Tensor Chains, fine-tune it,
+and compare it with its controls.
 
-1. train fairseq's ``transformer`` with ``fairseq-train`` (the setup of scripts/quality.py);
-2. for every ratio R: ``--tc-ff R --tc-patt R`` by TT-SVD (slim_fairseq/compression.py), then
-   a short fine-tune (``fairseq-train --restore-file <compressed> --reset-optimizer ...``);
-3. as controls, the original trained for the same extra updates with the same schedule, and
-   (``--scratch-ratios``) the Tensor-Chain model trained from scratch for all the updates;
-4. every checkpoint: valid perplexity (``fairseq-validate``, the training criterion's per-token
-   NLL, base 2) and test BLEU (``fairseq-generate`` beam 5, detokenized sacreBLEU) -- the
-   evaluation of scripts/quality.py.
+  1. train fairseq's transformer with fairseq-train (the training settings of scripts/quality.py);
+  2. for every ratio R of --ratios: --tc-ff R --tc-patt R by TT-SVD (slim_fairseq/compression.py),
+     then a short fine-tune (fairseq-train --restore-file <compressed> --reset-optimizer ...);
+  3. as controls, the original trained for the same extra updates with the same schedule, and
+     (--scratch-ratios) the Tensor-Chain model trained from scratch for all the updates;
+  4. every checkpoint: valid perplexity (fairseq-validate: the training criterion's per-token
+     NLL, base 2) and test BLEU (fairseq-generate beam --beam, detokenized sacreBLEU), the
+     evaluation of scripts/quality.py.
 
-Output (``--out``, default ``results/<name>``): ``results.json`` and ``table.md``; finished
-steps are reused on a rerun. Example (the run in docs/RESULTS.md)::
+Output (--out, default results/<name>): results.json and table.md; finished steps are reused on
+a rerun. Example (the run in docs/RESULTS.md):
 
     OMP_NUM_THREADS=1 python scripts/compress_demo.py --name compress_d128 --dim 128 --layers 3 \\
         --heads 4 --max-update 600 --finetune-updates 150 --ratios 0.5,0.25,0.1 --scratch-ratios 0.25
@@ -20,14 +21,14 @@ import argparse
 import copy
 import json
 import os
-import re
 import sys
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
+from slim_fairseq_lab import fairseq_logs, launcher, specs
+from slim_fairseq_lab.benchmark import EMBEDDING_PARTS
+from slim_fairseq_lab.paths import REPO_ROOT, output_dir
+from slim_fairseq_lab.study import options
 
-import quality  # noqa: E402
-from benchmark import EMBEDDING_PARTS, load_plugin  # noqa: E402
+RESTART = ["--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader", "--reset-meters"]
 
 
 def log(message):
@@ -53,54 +54,76 @@ def checkpoint_params(path):
 
 
 def parse_validate(output):
-    """Valid perplexity of a fairseq-validate log (the last ``valid on`` record)."""
-    records = re.findall(r"valid on 'valid' subset \| .*?\| ppl ([\d.]+)", output)
-    if not records:
+    """Valid perplexity of a fairseq-validate log (its last ``valid`` record)."""
+    ppl = fairseq_logs.last_valid_ppl(output)
+    if ppl is None:
         raise RuntimeError("no valid perplexity in the fairseq-validate output")
-    return float(records[-1])
+    return ppl
 
 
-def evaluate(directory, data, qargs, bpe_codes, threads, beam=5):
+def evaluate(directory, data, bpe_codes, threads, beam=5):
     """Valid PPL and test BLEU of ``directory``/checkpoint_best.pt."""
     path = os.path.join(directory, "checkpoint_best.pt")
-    validate = quality.run_tool("fairseq-validate", [
-        data, "--user-dir", quality.PLUGIN_DIR, "--path", path, "--cpu", "--task", "translation",
-        "--source-lang", "en", "--target-lang", "de", "--valid-subset", "valid",
-        "--max-tokens", "4096", "--required-batch-size-multiple", "1"],
+    validate = launcher.run_tool("fairseq-validate", [
+        data, "--user-dir", launcher.PLUGIN_DIR, "--path", path, "--cpu", *launcher.task_options("ende"),
+        "--valid-subset", "valid", "--max-tokens", "4096", "--required-batch-size-multiple", "1"],
         os.path.join(directory, "validate.log"), threads)
-    generate = quality.run_tool(
-        "fairseq-generate",
-        quality.generate_argv(data, directory, qargs, bpe_codes) + ["--beam", str(beam)],
+    generate = launcher.run_tool(
+        "fairseq-generate", launcher.study_generate_argv(data, directory, bpe_codes) + ["--beam", str(beam)],
         os.path.join(directory, "generate.log"), threads)
     total, body = checkpoint_params(path)
-    return {"valid_ppl": parse_validate(validate), "test_bleu": quality.parse_bleu(generate),
-            "params": total, "body_params": body}
+    return {"valid_ppl": parse_validate(validate), "test_bleu": fairseq_logs.bleu(generate), "params": total, "body_params": body}
+
+
+def _ratios(text):
+    return [float(x) for x in text.split(",") if x]
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--name", default="compress_demo")
-    p.add_argument("--out")
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--max-update", type=int, default=600, help="updates of the original transformer")
-    p.add_argument("--max-tokens", type=int, default=2048)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--ratios", type=lambda s: [float(x) for x in s.split(",") if x],
-                   default=[0.5, 0.25, 0.1], help="--tc-ff = --tc-patt ratios, comma-separated")
-    p.add_argument("--scratch-ratios", type=lambda s: [float(x) for x in s.split(",") if x],
-                   default=[], help="also train slim_transformer --tc-ff R --tc-patt R from scratch "
-                                    "for max-update + finetune-updates updates (comma-separated)")
-    p.add_argument("--finetune-updates", type=int, default=150)
-    p.add_argument("--finetune-lr", type=float, default=5e-4)
-    p.add_argument("--eval-subset", type=int, default=300, help="valid/test sentences when binarizing")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--name", default="compress_demo", help="output folder results/<name> when --out is not given")
+    p.add_argument("--out", help="output folder (results.json, table.md, runs/)")
+    p.add_argument("--dim", type=int, default=128, help="transformer width d (default 128; FFN 4 d)")
+    p.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each (default 3)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    p.add_argument("--seed", type=int, default=1, help="training seed of every model (default 1)")
+    p.add_argument("--max-update", type=int, default=600, help="updates of the original transformer (default 600)")
+    p.add_argument("--max-tokens", type=int, default=2048, help="tokens per batch (default 2048)")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate of the original transformer (default 1e-3)")
+    p.add_argument("--ratios", type=_ratios, default=[0.5, 0.25, 0.1], metavar="R[,R...]",
+                   help="--tc-ff = --tc-patt ratios to compress to, in (0, 1] (default 0.5,0.25,0.1)")
+    p.add_argument("--scratch-ratios", type=_ratios, default=[], metavar="R[,R...]",
+                   help="also train slim_transformer --tc-ff R --tc-patt R from scratch for max-update + "
+                        "finetune-updates updates")
+    p.add_argument("--finetune-updates", type=int, default=150,
+                   help="updates of each fine-tune and of the original's control (default 150)")
+    p.add_argument("--finetune-lr", type=float, default=5e-4, help="learning rate of the fine-tunes (default 5e-4)")
+    p.add_argument("--eval-subset", type=int, default=300, help="valid/test sentences when binarizing (default 300)")
     p.add_argument("--ende-data", help="en-de data-bin (default: bundled corpus, --eval-subset sentences)")
     p.add_argument("--bpe-codes", help="BPE codes of --ende-data (for detokenized BLEU)")
-    p.add_argument("--beam", type=int, default=5, help="beam of the test-set translation")
-    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    p.add_argument("--beam", type=int, default=5, help="beam of the test-set translation (default 5)")
+    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")),
+                   help="threads of every fairseq tool (default: $OMP_NUM_THREADS or 1)")
     return p
+
+
+def training_settings(args):
+    """scripts/quality.py's settings of the original's training, of the fine-tunes (and the
+    original's control), and of the from-scratch runs: the same command lines and evaluation."""
+    original = options.get_parser().parse_args([
+        "--dim", str(args.dim), "--layers", str(args.layers), "--heads", str(args.heads),
+        "--max-update", str(args.max_update), "--max-tokens", str(args.max_tokens),
+        "--lr", str(args.lr), "--validate-interval", str(max(1, args.max_update // 4)),
+        "--threads", str(args.threads)])
+    original.ffn = 4 * args.dim
+    finetune = copy.copy(original)
+    finetune.max_update, finetune.lrs = args.finetune_updates, [args.finetune_lr]
+    finetune.validate_interval = max(1, args.finetune_updates // 3)
+    finetune.warmup = max(1, args.finetune_updates // 10)
+    scratch = copy.copy(original)
+    scratch.max_update = args.max_update + args.finetune_updates
+    scratch.validate_interval = max(1, scratch.max_update // 4)
+    return original, finetune, scratch
 
 
 def main(argv=None):
@@ -108,36 +131,28 @@ def main(argv=None):
     if not args.ratios or not all(0.0 < r <= 1.0 for r in args.ratios):
         raise SystemExit(f"compress_demo.py: error: --ratios={args.ratios} is not allowed; "
                          "allowed: comma-separated ratios in (0, 1]")
-    out_dir = args.out or os.path.join(REPO_ROOT, "results", args.name)
+    command_line = sys.argv if argv is None else ["scripts/compress_demo.py", *argv]
+    out_dir = output_dir(args.name, args.out)
     os.makedirs(out_dir, exist_ok=True)
-    load_plugin()
-    from binarize_bundled import binarize_ende, ende_paths
+    specs.load_plugin()
     from slim_fairseq.compression import compress_checkpoint
+    from slim_fairseq_lab.data import binarize_ende, ende_paths
 
     if args.ende_data:
         data, codes = args.ende_data, args.bpe_codes
     else:
         data = binarize_ende(eval_subset=args.eval_subset)
-        codes = ende_paths(os.path.join(REPO_ROOT, "build", "data"),
-                           eval_subset=args.eval_subset)["codes"]
-    # scripts/quality.py's options: same training command line, same evaluation
-    qargs = quality.get_parser().parse_args([
-        "--dim", str(args.dim), "--layers", str(args.layers), "--heads", str(args.heads),
-        "--max-update", str(args.max_update), "--max-tokens", str(args.max_tokens),
-        "--lr", str(args.lr), "--validate-interval", str(max(1, args.max_update // 4)),
-        "--threads", str(args.threads)])
-    qargs.ffn = 4 * args.dim
-    finetune = copy.copy(qargs)
-    finetune.max_update, finetune.lr = args.finetune_updates, args.finetune_lr
-    finetune.validate_interval = max(1, args.finetune_updates // 3)
-    finetune.warmup = max(1, args.finetune_updates // 10)
-    restart = ["--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader", "--reset-meters"]
-
+        codes = ende_paths(os.path.join(REPO_ROOT, "build", "data"), eval_subset=args.eval_subset)["codes"]
+    original_settings, finetune, scratch = training_settings(args)
     results_path = os.path.join(out_dir, "results.json")
     rows = {}
     if os.path.exists(results_path):
         with open(results_path) as f:
             rows = {row["label"]: row for row in json.load(f)["rows"]}
+
+    def save():
+        with open(results_path, "w") as f:
+            json.dump({"argv": command_line, "rows": list(rows.values())}, f, indent=1)
 
     def step(label, directory, make, **info):
         """Run ``make`` unless its checkpoint exists, evaluate once, record the row."""
@@ -147,28 +162,24 @@ def main(argv=None):
             make(directory)
         if label not in rows:
             log(f"{label}: evaluating")
-            rows[label] = dict(label=label, **info, **evaluate(directory, data, qargs, codes,
-                                                                args.threads, args.beam))
-            with open(results_path, "w") as f:
-                json.dump({"argv": sys.argv if argv is None else ["scripts/compress_demo.py", *argv],
-                           "rows": list(rows.values())}, f, indent=1)
+            rows[label] = dict(label=label, **info, **evaluate(directory, data, codes, args.threads, args.beam))
+            save()
         row = rows[label]
         log(f"{label}: valid ppl {row['valid_ppl']:.2f}, BLEU {row['test_bleu']}, "
             f"{row['params']:,} parameters ({row['body_params']:,} outside the embeddings)")
         return os.path.join(directory, "checkpoint_best.pt")
 
     def train(arch, overrides, settings):
-        return lambda directory: quality.run_tool(
-            "fairseq-train",
-            quality.train_argv("ende", data, arch, overrides, settings, args.seed, directory),
+        return lambda directory: launcher.run_tool(
+            "fairseq-train", launcher.study_train_argv("ende", data, arch, overrides, settings, args.seed, directory),
             os.path.join(directory, "train.log"), args.threads)
 
     runs = os.path.join(out_dir, "runs")
     original = step("transformer", os.path.join(runs, "transformer"),
-                    train("transformer", [], qargs), updates=args.max_update, ratio=None,
+                    train("transformer", [], original_settings), updates=args.max_update, ratio=None,
                     stage="original")
     step("transformer +ft", os.path.join(runs, "transformer_ft"),
-         train("transformer", ["--restore-file", original] + restart, finetune),
+         train("transformer", ["--restore-file", original] + RESTART, finetune),
          updates=args.max_update + args.finetune_updates, ratio=None, stage="original, trained on")
     for ratio in args.ratios:
         def compress(directory, ratio=ratio):
@@ -186,12 +197,8 @@ def main(argv=None):
         rows[f"TC {ratio:g}"]["mean_rel_error"] = (
             sum(r["rel_error"] for r in saved["records"]) / len(saved["records"]))
         step(f"TC {ratio:g} +ft", os.path.join(runs, tag + "_ft"),
-             train("slim_transformer", saved["flags"][2:] + ["--restore-file", compressed] + restart,
-                   finetune),
+             train("slim_transformer", saved["flags"][2:] + ["--restore-file", compressed] + RESTART, finetune),
              updates=args.max_update + args.finetune_updates, ratio=ratio, stage="compressed, fine-tuned")
-    scratch = copy.copy(qargs)
-    scratch.max_update = args.max_update + args.finetune_updates
-    scratch.validate_interval = max(1, scratch.max_update // 4)
     for ratio in args.scratch_ratios:
         step(f"TC {ratio:g} scratch", os.path.join(runs, f"tc{ratio:g}_scratch"),
              train("slim_transformer", ["--tc-ff", str(ratio), "--tc-patt", str(ratio)], scratch),
@@ -199,9 +206,7 @@ def main(argv=None):
     table = markdown(list(rows.values()), args)
     with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write(table)
-    with open(results_path, "w") as f:
-        json.dump({"argv": sys.argv if argv is None else ["scripts/compress_demo.py", *argv],
-                   "rows": list(rows.values())}, f, indent=1)
+    save()
     print(table)
     return rows
 

@@ -22,7 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="checkpoint of a slim_transformer / slim_lm arch")
     parser.add_argument("output", help="where to write the dense checkpoint")
     parser.add_argument("--data", help="directory with the dictionaries (default: the checkpoint's "

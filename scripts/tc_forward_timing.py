@@ -1,24 +1,19 @@
+#!/usr/bin/env python3
 """Time TensorChainLinear's two forward strategies (materialise W then matmul, or contract the
 input core by core), forward + backward, for the shapes Anthe uses (docs/TECHNIQUES.md#tensor-chain).
 
-    OMP_NUM_THREADS=1 python scripts/tc_forward_timing.py
+    OMP_NUM_THREADS=1 python scripts/tc_forward_timing.py [--repeats N]
 
-Prints one line per (shape, bond, rows) with both timings, the faster mode and what
-``forward_mode="auto"`` picks; the last line counts how often "auto" picked the faster one.
+Prints one line per (shape, bond, rows) as it is timed, with both timings, the faster mode and
+what forward_mode="auto" picks; the last line counts how often "auto" picked the faster one.
 """
 import argparse
-import os
-import sys
 import time
-
-import torch
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from slim_fairseq.modules.tensor_chain import TensorChainLinear
 
 
 def time_mode(module, x, mode, repeats):
+    """Best wall time of ``repeats`` forward + backward passes of ``module`` in ``mode``."""
+    import torch
     module.forward_mode = mode
     grad = torch.randn(x.shape[0], module.out_features)
     best = float("inf")
@@ -29,10 +24,12 @@ def time_mode(module, x, mode, repeats):
     return best
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per case, the best is kept (default 3)")
+    args = parser.parse_args(argv)
+    import torch
+    from slim_fairseq.modules.tensor_chain import TensorChainLinear
     shapes = [(512, 512, 14), (512, 1365, 2), (1365, 512, 2), (512, 2048, 8), (512, 32000, 8),
               (256, 256, 8), (256, 682, 2)]
     agree = total = 0
@@ -51,7 +48,7 @@ def main():
             agree += faster == auto
             total += 1
             print(f"{n_in:>5}x{n_out:<6} {bond:>4} {rows:>6} {1e3 * t_mat:>15.3f} "
-                  f"{1e3 * t_con:>12.3f} {faster:>12} {auto:>12} {ratio:>10.2f}")
+                  f"{1e3 * t_con:>12.3f} {faster:>12} {auto:>12} {ratio:>10.2f}", flush=True)
     print(f"auto picked the faster mode in {agree}/{total} cases")
 
 

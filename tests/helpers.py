@@ -1,5 +1,7 @@
 """Shared test helpers: load the plugin the only safe way, build models through fairseq's own
-parser, make small batches, run fairseq's CLI tools."""
+parser, make small batches, run fairseq's CLI tools, load a script of scripts/ as a module."""
+import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -14,19 +16,26 @@ USER_DIR = os.path.join(REPO, "slim_fairseq")
 BIN = os.path.dirname(sys.executable)
 TEST_DATA = os.path.join(REPO, "build", "test-data")
 
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-
 
 def ende_data_bin():
     """Small binarized subset of the bundled en-de corpus (cached under build/test-data)."""
-    from binarize_bundled import binarize_ende
+    from slim_fairseq_lab.data import binarize_ende
     return binarize_ende(TEST_DATA, subset=1500, eval_subset=100, bpe_merges=1000)
 
 
 def wikitext_data_bin():
     """Small word-level binarized subset of the bundled WikiText-2 (cached under build/test-data)."""
-    from binarize_bundled import binarize_wikitext
+    from slim_fairseq_lab.data import binarize_wikitext
     return binarize_wikitext(TEST_DATA, subset=1500, nwords=2000)
+
+
+def load_script(name):
+    """The command-line script ``scripts/<name>.py`` as a module (its ``main`` and parser); each
+    call loads a fresh copy. Scripts are not a package: their libraries are in slim_fairseq_lab."""
+    spec = importlib.util.spec_from_file_location(f"scripts_{name}", os.path.join(REPO, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def task_args(lm):

@@ -8,7 +8,7 @@ from helpers import assert_incremental_equals_full, build, load_plugin
 
 load_plugin()  # registers the plugin the way --user-dir does; then its modules import normally
 
-from count_params import count_params  # noqa: E402  (scripts/ is on sys.path via helpers)
+from slim_fairseq_lab.params import count_params  # noqa: E402
 from fairseq.models.transformer import TransformerConfig, base_architecture  # noqa: E402
 from fairseq.modules.transformer_layer import (  # noqa: E402
     TransformerDecoderLayerBase,

@@ -1,5 +1,6 @@
-"""Smoke tests of scripts/benchmark.py and scripts/quality.py: tiny shapes, one or two
-steps; the tables, JSON and PNG plots must be produced and consistent with the built models."""
+"""Smoke tests of scripts/benchmark.py, scripts/quality.py and scripts/bench_allocator.py and of the
+lab package behind them (slim_fairseq_lab): tiny shapes, one or two steps; the tables, JSON and
+PNG plots must be produced and consistent with the built models."""
 import argparse
 import json
 import math
@@ -11,10 +12,15 @@ import types
 import pytest
 import torch
 
-from helpers import build, ende_data_bin, wikitext_data_bin
+from helpers import build, ende_data_bin, load_script, wikitext_data_bin
+from slim_fairseq_lab import fairseq_logs, launcher, specs
+from slim_fairseq_lab.benchmark import measure
+from slim_fairseq_lab.study import options, planner, report, summary
+from slim_fairseq_lab.study import plot as study_plot
+from slim_fairseq_lab.study import runs as study_runs
 
-import benchmark  # scripts/ is on sys.path (tests/helpers.py)
-import quality
+benchmark = load_script("benchmark")
+quality = load_script("quality")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_SHAPE = ["--dim", "32", "--layers", "3", "--heads", "4", "--ffn", "64"]
@@ -26,11 +32,11 @@ def _is_png(path):
 
 
 def test_parse_model_spec():
-    assert benchmark.parse_model_spec("glu=slim_transformer --ffn-glu --glu-activation gelu") == (
+    assert specs.parse_model_spec("glu=slim_transformer --ffn-glu --activation-fn gelu") == (
         "glu", "slim_transformer", ["--ffn-glu", "--activation-fn", "gelu"])
-    assert benchmark.parse_model_spec("anthe_base") == ("anthe_base", "anthe_base", [])
+    assert specs.parse_model_spec("anthe_base") == ("anthe_base", "anthe_base", [])
     with pytest.raises(ValueError, match="--model"):
-        benchmark.parse_model_spec("   ")
+        specs.parse_model_spec("   ")
 
 
 def test_dense_export_matches_tensor_chain_model():
@@ -41,10 +47,10 @@ def test_dense_export_matches_tensor_chain_model():
                                           "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64"],
                            lm=False)
     model.eval()
-    assert benchmark.tc_linears(model)
-    dense = benchmark.export_dense(model).eval()
-    assert not benchmark.tc_linears(dense)
-    assert benchmark.tc_linears(model), "export must not modify the original model"
+    assert measure.tc_linears(model)
+    dense = measure.export_dense(model).eval()
+    assert not measure.tc_linears(dense)
+    assert measure.tc_linears(model), "export must not modify the original model"
     src = torch.randint(4, len(task.source_dictionary), (2, 7))
     prev = torch.randint(4, len(task.target_dictionary), (2, 5))
     lengths = torch.full((2,), 7)
@@ -66,7 +72,7 @@ def test_dense_export_of_tc_attention_runs_fairseq_attention():
     model.eval()
     attentions = [m for m in model.modules() if isinstance(m, SlimMultiheadAttention)]
     assert attentions and not any(m.plain for m in attentions)
-    dense = benchmark.export_dense(model).eval()
+    dense = measure.export_dense(model).eval()
     assert all(m.plain for m in dense.modules() if isinstance(m, SlimMultiheadAttention))
     src = torch.randint(4, len(task.source_dictionary), (2, 6))
     prev = torch.randint(4, len(task.target_dictionary), (2, 4))
@@ -195,17 +201,17 @@ def test_benchmark_time_breakdown(tmp_path, monkeypatch):
     benchmark.main(["--out", str(out), "--report-only"])
     assert "gen b" not in (out / "table.md").read_text()
     # --tc-one-pass: the whole batch in one contraction for this run only
-    from slim_fairseq.modules import tensor_chain
+    from slim_fairseq.modules import tensor_chain_policy
     seen = []
-    real_time_by_part = benchmark.time_by_part
-    monkeypatch.setattr(benchmark, "time_by_part", lambda *a: (seen.append(tensor_chain.BLOCK_FLOATS),
-                                                               real_time_by_part(*a))[1])
-    block_floats = tensor_chain.BLOCK_FLOATS
+    real_time_by_part = measure.time_by_part
+    monkeypatch.setattr(measure, "time_by_part", lambda *a: (seen.append(tensor_chain_policy.BLOCK_FLOATS),
+                                                             real_time_by_part(*a))[1])
+    block_floats = tensor_chain_policy.BLOCK_FLOATS
     benchmark.main(["--out", str(tmp_path / "one_pass"), *TINY_SHAPE, "--threads", "1", "--max-tokens", "128",
                     "--num-batches", "1", "--steps", "1", "--repeats", "1", "--no-generation", "--no-memory",
                     "--time-breakdown", "--gemm-size", "128", "--ende-data", ende_data_bin(),
                     "--model", "anthe_base", "--tc-one-pass"])
-    assert seen and all(v == float("inf") for v in seen) and tensor_chain.BLOCK_FLOATS == block_floats
+    assert seen and all(v == float("inf") for v in seen) and tensor_chain_policy.BLOCK_FLOATS == block_floats
     with pytest.raises(SystemExit, match="--time-breakdown times training steps"):
         benchmark.main(["--time-breakdown", "--no-training", "--model", "anthe_base"])
 
@@ -230,10 +236,10 @@ def test_benchmark_bf16_autocast_training_and_cast_generation(tmp_path):
 def test_quality_log_parsers():
     line = ('2026-01-01 00:00:00 | INFO | valid | {"epoch": 1, "valid_loss": "9.5", "valid_nll_loss": '
             '"9.1", "valid_ppl": "548.75", "valid_num_updates": "40"}')
-    assert quality.parse_valid_points("noise\n" + line) == [(40, 9.5, 9.1, 548.75)]
-    assert quality.parse_params("| num. shared model params: 1,234,567 (num. trained: 1,234,567)") == 1234567
-    assert quality.parse_bleu("Generate test with beam=5: BLEU = 12.34 45.6/20.1/9.8/4.5 (BP = 1.000)") == 12.34
-    assert quality.mean_std([1.0, 3.0]) == (2.0, pytest.approx(2 ** 0.5))
+    assert fairseq_logs.valid_points("noise\n" + line) == [(40, 9.5, 9.1, 548.75)]
+    assert fairseq_logs.parameter_count("| num. shared model params: 1,234,567 (num. trained: 1,234,567)") == 1234567
+    assert fairseq_logs.bleu("Generate test with beam=5: BLEU = 12.34 45.6/20.1/9.8/4.5 (BP = 1.000)") == 12.34
+    assert summary.mean_std([1.0, 3.0]) == (2.0, pytest.approx(2 ** 0.5))
 
 
 @pytest.mark.slow
@@ -261,7 +267,7 @@ def test_quality_script_tiny(tmp_path):
     state = checkpoint_utils.load_checkpoint_to_cpu(str(out / "runs" / "ende_anthe_base_s1" / "checkpoint_best.pt"))
     run = json.loads((out / "runs" / "ende_anthe_base_s1" / "run.json").read_text())
     assert state["optimizer_history"][-1]["num_updates"] == run["best_update"]
-    assert run["valid_nll"] == quality.checkpoint_point(run["valid_curve"])[2]
+    assert run["valid_nll"] == summary.checkpoint_point(run["valid_curve"])[2]
     for png in ("valid_loss_ende.png", "valid_loss_wikitext.png", "params_vs_quality.png"):
         assert _is_png(out / png)
 
@@ -277,21 +283,21 @@ def test_run_tool_keeps_work_finished_before_a_crash_at_exit(tmp_path, monkeypat
     exit, after saving) keeps its results; any other failure is still an error."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    monkeypatch.setattr(quality, "BIN", str(bin_dir))
+    monkeypatch.setattr(launcher, "BIN", str(bin_dir))
     done = "2026-01-01 | INFO | fairseq_cli.train | done training in 0.1 seconds"
     _fake_tool(bin_dir, "fairseq-train", f"echo '{done}'; echo 'terminate called'; kill -ABRT $$")
-    output = quality.run_tool("fairseq-train", [], str(tmp_path / "train.log"), 1)
+    output = launcher.run_tool("fairseq-train", [], str(tmp_path / "train.log"), 1)
     assert done in output
     assert "killed by signal 6" in (tmp_path / "train.log").read_text()
     _fake_tool(bin_dir, "fairseq-generate", "echo 'Generate test with beam=5: BLEU4 = 1.00'; kill -ABRT $$")
-    assert "BLEU4" in quality.run_tool("fairseq-generate", [], str(tmp_path / "gen.log"), 1)
+    assert "BLEU4" in launcher.run_tool("fairseq-generate", [], str(tmp_path / "gen.log"), 1)
     # a crash before the work is done, or an ordinary error exit, still fails
     _fake_tool(bin_dir, "fairseq-train", "echo 'epoch 1'; kill -ABRT $$")
     with pytest.raises(RuntimeError, match=r"fairseq-train failed \(-6\)"):
-        quality.run_tool("fairseq-train", [], str(tmp_path / "train2.log"), 1)
+        launcher.run_tool("fairseq-train", [], str(tmp_path / "train2.log"), 1)
     _fake_tool(bin_dir, "fairseq-train", f"echo '{done}'; exit 1")
     with pytest.raises(RuntimeError, match=r"failed \(1\)"):
-        quality.run_tool("fairseq-train", [], str(tmp_path / "train3.log"), 1)
+        launcher.run_tool("fairseq-train", [], str(tmp_path / "train3.log"), 1)
 
 
 def test_run_tool_keeps_large_blocks_in_the_heap_unless_the_caller_says_otherwise(tmp_path, monkeypatch):
@@ -299,25 +305,25 @@ def test_run_tool_keeps_large_blocks_in_the_heap_unless_the_caller_says_otherwis
     the heap (docs/TRAINING.md#cpu-memory-allocator); a value the caller exported wins."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    monkeypatch.setattr(quality, "BIN", str(bin_dir))
+    monkeypatch.setattr(launcher, "BIN", str(bin_dir))
     _fake_tool(bin_dir, "fairseq-train", 'echo "mmap=$MALLOC_MMAP_THRESHOLD_ trim=$MALLOC_TRIM_THRESHOLD_"')
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
-    output = quality.run_tool("fairseq-train", [], str(tmp_path / "a.log"), 1)
+    output = launcher.run_tool("fairseq-train", [], str(tmp_path / "a.log"), 1)
     assert f"mmap={256 * 2 ** 20} trim={2 ** 30}" in output
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
-    assert f"mmap=131072 trim={2 ** 30}" in quality.run_tool("fairseq-train", [], str(tmp_path / "b.log"), 1)
+    assert f"mmap=131072 trim={2 ** 30}" in launcher.run_tool("fairseq-train", [], str(tmp_path / "b.log"), 1)
 
 
 def test_bench_allocator_times_both_settings_side_by_side(tmp_path, monkeypatch, capsys):
     """scripts/bench_allocator.py trains every model with glibc's default settings (no MALLOC_*
-    variables, even when the caller exported one) and with quality.ALLOCATOR_ENV (the caller's
+    variables, even when the caller exported one) and with launcher.ALLOCATOR_ENV (the caller's
     value winning), and reports the ratio of fairseq's training times and whether the valid
     losses agree."""
-    import bench_allocator
+    bench_allocator = load_script("bench_allocator")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    monkeypatch.setattr(quality, "BIN", str(bin_dir))
+    monkeypatch.setattr(launcher, "BIN", str(bin_dir))
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
     valid = 'x | valid | {"valid_loss": "7.0", "valid_nll_loss": "7.0", "valid_ppl": "128", "valid_num_updates": "2"}'
     _fake_tool(bin_dir, "fairseq-train", f"echo '{valid}'\n"
@@ -359,8 +365,7 @@ def test_quality_lr_sweep_at_one_width_extends_edges_and_transfers(tmp_path, mon
     def loss(label, dim, lr, seed):
         return math.nan if lr > 5e-2 else abs(math.log10(lr / optimum[label])) + 100.0 / dim + 0.01 * seed
 
-    monkeypatch.setattr(quality, "execute_run", fake_study_run(loss))
-    monkeypatch.setattr(quality, "binarize_wikitext", None, raising=False)
+    monkeypatch.setattr(study_runs, "execute_run", fake_study_run(loss))
     argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
             "--dim", "32,64,128", "--lr-sweep-dim", "64", "--lr", "1e-4,3e-4,1e-3,3e-3", "--lr-extend", "3",
             "--seeds", "1", "--confirm-seeds", "2", "--lm-model", "a=transformer_lm", "--lm-model", "b=transformer_lm",
@@ -376,7 +381,7 @@ def test_quality_lr_sweep_at_one_width_extends_edges_and_transfers(tmp_path, mon
         assert {(r["label"], round(r["lr"], 6), r["seed"]) for r in runs if r["dim"] == dim} == {
             (m, lr, seed) for m, lr in best for seed in (1, 2)}
     assert {(r["label"], round(r["lr"], 6)) for r in runs if r["dim"] == 64 and r["seed"] == 2} == best
-    assert quality.edge_rate(runs, "wikitext", "a", 64, [1e-4, 3e-4, 1e-3, 3e-3]) is None
+    assert planner.edge_rate(runs, "wikitext", "a", 64, [1e-4, 3e-4, 1e-3, 3e-3]) is None
     # --report-only re-renders the same report from results.json: the settings come from the
     # recorded command line, not from this one's defaults
     table = (tmp_path / "table.md").read_text()
@@ -400,7 +405,7 @@ def test_quality_lr_width_check_steps_the_rate_with_width(tmp_path, monkeypatch)
         optimum = 1e-2 * (64 / dim if label == "a" else 1)
         return 3 * abs(math.log10(lr / optimum)) + 50.0 / dim + 0.001 * seed
 
-    monkeypatch.setattr(quality, "execute_run", fake_study_run(loss))
+    monkeypatch.setattr(study_runs, "execute_run", fake_study_run(loss))
     argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
             "--dim", "32,64,128", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3,1e-2", "--lr-extend", "1",
             "--lr-width-check", "--seeds", "1", "--confirm-seeds", "2", "--lm-model", "a=transformer_lm",
@@ -414,7 +419,7 @@ def test_quality_lr_width_check_steps_the_rate_with_width(tmp_path, monkeypatch)
         ("a", 128, 0.01, 1), ("a", 128, 0.003333, 1), ("a", 128, 0.001111, 1), ("a", 128, 0.003333, 2),
         ("b", 128, 0.01, 1), ("b", 128, 0.003333, 1), ("b", 128, 0.01, 2)}
     assert "other widths also a step lower (wider) or higher (narrower)" in (tmp_path / "table.md").read_text()
-    # the same float as the grid arithmetic of earlier versions, so their recorded runs are reused
+    # the step is computed as lr * grid[0] / grid[1], the float the committed studies' runs record
     assert 0.01 * 1e-3 / 3e-3 in {r["lr"] for r in runs if r["dim"] == 128}
     quality.main(argv)
     assert len(json.loads((tmp_path / "results.json").read_text())["runs"]) == len(runs)
@@ -427,7 +432,7 @@ def test_quality_second_seed_goes_width_by_width_narrowest_first(tmp_path, monke
     one, so a study stopped in that phase has a seed spread for whole widths (and the cheap runs
     come first)."""
     calls = []
-    monkeypatch.setattr(quality, "execute_run", fake_study_run(lambda label, dim, lr, seed: 5.0 + lr + 1.0 / dim, calls))
+    monkeypatch.setattr(study_runs, "execute_run", fake_study_run(lambda label, dim, lr, seed: 5.0 + lr + 1.0 / dim, calls))
     quality.main(["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
                   "--dim", "32,64,128", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3", "--seeds", "1",
                   "--confirm-seeds", "2", "--lm-model", "a=transformer_lm", "--lm-model", "b=transformer_lm"])
@@ -449,7 +454,7 @@ def test_quality_free_core_starts_a_model_s_next_phase_without_waiting_for_the_o
             overlapped.append(started_a32.wait(timeout=20))
         return 5.0 + lr + 1.0 / dim
 
-    monkeypatch.setattr(quality, "execute_run", fake_study_run(loss))
+    monkeypatch.setattr(study_runs, "execute_run", fake_study_run(loss))
     quality.main(["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
                   "--dim", "32,64", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3", "--seeds", "1", "--jobs", "2",
                   "--lm-model", "a=transformer_lm", "--lm-model", "b=transformer_lm"])
@@ -467,28 +472,28 @@ def test_quality_restarted_study_takes_finished_runs_without_a_core(tmp_path, mo
     b's stopped run resumes first, and a's width-32 run waits only for b's sweep (an earlier
     phase), not for a core to read a's run.json files."""
     calls = []
-    monkeypatch.setattr(quality, "execute_run", fake_study_run(lambda label, dim, lr, seed: 5.0 + lr + 1.0 / dim, calls))
+    monkeypatch.setattr(study_runs, "execute_run", fake_study_run(lambda label, dim, lr, seed: 5.0 + lr + 1.0 / dim, calls))
     argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
             "--dim", "32,64", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3", "--seeds", "1",
             "--lm-model", "a=transformer_lm", "--lm-model", "b=transformer_lm"]
-    args = quality.get_parser().parse_args(argv)
-    quality.check_args(quality.get_parser(), args)
-    quality.load_plugin()
+    args = options.get_parser().parse_args(argv)
+    options.check_args(options.get_parser(), args)
+    specs.load_plugin()
     data = {"wikitext": str(tmp_path)}
 
     def sweep_job(label, lr):
-        return quality.Job("wikitext", label, "transformer_lm", [], False, 64, lr, 1,
-                           str(tmp_path / "runs" / quality.run_tag("wikitext", label, 64, lr, 1, False, False)))
+        return study_runs.Job("wikitext", label, "transformer_lm", [], False, 64, lr, 1,
+                              str(tmp_path / "runs" / study_runs.run_tag("wikitext", label, 64, lr, 1, False, False)))
     for lr in (1e-3, 3e-3):  # a's sweep finished in an earlier call
         job = sweep_job("a", lr)
         os.makedirs(job.save_dir)
         run = _curve_run("a", 64, lr, 1, [(1, 5.0 + lr + 1.0 / 64)])
-        run["settings"] = quality.settings_key(quality.job_argv(job, data, args))
+        run["settings"] = study_runs.settings_key(study_runs.job_argv(job, data, args))
         (tmp_path / "runs" / os.path.basename(job.save_dir) / "run.json").write_text(json.dumps(run))
     b1 = sweep_job("b", 1e-3)  # b's first sweep run was stopped half-way
     os.makedirs(b1.save_dir)
     (tmp_path / "runs" / os.path.basename(b1.save_dir) / "started.json").write_text(
-        json.dumps({"settings": quality.settings_key(quality.job_argv(b1, data, args))}))
+        json.dumps({"settings": study_runs.settings_key(study_runs.job_argv(b1, data, args))}))
     (tmp_path / "runs" / os.path.basename(b1.save_dir) / "checkpoint_last.pt").write_bytes(b"")
     quality.main(argv)
     assert [(job.label, job.dim, job.lr) for job in calls] == [
@@ -500,16 +505,16 @@ def test_quality_run_stopped_half_way_goes_first(tmp_path, monkeypatch):
     """A restarted study trains the runs that left a checkpoint before the others of the phase,
     instead of leaving a half-done run waiting behind new ones."""
     calls = []
-    monkeypatch.setattr(quality, "execute_run", fake_study_run(lambda label, dim, lr, seed: 5.0, calls))
+    monkeypatch.setattr(study_runs, "execute_run", fake_study_run(lambda label, dim, lr, seed: 5.0, calls))
     argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path), "--no-baseline",
             "--dim", "32", "--lr", "1e-3", "--seeds", "1",
             *[a for m in "abcd" for a in ("--lm-model", f"{m}=transformer_lm")]]
-    args = quality.get_parser().parse_args(argv)
-    quality.check_args(quality.get_parser(), args)
+    args = options.get_parser().parse_args(argv)
+    options.check_args(options.get_parser(), args)
     save_dir = tmp_path / "runs" / "wikitext_c_s1"
     save_dir.mkdir(parents=True)
-    c = quality.Job("wikitext", "c", "transformer_lm", [], False, 32, 1e-3, 1, str(save_dir))
-    settings = quality.settings_key(quality.job_argv(c, {"wikitext": str(tmp_path)}, args))
+    c = study_runs.Job("wikitext", "c", "transformer_lm", [], False, 32, 1e-3, 1, str(save_dir))
+    settings = study_runs.settings_key(study_runs.job_argv(c, {"wikitext": str(tmp_path)}, args))
     (save_dir / "started.json").write_text(json.dumps({"settings": settings}))
     (save_dir / "checkpoint_last.pt").write_bytes(b"")
     quality.main(argv)
@@ -524,7 +529,7 @@ def test_quality_table_lists_every_finished_run_when_a_phase_is_stopped(tmp_path
             raise KeyboardInterrupt
         return 5.0 + lr + 1.0 / dim
 
-    monkeypatch.setattr(quality, "execute_run", fake_study_run(loss))
+    monkeypatch.setattr(study_runs, "execute_run", fake_study_run(loss))
     with pytest.raises(KeyboardInterrupt):
         quality.main(["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", str(tmp_path),
                       "--no-baseline", "--dim", "32,64", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3",
@@ -541,22 +546,22 @@ def test_quality_run_interrupted_after_a_checkpoint_resumes_from_it(tmp_path, mo
             "--lr", "1e-3", "--seeds", "1", "--max-update", "4", "--validate-interval", "2",
             "--max-tokens", "256", "--tokens-per-sample", "16", "--max-valid-steps", "1",
             "--lm-data", wikitext_data_bin(), "--threads", "1", "--no-baseline", "--lm-model", "t=transformer_lm"]
-    real_run_tool = quality.run_tool
+    real_run_tool = launcher.run_tool
 
     def killed_after_two_updates(tool, tool_argv, log_path, threads, append=False):
         real_run_tool(tool, [*tool_argv, "--max-update", "2"], log_path, threads, append)
         raise KeyboardInterrupt  # as if the study had been stopped right after update 2
 
-    monkeypatch.setattr(quality, "run_tool", killed_after_two_updates)
+    monkeypatch.setattr(launcher, "run_tool", killed_after_two_updates)
     with pytest.raises(KeyboardInterrupt):
         quality.main(argv)
     run_dir = tmp_path / "runs" / "wikitext_t_s1"
     assert (run_dir / "checkpoint_last.pt").exists() and not (run_dir / "run.json").exists()
-    monkeypatch.setattr(quality, "run_tool", real_run_tool)
+    monkeypatch.setattr(launcher, "run_tool", real_run_tool)
     clock = iter([100.0, 130.0])  # the resumed attempt takes 30 s for updates 3-4
-    monkeypatch.setattr(quality, "time", types.SimpleNamespace(time=lambda: next(clock)))
+    monkeypatch.setattr(study_runs, "time", types.SimpleNamespace(time=lambda: next(clock)))
     quality.main(argv)
-    monkeypatch.setattr(quality, "time", time)
+    monkeypatch.setattr(study_runs, "time", time)
     log = (run_dir / "train.log").read_text()
     assert "Loaded checkpoint" in log and "(epoch 1 @ 2 updates)" in log
     run = json.loads((run_dir / "run.json").read_text())
@@ -564,38 +569,38 @@ def test_quality_run_interrupted_after_a_checkpoint_resumes_from_it(tmp_path, mo
     assert run["train_seconds"] == pytest.approx(60.0)  # scaled to the whole run's 4 updates
     assert not list(run_dir.glob("*.pt")) and not (run_dir / "started.json").exists()
     # a changed setting never continues an old checkpoint
-    monkeypatch.setattr(quality, "run_tool", killed_after_two_updates)
+    monkeypatch.setattr(launcher, "run_tool", killed_after_two_updates)
     with pytest.raises(KeyboardInterrupt):
         quality.main(argv + ["--dropout", "0"])
-    monkeypatch.setattr(quality, "run_tool", real_run_tool)
+    monkeypatch.setattr(launcher, "run_tool", real_run_tool)
     quality.main(argv + ["--dropout", "0.05"])
     run = json.loads((run_dir / "run.json").read_text())
     assert "resumed" not in run and "Loaded checkpoint" not in (run_dir / "train.log").read_text()
 
 
 def test_quality_reuses_runs_recorded_without_checkpoint_options():
-    """Runs recorded by earlier versions (which passed --no-last-checkpoints and
+    """Runs recorded with other checkpoint-writing options (--no-last-checkpoints,
     --save-interval-updates 0) still match: checkpoint writing is not part of a run's identity."""
     old = ["--arch", "transformer_lm", "--no-epoch-checkpoints", "--no-last-checkpoints", "--max-update", "3000",
            "--save-interval-updates", "0", "--optimizer", "adam"]
     new = ["DATA", "--arch", "transformer_lm", "--save-dir", "/x", "--no-epoch-checkpoints", "--max-update", "3000",
            "--save-interval-updates", "250", "--keep-interval-updates", "1", "--optimizer", "adam"]
-    assert quality.comparable_settings(old) == quality.settings_key(new)
-    assert quality.settings_key(new) == ["--arch", "transformer_lm", "--max-update", "3000", "--optimizer", "adam"]
+    assert study_runs.comparable_settings(old) == study_runs.settings_key(new)
+    assert study_runs.settings_key(new) == ["--arch", "transformer_lm", "--max-update", "3000", "--optimizer", "adam"]
 
 
 def test_quality_frontier_and_verdict_helpers():
-    assert quality.interpolate([(1.0, 5.0), (2.0, 3.0)], 1.5) == (4.0, False)
-    assert quality.interpolate([(1.0, 5.0), (2.0, 3.0)], 3.0) == (1.0, True)  # extrapolated
-    assert quality.expand_width(["--sandwich-dim", "{2d}", "--safe-embed-dim", "{d/2}", "{d}"], 96) == [
+    assert summary.interpolate([(1.0, 5.0), (2.0, 3.0)], 1.5) == (4.0, False)
+    assert summary.interpolate([(1.0, 5.0), (2.0, 3.0)], 3.0) == (1.0, True)  # extrapolated
+    assert specs.expand_width(["--sandwich-dim", "{2d}", "--safe-embed-dim", "{d/2}", "{d}"], 96) == [
         "--sandwich-dim", "192", "--safe-embed-dim", "48", "96"]
     with pytest.raises(ValueError, match="not an integer"):
-        quality.expand_width(["{d/3}"], 64)
-    assert quality.settings_key(["data", "--save-dir", "/a", "--user-dir", "/b", "--lr", "1"]) == ["--lr", "1"]
-    assert quality.verdict([1.0, 1.1], [1.2, 1.3]) == "better than the baseline on every seed"
-    assert quality.verdict([1.4, 1.5], [1.2, 1.3]) == "worse than the baseline on every seed"
-    assert quality.verdict([1.0, 1.25], [1.2, 1.3]).startswith("within the seed spread")
-    assert quality.verdict([1.0], [1.2, 1.3]).startswith("one seed")
+        specs.expand_width(["{d/3}"], 64)
+    assert study_runs.settings_key(["data", "--save-dir", "/a", "--user-dir", "/b", "--lr", "1"]) == ["--lr", "1"]
+    assert summary.verdict([1.0, 1.1], [1.2, 1.3]) == "better than the baseline on every seed"
+    assert summary.verdict([1.4, 1.5], [1.2, 1.3]) == "worse than the baseline on every seed"
+    assert summary.verdict([1.0, 1.25], [1.2, 1.3]).startswith("within the seed spread")
+    assert summary.verdict([1.0], [1.2, 1.3]).startswith("one seed")
 
     def run(label, dim, lr, seed, nll, params, baseline=False):
         return {"corpus": "wikitext", "label": label, "arch": label, "dim": dim, "lr": lr, "seed": seed,
@@ -605,14 +610,14 @@ def test_quality_frontier_and_verdict_helpers():
             for d, p, nll in ((32, 1000, 8.0), (64, 4000, 7.0)) for lr, off in ((1e-3, 0.5), (3e-3, 0.0))
             for s in (1, 2)]
     runs += [run("slim", 64, 3e-3, s, 7.5 + 0.01 * s, 2000) for s in (1, 2)]
-    best = quality.best_rows(quality.summarise(runs))
+    best = summary.best_rows(summary.summarise(runs))
     assert {(r["label"], r["dim"], r["lr"]) for r in best} == {("base", 32, 3e-3), ("base", 64, 3e-3),
                                                                ("slim", 64, 3e-3)}
-    front = {f["label"]: f for f in quality.frontier_rows(best, {"wikitext": "base"}) if f["label"] == "slim"}
+    front = {f["label"]: f for f in summary.frontier_rows(best, {"wikitext": "base"}) if f["label"] == "slim"}
     # the baseline frontier at 2000 params (half-way in log10 between 1000 and 4000) is 7.515
     assert front["slim"]["delta_nll"] == pytest.approx(0.0, abs=1e-9)
     assert front["slim"]["params_ratio"] == pytest.approx(1.0)
-    (cmp,) = quality.compare_to_baseline(runs, {"wikitext": "base"})
+    (cmp,) = summary.compare_to_baseline(runs, {"wikitext": "base"})
     assert cmp["label"] == "slim" and cmp["params_ratio"] == 0.5
     assert cmp["delta_nll"] == pytest.approx(0.5) and cmp["verdict"].startswith("worse")
 
@@ -625,10 +630,10 @@ def test_quality_frontier_drops_a_baseline_point_above_the_line_of_its_neighbour
     runs = [_curve_run(label, dim, 1e-3, 1, [(10, nll)], params=params)
             for label, dim, params, nll in (("a", 32, 100, 5.0), ("b", 32, 200, 4.9), ("a", 64, 400, 4.0),
                                             ("slim", 32, 200, 4.6))]
-    best = quality.best_rows(quality.summarise(runs))
-    front = quality.frontier_points(best, "wikitext", ["a", "b"])
+    best = summary.best_rows(summary.summarise(runs))
+    front = summary.frontier_points(best, "wikitext", ["a", "b"])
     assert [(round(10 ** x), y) for x, y, _ in front] == [(100, 5.0), (400, 4.0)]
-    rows = {f["label"]: f for f in quality.frontier_rows(best, {"wikitext": "a,b"})}
+    rows = {f["label"]: f for f in summary.frontier_rows(best, {"wikitext": "a,b"})}
     assert rows["slim"]["delta_nll"] == pytest.approx(4.6 - 4.5)
     assert rows["b"]["delta_nll"] == pytest.approx(4.9 - 4.5)
 
@@ -641,17 +646,17 @@ def test_quality_frontier_of_several_baselines_is_the_best_of_them_at_each_size(
             for label, dim, params, nll in (("a", 32, 100, 5.0), ("a", 64, 400, 4.0), ("b", 32, 200, 4.2),
                                             ("b", 64, 800, 4.1), ("slim", 64, 800, 3.8))
             for seed in (1, 2)]
-    best = quality.best_rows(quality.summarise(runs))
-    front = quality.frontier_points(best, "wikitext", ["a", "b"])
+    best = summary.best_rows(summary.summarise(runs))
+    front = summary.frontier_points(best, "wikitext", ["a", "b"])
     assert [(round(10 ** x), round(y, 3)) for x, y, _ in front] == [(100, 5.015), (200, 4.215), (400, 4.015)]
-    assert quality.frontier_points(best, "wikitext", ["b"]) == [
+    assert summary.frontier_points(best, "wikitext", ["b"]) == [
         (math.log10(200), pytest.approx(4.215), pytest.approx(0.00707, abs=1e-5)),
         (math.log10(800), pytest.approx(4.115), pytest.approx(0.00707, abs=1e-5))]
-    rows = {f["label"] + str(f["dim"]): f for f in quality.frontier_rows(best, {"wikitext": "a,b"})}
+    rows = {f["label"] + str(f["dim"]): f for f in summary.frontier_rows(best, {"wikitext": "a,b"})}
     # at 800 parameters the frontier extrapolates the segment 200 -> 400 (4.215 -> 4.015) to 3.815
     assert rows["slim64"]["delta_nll"] == pytest.approx(3.815 - 3.815, abs=1e-9) and rows["slim64"]["extrapolated"]
     assert rows["b64"]["delta_nll"] == pytest.approx(4.115 - 3.815)
-    assert {c["baseline"] for c in quality.compare_to_baseline(runs, {"wikitext": "a,b"})} == {"a"}
+    assert {c["baseline"] for c in summary.compare_to_baseline(runs, {"wikitext": "a,b"})} == {"a"}
     (tmp_path / "results.json").write_text(json.dumps({"argv": [
         "quality.py", "--corpus", "wikitext", "--lm-model", "b=transformer_lm", "--lm-model", "slim=transformer_lm",
         "--no-baseline", "--dim", "32,64"], "runs": runs}))
@@ -684,12 +689,12 @@ def test_quality_plot_draws_the_frontier_of_several_baselines(tmp_path, monkeypa
         saved["legend"] = {label for ax in fig.axes for label in ax.get_legend_handles_labels()[1]}
         return real_savefig(fig, path, *args, **kwargs)
     monkeypatch.setattr(Figure, "savefig", keep)
-    quality.plot(runs, quality.summarise(runs), str(tmp_path), {"wikitext": "a,b"})
+    study_plot.plot(runs, summary.summarise(runs), str(tmp_path), {"wikitext": "a,b"})
     hull = [line for line in saved["params_vs_quality.png"] if line[0].startswith("frontier")]
     assert [(label, xs, ys) for label, xs, ys in hull] == [
         ("frontier (lower hull of a + b)", pytest.approx([100.0, 400.0]), [5.0, 4.0])]
     assert saved["legend"] >= {"a (baseline)", "b (baseline)", "frontier (lower hull of a + b)"}
-    quality.plot(runs, quality.summarise(runs), str(tmp_path), {"wikitext": "a"})
+    study_plot.plot(runs, summary.summarise(runs), str(tmp_path), {"wikitext": "a"})
     assert not [line for line in saved["params_vs_quality.png"] if line[0].startswith("frontier")]
     assert "a (frontier)" in saved["legend"]
 
@@ -713,23 +718,23 @@ def test_quality_family_table_gives_bleu_at_each_width_for_translation(tmp_path)
 
 def test_quality_best_rate_is_chosen_on_the_seeds_every_rate_has():
     """A second seed of the chosen rate that lands worse must not hand the choice to a rate tried
-    with one seed only: rates are compared on their shared seeds (found on the en-de study, where
-    the transformer's width-128 best moved from 1e-3, two seeds, to 3e-3, one seed)."""
+    with one seed only: rates are compared on their shared seeds (on the en-de study, the
+    transformer's width-128 best would otherwise be 3e-3, one seed, instead of 1e-3, two seeds)."""
     runs = [_curve_run("m", 128, 1e-3, 1, [(10, 5.0)]), _curve_run("m", 128, 1e-3, 2, [(10, 5.3)]),
             _curve_run("m", 128, 3e-3, 1, [(10, 5.1)]), _curve_run("m", 128, 1e-2, 1, [(10, 7.0)])]
-    (best,) = quality.best_rows(quality.summarise(runs))
+    (best,) = summary.best_rows(summary.summarise(runs))
     assert best["lr"] == 1e-3 and best["seeds"] == [1, 2] and best["valid_nll"][0] == pytest.approx(5.15)
     # the planning of further rates makes the same choice: 1e-3 is the grid's lower edge, so the
     # next rate is one step below it, not one above 3e-3
-    assert quality.edge_rate(runs[:3], "wikitext", "m", 128, [1e-3, 3e-3]) == pytest.approx(1e-3 / 3)
-    assert quality.rate_step_with_width(runs[:3], "wikitext", "m", 128, 64, [1e-3, 3e-3]) == pytest.approx(1e-3 / 3)
+    assert planner.edge_rate(runs[:3], "wikitext", "m", 128, [1e-3, 3e-3]) == pytest.approx(1e-3 / 3)
+    assert planner.rate_step_with_width(runs[:3], "wikitext", "m", 128, 64, [1e-3, 3e-3]) == pytest.approx(1e-3 / 3)
     # a diverged shared seed ranks that rate last; rows without per-seed values use the mean
     runs.append(_curve_run("m", 128, 3e-4, 1, [(10, float("nan"))]))
-    assert quality.best_rows(quality.summarise(runs))[0]["lr"] == 1e-3
-    rows = [dict(r) for r in quality.summarise(runs[:3])]
+    assert summary.best_rows(summary.summarise(runs))[0]["lr"] == 1e-3
+    rows = [dict(r) for r in summary.summarise(runs[:3])]
     for r in rows:
         del r["seed_nll"]
-    assert quality.best_rows(rows)[0]["lr"] == 3e-3
+    assert summary.best_rows(rows)[0]["lr"] == 3e-3
 
 
 def _curve_run(label, dim, lr, seed, curve, params=1000, baseline=False):
@@ -750,17 +755,17 @@ def test_quality_ranking_stability_finds_the_last_change():
             _curve_run("c", 64, 1e-3, 1, [(100, 6.0), (200, 5.0), (300, 4.0)]),
             # a worse rate of "c" is not its best point, so it takes no part in the ranking
             _curve_run("c", 64, 3e-3, 1, [(100, 7.0), (200, 9.0), (300, 9.0)])]
-    stability = quality.ranking_stability(runs, "wikitext", 64)
+    stability = summary.ranking_stability(runs, "wikitext", 64)
     assert stability["final"] == ["a", "b", "c"] and stability["settled_at"] == 200
     assert stability["last_swap"]["pair"] == ("a", "b")
     assert stability["last_swap"]["gap_at_end"] == pytest.approx(0.1)
-    text = quality.ranking_markdown(runs)
+    text = report.ranking_markdown(runs)
     assert "unchanged since update 200 of 300" in text and "put a ahead of b, 0.100 bits apart" in text
     steady = [_curve_run("a", 32, 1e-3, 1, [(100, 4.0), (200, 3.0)]),
               _curve_run("b", 32, 1e-3, 1, [(100, 5.0), (200, 4.0)])]
-    assert quality.ranking_stability(steady, "wikitext", 32)["last_swap"] is None
-    assert "unchanged at all 2 validations" in quality.ranking_markdown(steady)
-    assert quality.ranking_stability(steady[:1], "wikitext", 32) is None  # one model: nothing to rank
+    assert summary.ranking_stability(steady, "wikitext", 32)["last_swap"] is None
+    assert "unchanged at all 2 validations" in report.ranking_markdown(steady)
+    assert summary.ranking_stability(steady[:1], "wikitext", 32) is None  # one model: nothing to rank
 
 
 def test_quality_reports_the_best_checkpoint_not_the_last_validation(tmp_path):
@@ -770,14 +775,14 @@ def test_quality_reports_the_best_checkpoint_not_the_last_validation(tmp_path):
     with the last validation as their valid NLL are re-derived from their curves."""
     # (updates, label-smoothed loss, nll, ppl): the loss decides, not the NLL
     curve = [[100, 6.0, 5.5, 45.0], [200, 5.0, 4.6, 24.0], [300, 5.0, 4.5, 22.6], [400, 5.6, 5.2, 36.8]]
-    assert quality.checkpoint_point(curve) == [300, 5.0, 4.5, 22.6]
-    assert quality.checkpoint_point([[1, math.nan, 9.0, 512.0], [2, 7.0, 6.0, 64.0]])[0] == 2
-    assert quality.checkpoint_curve(curve) == [(100, 5.5), (200, 4.6), (300, 4.5), (400, 4.5)]
+    assert summary.checkpoint_point(curve) == [300, 5.0, 4.5, 22.6]
+    assert summary.checkpoint_point([[1, math.nan, 9.0, 512.0], [2, 7.0, 6.0, 64.0]])[0] == 2
+    assert summary.checkpoint_curve(curve) == [(100, 5.5), (200, 4.6), (300, 4.5), (400, 4.5)]
     # rate 1e-2 overfits after a better best checkpoint than 1e-3 reaches at its last validation
     overfit = _curve_run("a", 64, 1e-2, 1, [(100, 4.0), (200, 3.0), (300, 3.9)])
     steady = _curve_run("a", 64, 1e-3, 1, [(100, 4.0), (200, 3.5), (300, 3.3)])
     other = _curve_run("b", 64, 1e-3, 1, [(100, 4.1), (200, 3.2), (300, 3.2)])
-    assert overfit["valid_nll"] == 3.9  # as recorded by earlier versions: the last validation
+    assert overfit["valid_nll"] == 3.9  # a run.json whose valid_nll is the last validation's
     (tmp_path / "results.json").write_text(json.dumps({"argv": [
         "quality.py", "--corpus", "wikitext", "--lm-model", "a=transformer_lm", "--lm-model", "b=transformer_lm",
         "--no-baseline", "--dim", "64", "--lr", "1e-3,1e-2"], "runs": [overfit, steady, other]}))
@@ -785,10 +790,10 @@ def test_quality_reports_the_best_checkpoint_not_the_last_validation(tmp_path):
     table = (tmp_path / "table.md").read_text()
     assert "| a | 64 | 0.01 | 1,000 | 1 | 8.00 | 3.000 | 200 | 3.900 |" in table
     assert "| a | 64 | 0.001 | 1,000 | 1 | 9.85 | 3.300 | 300 | 3.300 |" in table
-    best = {r["label"]: r for r in quality.best_rows(quality.summarise([quality.with_checkpoint_metrics(r)
-                                                                           for r in (overfit, steady, other)]))}
+    best = {r["label"]: r for r in summary.best_rows(summary.summarise([summary.with_checkpoint_metrics(r)
+                                                                        for r in (overfit, steady, other)]))}
     assert best["a"]["lr"] == 1e-2 and best["a"]["valid_nll"][0] == 3.0
-    stability = quality.ranking_stability([overfit, steady, other], "wikitext", 64)
+    stability = summary.ranking_stability([overfit, steady, other], "wikitext", 64)
     assert stability["final"] == ["a", "b"] and stability["last_swap"] is None
 
 
@@ -796,25 +801,25 @@ def test_quality_report_gives_no_spread_for_one_seed():
     """One seed has no spread: the report prints the value alone, not "± 0.000", and a frontier
     difference where the model or the baseline has one seed is marked as such, even when the
     other side has two (a study stopped in its second-seed phase)."""
-    args = quality.get_parser().parse_args(["--corpus", "wikitext", "--lm-data", "unused", "--dim", "32,64"])
+    args = options.get_parser().parse_args(["--corpus", "wikitext", "--lm-data", "unused", "--dim", "32,64"])
     runs = [_curve_run("base", 32, 1e-3, 1, [(100, 6.0)], params=1000, baseline=True),
             _curve_run("base", 32, 1e-3, 2, [(100, 6.2)], params=1000, baseline=True),
             _curve_run("base", 64, 1e-3, 1, [(100, 5.0)], params=4000, baseline=True),
             _curve_run("slim", 32, 1e-3, 1, [(100, 5.8)], params=1000),
             _curve_run("slim", 32, 1e-3, 2, [(100, 5.9)], params=1000),
             _curve_run("slim", 64, 1e-3, 1, [(100, 4.9)], params=4000)]
-    assert quality.mean_std([5.0]) == (5.0, None)
-    front = {f["dim"]: f for f in quality.frontier_rows(quality.best_rows(quality.summarise(runs)),
-                                                          {"wikitext": "base"}) if f["label"] == "slim"}
-    assert front[32]["delta_std"] == pytest.approx(math.hypot(quality.mean_std([5.8, 5.9])[1],
-                                                              quality.mean_std([6.0, 6.2])[1]))
+    assert summary.mean_std([5.0]) == (5.0, None)
+    front = {f["dim"]: f for f in summary.frontier_rows(summary.best_rows(summary.summarise(runs)),
+                                                        {"wikitext": "base"}) if f["label"] == "slim"}
+    assert front[32]["delta_std"] == pytest.approx(math.hypot(summary.mean_std([5.8, 5.9])[1],
+                                                              summary.mean_std([6.0, 6.2])[1]))
     assert front[64]["delta_std"] is None
-    table = quality.markdown(quality.summarise(runs), args, {"wikitext": "base"})
+    table = report.markdown(summary.summarise(runs), args, {"wikitext": "base"})
     assert "| slim | 64 | 0.001 | 4,000 | 1 | 29.86 | 4.900 |" in table
     assert "| 5.850 ± 0.071 | -0.250 ± 0.158 |" in table
     assert "| 4.900 | -0.100 (one seed) |" in table
     assert "± 0.000" not in table
-    (fam,) = [f for f in quality.family_summary(list(front.values()))]
+    (fam,) = [f for f in summary.family_summary(list(front.values()))]
     assert fam["where"].endswith("(one seed: spread unknown)")
 
 
@@ -825,7 +830,7 @@ def test_quality_family_summary_says_where_each_model_sits():
     front = [point("ahead", 32, -0.2, 0.05, 0.5), point("ahead", 64, -0.1, 0.05, 0.7),
              point("mixed", 32, -0.2, 0.05), point("mixed", 64, 0.01, 0.05),
              point("single", 64, 0.3, None)]
-    where = {f["label"]: f for f in quality.family_summary(front)}
+    where = {f["label"]: f for f in summary.family_summary(front)}
     assert where["ahead"]["where"] == "ahead of the frontier at every width"
     assert where["ahead"]["params_ratios"] == [0.5, 0.7]
     assert where["mixed"]["where"] == "mixed: d 32 ahead, d 64 level"
@@ -837,8 +842,8 @@ def test_quality_dry_run_lists_the_next_runs_and_trains_nothing(tmp_path, monkey
     soon as its own earlier runs are finished, as a real call would; it never trains."""
     def no_training(*args, **kwargs):
         raise AssertionError("--dry-run must not train")
-    monkeypatch.setattr(quality, "execute_run", no_training)
-    monkeypatch.setattr(quality, "run_tool", no_training)
+    monkeypatch.setattr(study_runs, "execute_run", no_training)
+    monkeypatch.setattr(launcher, "run_tool", no_training)
     argv = ["--out", str(tmp_path), "--corpus", "wikitext", "--lm-data", "unused", "--no-baseline",
             "--dim", "32,64", "--lr-sweep-dim", "64", "--lr", "1e-3,3e-3", "--lr-extend", "1",
             "--seeds", "1", "--max-update", "300", "--lm-model", "a=transformer_lm",
@@ -848,15 +853,15 @@ def test_quality_dry_run_lists_the_next_runs_and_trains_nothing(tmp_path, monkey
     assert ("0 of 4 planned runs are done; 4 to train; 4 run(s) at a width with no finished run to "
             "estimate the time from") in capsys.readouterr().out
 
-    args = quality.get_parser().parse_args(argv)
-    quality.check_args(quality.get_parser(), args)
-    quality.load_plugin()
+    args = options.get_parser().parse_args(argv)
+    options.check_args(options.get_parser(), args)
+    specs.load_plugin()
 
     def record(job, nll):  # what a finished run leaves behind
         corpus, label, arch, overrides, _b, dim, lr, seed, save_dir = job
         run = _curve_run(label, dim, lr, seed, [(300, nll)])
-        run["settings"] = quality.settings_key(
-            quality.train_argv(corpus, "DATA", arch, overrides, args, seed, save_dir, dim, lr))
+        run["settings"] = study_runs.settings_key(
+            launcher.study_train_argv(corpus, "DATA", arch, overrides, args, seed, save_dir, dim, lr))
         os.makedirs(save_dir, exist_ok=True)
         with open(os.path.join(save_dir, "run.json"), "w") as f:
             json.dump(run, f)
@@ -869,8 +874,8 @@ def test_quality_dry_run_lists_the_next_runs_and_trains_nothing(tmp_path, monkey
     corpus, label, arch, overrides, _b, dim, lr, seed, save_dir = b3
     os.makedirs(save_dir)
     with open(os.path.join(save_dir, "started.json"), "w") as f:
-        json.dump({"settings": quality.settings_key(
-            quality.train_argv(corpus, "DATA", arch, overrides, args, seed, save_dir, dim, lr))}, f)
+        json.dump({"settings": study_runs.settings_key(
+            launcher.study_train_argv(corpus, "DATA", arch, overrides, args, seed, save_dir, dim, lr))}, f)
     open(os.path.join(save_dir, "checkpoint_last.pt"), "w").close()
     with open(os.path.join(save_dir, "train.log"), "w") as f:
         f.write('x | valid | {"valid_loss": "7.0", "valid_nll_loss": "7.0", "valid_ppl": "128", '
@@ -887,12 +892,12 @@ def test_quality_dry_run_lists_the_next_runs_and_trains_nothing(tmp_path, monkey
     assert "Later phases (grid extension, other widths, width check, --confirm-seeds) of a, b depend" in output
     assert not (tmp_path / "table.md").exists()
     # a model with no finished run at a width is estimated from the other models' runs there
-    c64, c32 = (quality.Job("wikitext", "c", "transformer_lm", [], False, dim, 1e-3, 1, str(tmp_path / f"c{dim}"))
+    c64, c32 = (study_runs.Job("wikitext", "c", "transformer_lm", [], False, dim, 1e-3, 1, str(tmp_path / f"c{dim}"))
                 for dim in (64, 32))
     finished = [record(a1, 6.0), record(a3, 5.0)]  # 600 s each
     assert ("0 of 2 planned runs are done; 2 to train: about 0.2 h of wall time at --jobs 1, plus 1 run(s) "
-            "at a width with no finished run") in quality.dry_run_report([c64, c32], [c64, c32], [], finished,
-                                                                         args, {"wikitext": "DATA"})
+            "at a width with no finished run") in report.dry_run_report([c64, c32], [c64, c32], [], finished,
+                                                                        args, {"wikitext": "DATA"})
     with pytest.raises(SystemExit):
         quality.main(argv + ["--report-only"])
     # every spec is checked at every width before anything trains: one line naming the model
@@ -908,24 +913,24 @@ def test_quality_resumes_only_a_matching_attempt_first(tmp_path):
     """Only an interrupted attempt with the same settings counts as one to go on from (and is
     trained first); a checkpoint_last.pt left by other settings (it will be deleted, the run
     starts afresh) does not jump the queue, and --no-resume resumes nothing."""
-    args = quality.get_parser().parse_args(["--corpus", "wikitext", "--lm-data", "unused", "--dim", "32",
+    args = options.get_parser().parse_args(["--corpus", "wikitext", "--lm-data", "unused", "--dim", "32",
                                             "--lr", "1e-3,3e-3,1e-2", "--max-update", "300"])
-    quality.check_args(quality.get_parser(), args)
-    quality.load_plugin()
+    options.check_args(options.get_parser(), args)
+    specs.load_plugin()
     data = {"wikitext": "DATA"}
-    fresh, stale, matching = (quality.Job("wikitext", "a", "transformer_lm", [], False, 32, lr, 1,
-                                          str(tmp_path / name))
+    fresh, stale, matching = (study_runs.Job("wikitext", "a", "transformer_lm", [], False, 32, lr, 1,
+                                             str(tmp_path / name))
                               for lr, name in ((1e-3, "fresh"), (3e-3, "stale"), (1e-2, "matching")))
     for job, settings_of in ((stale, fresh), (matching, matching)):
         os.makedirs(job.save_dir)
         with open(os.path.join(job.save_dir, "started.json"), "w") as f:
-            json.dump({"settings": quality.settings_key(quality.job_argv(settings_of, data, args))}, f)
+            json.dump({"settings": study_runs.settings_key(study_runs.job_argv(settings_of, data, args))}, f)
         open(os.path.join(job.save_dir, "checkpoint_last.pt"), "w").close()
-    resumes = [quality.resumable(job.save_dir, quality.job_argv(job, data, args), args)
+    resumes = [study_runs.resumable(job.save_dir, study_runs.job_argv(job, data, args), args)
                for job in (fresh, stale, matching)]
     assert resumes == [False, False, True]
-    assert not quality.resumable(matching.save_dir, quality.job_argv(matching, data, args),
-                                 argparse.Namespace(**{**vars(args), "no_resume": True}))
+    assert not study_runs.resumable(matching.save_dir, study_runs.job_argv(matching, data, args),
+                                    argparse.Namespace(**{**vars(args), "no_resume": True}))
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from helpers import REPO, USER_DIR, ende_data_bin, run_cli, wikitext_data_bin
+from helpers import REPO, USER_DIR, ende_data_bin, load_script, run_cli, wikitext_data_bin
 
 COMPRESS = os.path.join(REPO, "scripts", "compress_checkpoint.py")
 EXPORT = os.path.join(REPO, "scripts", "export_dense.py")
@@ -402,7 +402,7 @@ def test_export_dense_language_model(tc_lm, tmp_path):
 # ------------------------------------------------------------------------- the demonstration
 
 def test_compress_demo_parsers(dense_tied):
-    import compress_demo
+    compress_demo = load_script("compress_demo")
     output = ("2026-01-01 | INFO | valid | valid on 'valid' subset | loss 8.49 | nll_loss 7.73 | "
               "ppl 211.7 | wps 2669 | wpb 986 | bsz 74")
     assert compress_demo.parse_validate("noise\n" + output) == 211.7
@@ -417,7 +417,7 @@ def test_compress_demo_parsers(dense_tied):
 
 @pytest.mark.slow
 def test_compress_demo_tiny(tmp_path):
-    import compress_demo
+    compress_demo = load_script("compress_demo")
     data = ende_data_bin()
     rows = compress_demo.main([
         "--out", str(tmp_path / "demo"), "--dim", "32", "--layers", "1", "--heads", "2",

@@ -95,7 +95,7 @@ def test_i_training_time_breakdown(built):
     """scripts/benchmark.py --time-breakdown on every arch: its hooks around module inputs and
     outputs leave the model trainable, the attention and the feed-forward are found with a
     backward of their own, and no part is counted twice."""
-    import benchmark  # scripts/ is on sys.path (tests/helpers.py)
+    from slim_fairseq_lab.benchmark import measure as benchmark
     arch, lm, args, task, model = built
     entry = benchmark.Entry(arch, arch, [], lm)
     entry.model, entry.criterion = model, task.build_criterion(args)

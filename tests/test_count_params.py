@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from helpers import REPO, load_plugin
-
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-from count_params import count_params, make_dictionary  # noqa: E402
+from slim_fairseq_lab.params import count_params, make_dictionary
 
 
 def test_dummy_dictionary_has_exact_size():
@@ -51,7 +49,7 @@ def test_transformer_no_sharing_32000_meta_matches_real_build():
 
 
 def test_meta_build_allocates_nothing():
-    from count_params import build_model
+    from slim_fairseq_lab.params import build_model
 
     model, _ = build_model("transformer_lm", ["--decoder-layers", "2"], vocab=1000, meta=True)
     assert all(p.device.type == "meta" for p in model.parameters())

@@ -139,15 +139,14 @@ def _bash_with_common(code: str, stdin: str, tmp_path: Path) -> str:
 
 
 def test_recipes_keep_large_blocks_in_the_heap_as_quality_py_does(tmp_path, monkeypatch):
-    """examples/common.sh exports the malloc settings of scripts/quality.py's ALLOCATOR_ENV (one
-    set of values for every launcher), and a value the caller exported wins."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    import quality
-    for name in quality.ALLOCATOR_ENV:
+    """examples/common.sh exports the malloc settings of slim_fairseq_lab.launcher's ALLOCATOR_ENV
+    (one set of values for every launcher), and a value the caller exported wins."""
+    from slim_fairseq_lab.launcher import ALLOCATOR_ENV
+    for name in ALLOCATOR_ENV:
         monkeypatch.delenv(name, raising=False)
-    code = 'for v in ' + " ".join(quality.ALLOCATOR_ENV) + '; do printf "%s=%s\\n" "$v" "$(printenv "$v")"; done'
+    code = 'for v in ' + " ".join(ALLOCATOR_ENV) + '; do printf "%s=%s\\n" "$v" "$(printenv "$v")"; done'
     out = _bash_with_common(code, "", tmp_path)
-    assert out.splitlines() == [f"{k}={v}" for k, v in quality.ALLOCATOR_ENV.items()]
+    assert out.splitlines() == [f"{k}={v}" for k, v in ALLOCATOR_ENV.items()]
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "4096")
     assert "MALLOC_TRIM_THRESHOLD_=4096" in _bash_with_common(code, "", tmp_path).splitlines()
 

@@ -29,7 +29,7 @@ def _registry():
 
 def make_model(options, vocab=50, arch="skipless_lm"):
     """Build a skipless model from option attributes (cfg names) through the arch preset."""
-    from count_params import make_dictionary
+    from slim_fairseq_lab.params import make_dictionary
 
     models, configs = _registry()
     args = argparse.Namespace(arch=arch, **options)
@@ -172,7 +172,7 @@ def test_trained_reduced_form_and_errors():
 def test_meta_counts_of_mistral_and_pythia_presets():
     """Weight counts (docs/TECHNIQUES.md#skipless-weight-counts) via count_params --meta (weight matrices only: norm weights,
     biases and the shaped-attention gains alpha, beta, gamma -- 3 per head -- are excluded)."""
-    from count_params import count_params
+    from slim_fairseq_lab.params import count_params
 
     for arch, vocab, (full, reduced) in (("skipless_lm_mistral_7b", 32000, MISTRAL_7B),
                                           ("skipless_lm_pythia_6_9b", 50400, PYTHIA_6_9B)):
@@ -264,8 +264,8 @@ def test_converter_cli_end_to_end(tmp_path, capsys):
     assert bits_red == pytest.approx(bits_orig, rel=1e-4)
     assert ppl_red == pytest.approx(ppl_orig, rel=1e-3)
     # a bad option is refused with a one-line message (in-process: no second interpreter start)
-    import remove_weights
-
+    from helpers import load_script
+    remove_weights = load_script("remove_weights")
     assert remove_weights.main([original, str(tmp_path / "bad.pt"), "--removed-weights", "x"]) == 2
     assert "--removed-weights=x: not a projection; allowed: q|k|v" in capsys.readouterr().err
 

@@ -1,11 +1,11 @@
-"""examples/summarize_runs.py, the report step of the evidence scripts, on fairseq log lines."""
+"""The summary table of the shell comparisons (slim_fairseq_lab.run_summary, behind
+examples/summarize_runs.py) on fairseq log lines."""
 import os
+import subprocess
 import sys
 
 from helpers import REPO
-
-sys.path.insert(0, os.path.join(REPO, "examples"))
-import summarize_runs  # noqa: E402
+from slim_fairseq_lab import run_summary
 
 TRAIN_LOG = """\
 2026-11-22 01:00:00 | INFO | fairseq_cli.train | num. shared model params: 3,909,448 (num. trained: 3,909,448)
@@ -27,18 +27,18 @@ LM_LOG = """\
 
 
 def test_train_log_takes_last_validation_and_mean_epoch_speed():
-    row = summarize_runs.parse_train_log(TRAIN_LOG)
+    row = run_summary.train_log_row(TRAIN_LOG)
     assert row == {"params": "3,909,448", "loss": "9.34", "nll": "8.704", "ppl": "417.14",
                    "wps": 110.0}
 
 
 def test_inner_speed_is_used_without_epoch_lines():
     inner_only = "\n".join(line for line in TRAIN_LOG.splitlines() if "| train |" not in line)
-    assert summarize_runs.parse_train_log(inner_only)["wps"] == 90.5
+    assert run_summary.train_log_row(inner_only)["wps"] == 90.5
 
 
 def test_generate_log_bleu_and_speed():
-    assert summarize_runs.parse_generate_log(GENERATE_LOG) == {"bleu": "1.23", "gen_tps": 91.74}
+    assert run_summary.generate_log_row(GENERATE_LOG) == {"bleu": "1.23", "gen_tps": 91.74}
 
 
 def test_summary_reads_both_layouts(tmp_path):
@@ -46,8 +46,15 @@ def test_summary_reads_both_layouts(tmp_path):
     (tmp_path / "anthe" / "train.log").write_text(TRAIN_LOG)
     (tmp_path / "anthe" / "generate.log").write_text(GENERATE_LOG)
     (tmp_path / "tied.log").write_text(LM_LOG)
-    header, anthe, tied, missing = summarize_runs.summarize(str(tmp_path), ["anthe", "tied", "missing"])
+    header, anthe, tied, missing = run_summary.summarize(str(tmp_path), ["anthe", "tied", "missing"])
     assert header.split()[:2] == ["model", "params"]
     assert anthe.split() == ["anthe", "3,909,448", "9.34", "8.704", "417.14", "110", "1.23", "92"]
     assert tied.split() == ["tied", "2,064,000", "7.644", "?", "199.98", "260", "?", "?"]
     assert missing.split() == ["missing"] + ["?"] * 7
+
+
+def test_command_line_prints_the_table(tmp_path):
+    (tmp_path / "tied.log").write_text(LM_LOG)
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", "summarize_runs.py"), str(tmp_path), "tied"],
+                          capture_output=True, text=True, check=True)
+    assert proc.stdout.splitlines()[1].split() == ["tied", "2,064,000", "7.644", "?", "199.98", "260", "?", "?"]

@@ -388,8 +388,9 @@ def _guide_commands():
 
 def test_guide_binarize_defaults_are_the_paths_the_guide_names(monkeypatch):
     """``binarize_bundled.py build/data`` with no other option builds the directories the
-    guide's later commands use: 8000 BPE merges, a 5000-word WikiText-2 vocabulary."""
-    import binarize_bundled
+    README's later commands use: 8000 BPE merges, a 5000-word WikiText-2 vocabulary."""
+    from helpers import load_script
+    binarize_bundled = load_script("binarize_bundled")
 
     calls = []
     monkeypatch.setattr(binarize_bundled, "binarize_ende", lambda *a: calls.append(("ende", a)) or "x")

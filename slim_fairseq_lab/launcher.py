@@ -1,0 +1,244 @@
+"""The one place that builds fairseq command lines and starts fairseq's tools.
+
+The study (:mod:`slim_fairseq_lab.study`), the benchmark, the compression demo and the shell
+comparisons of ``examples/`` (through this module's command line, ``python -m
+slim_fairseq_lab.launcher``) take their fairseq-train / fairseq-generate arguments from the
+builders here, composed of the same option groups: the task, the criterion, Adam with the
+inverse-square-root schedule, and the test-set translation. The malloc settings every launched
+tool gets (:data:`ALLOCATOR_ENV`) are defined here only; ``examples/common.sh`` reads them from
+``python -m slim_fairseq_lab.launcher allocator-env``.
+
+It imports only the standard library (and this package's modules that do the same) at import
+time, so any python3 runs its command line.
+"""
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+
+from slim_fairseq_lab import fairseq_logs
+from slim_fairseq_lab.paths import PLUGIN_DIR
+
+BIN = os.path.dirname(sys.executable)
+
+# glibc's malloc serves a block above its mmap threshold (32 MiB at most) with fresh pages from the
+# kernel and hands them back when freed: the logits of a 2,048-token batch over 8,000 types (65 MB)
+# then cost a page fault per page at every step, a third of a CPU run's time. Keeping such blocks
+# in the heap gives the same results bit for bit, faster (docs/TRAINING.md#cpu-memory-allocator).
+# A value in the caller's environment wins.
+ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+
+
+def log(message):
+    print(f"[launcher] {message}", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# running a tool
+
+def tool_environment(threads, allocator_env=True):
+    """The environment of a launched fairseq tool: ``threads`` OpenMP / MKL threads, Python
+    warnings off, and :data:`ALLOCATOR_ENV` under the caller's values (``allocator_env=False``:
+    glibc's defaults, every ``MALLOC_*`` variable of :data:`ALLOCATOR_ENV` removed)."""
+    env = dict(ALLOCATOR_ENV, **os.environ) if allocator_env else {
+        k: v for k, v in os.environ.items() if k not in ALLOCATOR_ENV}
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")
+    return env
+
+
+def run_tool(tool, argv, log_path, threads, append=False, allocator_env=True):
+    """Run a fairseq console script of this environment, stream its output to ``log_path``
+    (continued when ``append``) and return the whole log. A tool killed by a signal after its
+    last line (:func:`fairseq_logs.completion_line`) counts as finished: its work was saved."""
+    cmd = [os.path.join(BIN, tool), *argv]
+    with open(log_path, "a" if append else "w") as f:  # streamed: progress can be followed
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True,
+                              env=tool_environment(threads, allocator_env))
+    with open(log_path) as f:
+        output = f.read()
+    if proc.returncode != 0:
+        done = fairseq_logs.completion_line(tool, output)
+        if proc.returncode < 0 and done:
+            # seen once in CI: "terminate called without an active exception", SIGABRT, during
+            # interpreter shutdown after fairseq-train had saved its checkpoint
+            note = (f"{tool} was killed by signal {-proc.returncode} after it printed "
+                    f"{done!r}; its results are complete and kept")
+            with open(log_path, "a") as f:
+                f.write(f"[launcher] {note}\n")
+            log(f"{note} ({log_path})")
+            return output
+        raise RuntimeError(f"{tool} failed ({proc.returncode}), see {log_path}:\n{output[-3000:]}")
+    return output
+
+
+# ----------------------------------------------------------------------------------------------
+# option groups
+
+def task_options(corpus, tokens_per_sample=None):
+    """fairseq's task for ``corpus``: ``ende`` (translation en -> de) or ``wikitext`` (language
+    modelling on blocks of ``tokens_per_sample`` tokens across sentence boundaries)."""
+    if corpus == "ende":
+        return ["--task", "translation", "--source-lang", "en", "--target-lang", "de"]
+    return ["--task", "language_modeling", "--tokens-per-sample", str(tokens_per_sample),
+            "--sample-break-mode", "none"]
+
+
+def criterion_options(corpus):
+    """Label-smoothed cross-entropy (0.1) for translation, cross-entropy for language models."""
+    if corpus == "ende":
+        return ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
+    return ["--criterion", "cross_entropy"]
+
+
+def adam_options(warmup, lr=None, warmup_init_lr=None, clip_norm=None):
+    """Adam (betas 0.9, 0.98) with fairseq's inverse-square-root schedule after ``warmup``
+    updates; ``lr`` None leaves the rate to the caller's model options."""
+    argv = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)"]
+    argv += [] if lr is None else ["--lr", str(lr)]
+    argv += ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(warmup)]
+    argv += [] if warmup_init_lr is None else ["--warmup-init-lr", warmup_init_lr]
+    argv += [] if clip_norm is None else ["--clip-norm", clip_norm]
+    return argv
+
+
+def translate_test_argv(data, checkpoint, user_dir=PLUGIN_DIR, extra=()):
+    """fairseq-generate's arguments for the en-de test set, beam 5, every sentence (this fairseq
+    build drops the last N mod 8 sentences without ``--required-batch-size-multiple 1``)."""
+    return [data, "--user-dir", user_dir, "--path", checkpoint, "--cpu", *task_options("ende"),
+            "--gen-subset", "test", "--beam", "5", "--required-batch-size-multiple", "1", "--quiet",
+            *extra]
+
+
+# ----------------------------------------------------------------------------------------------
+# command lines
+
+def study_train_argv(corpus, data, arch, overrides, settings, seed, save_dir, dim=None, lr=None):
+    """fairseq-train's arguments for one run of the study: ``arch`` with its spec's
+    ``overrides`` (width templates filled in) at width ``dim``, rate ``lr`` (default: the first
+    of ``settings``) and ``seed``, with the budget, shape and schedule of ``settings`` (the
+    study's options). A checkpoint_last.pt at every validation lets an interrupted run resume.
+    Resuming compares these arguments, so their order is part of a recorded run's identity."""
+    from slim_fairseq_lab import specs
+    lm = corpus == "wikitext"
+    dim = dim or settings.dims[0]
+    lr = lr or settings.lrs[0]
+    argv = [data, "--user-dir", PLUGIN_DIR, "--arch", arch, "--cpu", "--seed", str(seed),
+            "--save-dir", save_dir, "--no-epoch-checkpoints",
+            "--max-update", str(settings.max_update), "--max-tokens", str(settings.max_tokens),
+            "--validate-interval-updates", str(settings.validate_interval),
+            "--save-interval-updates", str(settings.validate_interval), "--keep-interval-updates", "1",
+            *adam_options(settings.warmup or max(1, settings.max_update // 10), lr=lr,
+                          warmup_init_lr="1e-07", clip_norm="1.0"),
+            "--num-workers", "0",
+            "--log-format", "json", "--log-interval", str(settings.log_interval or settings.validate_interval),
+            "--skip-invalid-size-inputs-valid-test", "--required-batch-size-multiple", "1"]
+    if settings.time_budget:
+        argv += ["--stop-time-hours", f"{settings.time_budget / 3600.0:.6f}"]
+    if settings.max_valid_steps:
+        argv += ["--max-valid-steps", str(settings.max_valid_steps)]
+    argv += task_options(corpus, settings.tokens_per_sample) + criterion_options(corpus)
+    argv += specs.shape_overrides(arch, lm, dim, settings.layers, settings.heads, settings.ffn_mult * dim)
+    if settings.dropout is not None and "--dropout" in specs.accepted_flags(arch):
+        argv += ["--dropout", str(settings.dropout)]
+    return argv + specs.expand_width(overrides, dim)
+
+
+def study_generate_argv(data, save_dir, bpe_codes):
+    """fairseq-generate's arguments for a study run's test BLEU: its checkpoint_best.pt, beam 5,
+    hypotheses capped at 1.2 x source + 10 tokens, detokenized sacreBLEU when the BPE codes are
+    known (else BPE removed)."""
+    extra = ["--max-len-a", "1.2", "--max-len-b", "10", "--max-tokens", "4096", "--scoring", "sacrebleu"]
+    if bpe_codes:
+        extra += ["--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", bpe_codes]
+    else:
+        extra += ["--remove-bpe"]
+    return translate_test_argv(data, os.path.join(save_dir, "checkpoint_best.pt"), extra=extra)
+
+
+def ende_comparison_train_argv(data, seed, warmup, max_tokens, max_update, log_interval, model_args,
+                               save_dir):
+    """fairseq-train's arguments for one model of an en-de comparison (examples/translation/
+    *_vs_transformer.sh): ``model_args`` (the shape and the model's own options, its --lr among
+    them), the same seed, schedule and batches for both models, one checkpoint kept."""
+    return [data, *task_options("ende"), "--cpu", "--seed", str(seed), *adam_options(warmup),
+            *criterion_options("ende"), "--max-tokens", str(max_tokens), "--max-update", str(max_update),
+            "--no-epoch-checkpoints", "--save-interval-updates", str(max_update),
+            "--keep-interval-updates", "1", "--log-format", "simple", "--log-interval", str(log_interval),
+            "--num-workers", "0", "--skip-invalid-size-inputs-valid-test", *model_args,
+            "--save-dir", save_dir]
+
+
+def ende_comparison_generate_argv(data, checkpoint, user_dir, extra=()):
+    """fairseq-generate's arguments for a model of an en-de comparison: the test set, beam 5,
+    BPE removed (fairseq's tokenized BLEU), plus ``extra``. ``--user-dir`` also for fairseq's
+    transformer: the plugin allow-lists what fairseq checkpoints hold for torch's weights-only
+    loading."""
+    return translate_test_argv(data, checkpoint, user_dir, ["--batch-size", "64", "--remove-bpe", *extra])
+
+
+def lm_comparison_train_argv(data, user_dir, tokens_per_sample, batch_size, max_update, seed, lr,
+                             run_args):
+    """fairseq-train's arguments for one run of a WikiText-2 comparison (examples/lm/): the run's
+    own ``run_args`` (arch, shape, options), the same batches of ``batch_size`` blocks, updates,
+    seed and Adam schedule (warm-up a tenth of the updates, gradient clipping 1.0) for every run;
+    nothing saved."""
+    return [data, "--user-dir", user_dir, "--cpu", "--num-workers", "0",
+            *task_options("wikitext", tokens_per_sample), *run_args,
+            "--batch-size", str(batch_size), "--max-update", str(max_update), "--seed", str(seed),
+            *adam_options(max_update // 10 if max_update >= 10 else 1, lr=lr, clip_norm="1.0"),
+            "--no-save", "--log-format", "simple", "--log-interval", "50"]
+
+
+# ----------------------------------------------------------------------------------------------
+# command line for the shell
+
+def get_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m slim_fairseq_lab.launcher",
+        description="Print what the shell comparisons of examples/ launch: the malloc settings "
+                    "(allocator-env: NAME=VALUE lines) or a fairseq command line's arguments "
+                    "(shell-quoted words, for bash's eval). Arguments after -- are the model's "
+                    "own, passed on as they are.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("allocator-env", help="the MALLOC_* settings every launched tool gets")
+    train = sub.add_parser("ende-comparison-train", help="fairseq-train for one model of an en-de comparison")
+    for flag in ("--data", "--save-dir"):
+        train.add_argument(flag, required=True)
+    for flag in ("--seed", "--warmup", "--max-tokens", "--max-update", "--log-interval"):
+        train.add_argument(flag, type=int, required=True)
+    generate = sub.add_parser("ende-comparison-generate",
+                              help="fairseq-generate for one model of an en-de comparison")
+    for flag in ("--data", "--path", "--user-dir"):
+        generate.add_argument(flag, required=True)
+    lm = sub.add_parser("lm-comparison-train", help="fairseq-train for one run of a WikiText-2 comparison")
+    for flag in ("--data", "--user-dir", "--lr"):
+        lm.add_argument(flag, required=True)
+    for flag in ("--tokens-per-sample", "--batch-size", "--max-update", "--seed"):
+        lm.add_argument(flag, type=int, required=True)
+    return parser
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    passed_on = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    args = get_parser().parse_args(own)
+    if args.command == "allocator-env":
+        print("\n".join(f"{name}={value}" for name, value in ALLOCATOR_ENV.items()))
+        return
+    if args.command == "ende-comparison-train":
+        words = ende_comparison_train_argv(args.data, args.seed, args.warmup, args.max_tokens,
+                                           args.max_update, args.log_interval, passed_on, args.save_dir)
+    elif args.command == "ende-comparison-generate":
+        words = ende_comparison_generate_argv(args.data, args.path, args.user_dir, passed_on)
+    else:
+        words = lm_comparison_train_argv(args.data, args.user_dir, args.tokens_per_sample, args.batch_size,
+                                         args.max_update, args.seed, args.lr, passed_on)
+    print(shlex.join(words))
+
+
+if __name__ == "__main__":
+    main()
