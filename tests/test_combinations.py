@@ -223,8 +223,9 @@ def run_case(seed, tmp_path):
                 continue  # the option is what made the rest valid: it does something
             if vars(other_args) == parsed or flag in MAY_CHANGE_NOTHING:
                 continue  # it restates what the model has without it
-            if flag == "--share-decoder-input-output-embed" and args.share_all_embeddings:
-                continue  # fairseq ties the decoder output to the table --share-all-embeddings shares
+            if flag == "--share-decoder-input-output-embed" and (args.share_all_embeddings
+                                                                 or args.safe_embed_dim):
+                continue  # tied anyway: by --share-all-embeddings, or SAFE's own output path
             other_task, other = _build(other_args)
             _train(other, other_task, other_args, lm)
             assert not _same(mine, _fingerprint(other, other_task, lm)), \

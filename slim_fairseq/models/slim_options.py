@@ -445,10 +445,6 @@ def _check_embeddings(args, model):
             raise option_error(flag, args.tc_output or None, "acts on the vocabulary projection, "
                                "which SAFE replaces with its own path tied to the token table",
                                "drop it with --safe-embed-dim")
-        if (getattr(args, "share_decoder_input_output_embed", False)
-                and not getattr(args, "share_all_embeddings", False)):
-            raise option_error("--share-decoder-input-output-embed", None, "SAFE's output path "
-                               "is always tied to its token table", "drop it with --safe-embed-dim")
     if getattr(args, "adaptive_softmax_cutoff", None) and (args.tc_output or args.output_bias
                                                            or args.safe_embed_dim):
         flag = ("--tc-output" if args.tc_output else "--output-bias" if args.output_bias

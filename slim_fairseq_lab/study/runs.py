@@ -52,14 +52,24 @@ _UNKEYED_WITH_VALUE = ("--save-dir", "--user-dir", "--save-interval-updates", "-
 _UNKEYED = ("--no-epoch-checkpoints", "--no-last-checkpoints")
 
 
+# a language model's input and output widths default to its width: given equal to it, they
+# restate the default (the LM presets of slim_lm take them; earlier STLM classes did not)
+_WIDTH_RESTATED = ("--decoder-input-dim", "--decoder-output-dim")
+
+
 def comparable_settings(tokens):
-    """``tokens`` (training options) without the ones a run's identity does not depend on."""
+    """``tokens`` (training options) without the ones a run's identity does not depend on:
+    paths, how often checkpoints are written, and LM input/output widths equal to the width."""
+    width = None
+    if "--decoder-embed-dim" in tokens[:-1]:
+        width = tokens[tokens.index("--decoder-embed-dim") + 1]
     key, skip = [], False
-    for token in tokens:
+    for i, token in enumerate(tokens):
         if skip:
             skip = False
             continue
-        if token in _UNKEYED_WITH_VALUE:
+        restated = token in _WIDTH_RESTATED and i + 1 < len(tokens) and tokens[i + 1] == width
+        if token in _UNKEYED_WITH_VALUE or restated:
             skip = True
             continue
         if token not in _UNKEYED:
