@@ -917,7 +917,8 @@ TRAIN_USAGE='options of every train script (--name=VALUE is the same as --name V
   --master-addr HOST --master-port PORT   rendezvous of torchrun (default 127.0.0.1:29500)
   --init-method URL         use fairseq'"'"'s own spawning with this init method instead of torchrun
                             (--distributed-init-method is the same option)
-  --fp16 | --bf16           mixed precision (fp16 on CUDA GPUs, bf16 on Ampere or newer)
+  --fp16                    mixed precision on CUDA GPUs (--bf16 is refused: fairseq 0.12.3
+                            trains bf16 on TPUs only; fairseq-train'"'"'s --amp passes on)
   --max-tokens N            tokens per GPU batch (the update frequency keeps the recipe'"'"'s batch)
   --batch-size N            sentences per GPU batch: an upper bound on top of --max-tokens; with
                             --paper it replaces the paper'"'"'s sentence batch
@@ -951,7 +952,7 @@ TRAIN_OPTIONS=(
     "--distributed-rank refuse set by the recipe from --node-rank and --gpus"
     "--paper flag paper"
     "--fp16 one precision --fp16"
-    "--bf16 one precision --bf16"
+    "--bf16 refuse fairseq 0.12.3 trains bf16 on TPUs only (its --bf16 implies --tpu); on GPUs use --fp16, or fairseq-train's --amp (docs/GPU.md)"
     "--cpu-smoke flag cpu_smoke"
     "--dry-run flag DRY_RUN"
 )

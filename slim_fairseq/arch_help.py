@@ -99,9 +99,7 @@ def main(argv=None):
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    from fairseq import utils
-    import slim_fairseq
-    utils.import_user_module(argparse.Namespace(user_dir=slim_fairseq.user_dir()))
+    # this module is part of the plugin: importing it registered the models already
     if argv == ["--options"]:
         print(options_table(), end="")
         return 0

@@ -16,13 +16,13 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARK = os.path.join(REPO, "scripts", "benchmark.py")
 
-TC_SPEC = "slim_transformer --tc-ff 0.005 --tc-patt 0.07"  # `tc` of docs/RESULTS.md
-MAIN_MODELS = ["anthe_base", f"tc={TC_SPEC}", "sandwich_base", "stlm_tied"]
+TC_MODEL = "slim_transformer --tc-ff 0.005 --tc-patt 0.07"  # `tc` of docs/RESULTS.md
+MAIN_MODELS = ["anthe_base", f"tc={TC_MODEL}", "sandwich_base", "stlm_tied"]
 # each chain model with its forward forced both ways, and the contraction's backward both ways
 FORCED = {"materialise": "--tc-forward materialise",
           "contract": "--tc-forward contract --tc-backward recompute",
           "contract+store": "--tc-forward contract --tc-backward store"}
-CHAIN_MODELS = {"anthe_base": "anthe_base", "tc": TC_SPEC}
+CHAIN_MODELS = {"anthe_base": "anthe_base", "tc": TC_MODEL}
 # two speeds within this share of each other are a tie (the benchmark's repetitions vary so much)
 TIE = 0.05
 

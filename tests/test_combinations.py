@@ -25,7 +25,7 @@ import torch
 from helpers import USER_DIR, plugin_archs, task_args
 from slim_fairseq_lab import contract
 
-DEFAULT_CASES = 60
+DEFAULT_CASES = 60  # per model: 120 cases cover every flag of VALUES at least twice
 CASES = int(os.environ.get("SLIM_COMBINATIONS", DEFAULT_CASES))
 FIRST_SEED = int(os.environ.get("SLIM_COMBINATION_SEED", 0))
 
@@ -48,7 +48,8 @@ VALUES = {
     "--tc-output": ["0.3"],
     "--tc-length": ["3"],
     "--tc-min-bond": ["6"],
-    "--tc-backward": ["store"],
+    "--tc-backward": ["store", "recompute"],
+    "--tc-forward": ["contract", "materialise"],
     "--output-bias": [None],
     "--safe-embed-dim": ["16"],
     "--safe-output": ["mlp"],
@@ -80,12 +81,15 @@ VALUES = {
     "--share-decoder-input-output-embed": [None],
     "--no-share-decoder-input-output-embed": [None],
     "--decoder-learned-pos": [None],
+    "--no-decoder-normalize-before": [None],
+    "--decoder-normalize-before": [None],
     "--quant-noise-pq": ["0.1"],
 }
 # options that may leave the model as it is, and why that is not a silent no-op (what each
 # does is tested on its own)
 MAY_CHANGE_NOTHING = {
     "--tc-backward": "keeps other tensors for backward, same values (test_training_memory)",
+    "--tc-forward": "multiplies the same chain another way, same values (test_gpu_check)",
     "--tc-min-bond": "a floor: it changes a chain only where the ratio gives a lower bond",
     "--hsoftpos-min-token-dim": "a floor: it changes the split only where the paper's token "
                                 "table is narrower",
@@ -116,7 +120,13 @@ def draw(seed):
     model = sorted(by_model)[seed % len(by_model)]
     arch = rng.choice(sorted(by_model[model]))
     shrunk = set(archs[arch].contract_overrides(arch))  # flags the tiny preset already sets
-    flags = rng.sample(sorted(set(VALUES) & _accepted(archs[arch]) - shrunk), rng.randint(1, 3))
+    pool = sorted(set(VALUES) & _accepted(archs[arch]) - shrunk)
+    # the first option goes round every flag of VALUES, so any 2 x len(VALUES) cases draw each
+    first = sorted(VALUES)[(seed // 2) % len(VALUES)]
+    rest = rng.sample([flag for flag in pool if flag != first], rng.randint(0, 2))
+    flags = ([first] if first in pool else []) + rest
+    if not flags:
+        flags = rng.sample(pool, 1)
     return arch, [(flag, rng.choice(VALUES[flag])) for flag in flags]
 
 

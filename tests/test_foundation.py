@@ -129,7 +129,7 @@ def test_setup_installs_pinned_torch_from_the_index_asked_for():
     cpu = "https://download.pytorch.org/whl/cpu"
     assert f"--index-url {cpu} torch==2.13.0" in torch_install(f"TORCH_INDEX={cpu}")
     assert "--index-url" not in torch_install()
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "docs", "INSTALL.md"), encoding="utf-8") as f:
         assert f"make setup TORCH_INDEX={cpu}" in f.read()
 
 
@@ -189,4 +189,8 @@ def test_arch_help_lists_model_options_and_preset_values():
     assert "preset values:" in out and "--encoder-embed-dim 512" in out
     bad = subprocess.run([os.path.join(BIN, "slim-fairseq-help"), "no_such_arch"],
                          capture_output=True, text=True)
-    assert bad.returncode != 0 and "unknown --arch 'no_such_arch'" in bad.stderr
+    assert bad.returncode != 0 and "--arch=no_such_arch: not an architecture" in bad.stderr
+    assert "INFO" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    usage = subprocess.run([os.path.join(BIN, "slim-fairseq-help"), "--help"],
+                           capture_output=True, text=True)
+    assert usage.returncode == 0 and "--options" in usage.stdout

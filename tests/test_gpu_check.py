@@ -90,7 +90,7 @@ def test_cpu_run_takes_the_gpu_run_s_paths():
     dims = {j["dim"] for j in cuda.bench_jobs}
     assert dims == {512, 1024}
     every = set(cuda.bench_jobs[0]["models"])
-    for model in ("anthe_base", f"tc={gpu_check_bench.TC_SPEC}", "sandwich_base", "stlm_tied"):
+    for model in ("anthe_base", f"tc={gpu_check_bench.TC_MODEL}", "sandwich_base", "stlm_tied"):
         assert model in every
     for name in gpu_check_bench.CHAIN_MODELS:
         for mode, flags in gpu_check_bench.FORCED.items():

@@ -793,9 +793,9 @@ def test_launch_modes(tmp_path):
     assert "--max-update 250000" in one_node and "--patience 10" in one_node
 
     multi = _dry("translation/train-anthe.sh", "--gpus", "8", "--nodes", "2", "--node-rank", "1",
-                 "--master-addr", "10.0.0.1", "--bf16", tmp_path=tmp_path)
+                 "--master-addr", "10.0.0.1", "--fp16", tmp_path=tmp_path)
     assert multi.startswith("+ torchrun --nnodes 2 --node-rank 1 --nproc-per-node 8 --master-addr 10.0.0.1")
-    assert "--distributed-world-size 16" in multi and "--bf16" in multi
+    assert "--distributed-world-size 16" in multi and "--fp16" in multi
     assert "--adam-eps 1e-9" in multi and "--patience 10" in multi and "--lr 3.16e-5" in multi
 
     tcp = _dry("lm/train-subformer-lm.sh", "--gpus", "4", "--nodes", "2", "--node-rank", "1",
@@ -1114,9 +1114,11 @@ def test_paper_gpus_and_precision_as_each_paper(tmp_path):
     assert fixtures.option_value(argv, "--distributed-world-size") == "8" and "--fp16" in argv
     assert "one GPU" not in log and "the paper trained on 8 V100 GPUs (16 for the big/large models)" in log
     assert "no sweep" in log and "--dropout 0.2 and --dropout 0.3" in log
-    command, log = _dry_gpus("translation/train-subformer.sh", 8, "--paper", "--bf16", tmp_path=tmp_path)
-    assert "--bf16" in command.split() and "--fp16" not in command.split()
-    assert "mixed precision as the paper, in --bf16" in log
+    # fairseq 0.12.3's --bf16 implies --tpu: refused before anything runs, --fp16 named
+    proc = _dry_gpus("translation/train-subformer.sh", 8, "--paper", "--bf16", tmp_path=tmp_path,
+                     expect_ok=False)
+    assert proc.returncode != 0 and "--bf16: fairseq 0.12.3 trains bf16 on TPUs only" in proc.stderr
+    assert "--fp16" in proc.stderr
     proc = _dry_gpus("translation/train-subformer.sh", 8, "--paper", "--gpus=0", tmp_path=tmp_path, expect_ok=False)
     assert proc.returncode != 0 and "mixed precision (--fp16), which needs GPUs" in proc.stderr
     command, log = _dry_gpus("lm/train-subformer-lm.sh", 8, "--paper", tmp_path=tmp_path)

@@ -22,7 +22,7 @@
 #               averaged over padding positions too.
 #
 # usage: train-anthe-lm.sh DATA_BIN [--arch anthe_lm_gpt2_small] [--paper] [--gpus N]
-#            [--nodes M ...] [--fp16|--bf16] [--cpu-smoke] [fairseq-train options]
+#            [--nodes M ...] [--fp16] [--cpu-smoke] [fairseq-train options]
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"

@@ -10,7 +10,7 @@
 # Paper vs recipe: every setting above is this recipe's own choice (--paper is refused).
 #
 # usage: train-skipless.sh DATA_BIN [--arch skipless_lm] [--gpus N] [--nodes M ...]
-#            [--fp16|--bf16] [--cpu-smoke] [fairseq-train options]
+#            [--fp16] [--cpu-smoke] [fairseq-train options]
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"

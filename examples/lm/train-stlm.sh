@@ -11,7 +11,7 @@
 # Paper vs recipe: the archs follow the report; the optimiser and batch are this recipe's own
 # (--paper is refused: there is nothing to reproduce).
 #
-# usage: train-stlm.sh DATA_BIN [--arch stlm_tied] [--gpus N] [--nodes M ...] [--fp16|--bf16]
+# usage: train-stlm.sh DATA_BIN [--arch stlm_tied] [--gpus N] [--nodes M ...] [--fp16]
 #            [--cpu-smoke] [fairseq-train options]
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh

@@ -11,12 +11,12 @@
 #
 # Paper vs recipe: the Subformer paper (App. B) trains its LMs with this fairseq recipe on 8
 # GPUs (3072 tokens x update-freq 3 each) with mixed precision: the defaults are its setting
-# and --paper adds --fp16 (--bf16 instead if given). Evaluate with evaluate-lm.sh's defaults
+# and --paper adds --fp16. Evaluate with evaluate-lm.sh's defaults
 # (the training block of 3072 tokens, 2560 tokens of context, as fairseq's adaptive-input
 # evaluation).
 #
 # usage: train-subformer-lm.sh DATA_BIN [--arch subformer_lm_wiki103_83m] [--paper] [--gpus N]
-#            [--nodes M ...] [--fp16|--bf16] [--cpu-smoke] [fairseq-train options]
+#            [--nodes M ...] [--fp16] [--cpu-smoke] [fairseq-train options]
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"

@@ -28,7 +28,7 @@
 #                  beside BLEU.
 #
 # usage: train-anthe.sh DATA_BIN [--arch anthe_base] [--paper] [--gpus N]
-#            [--nodes M --node-rank R ...] [--fp16|--bf16] [--cpu-smoke] [fairseq-train options]
+#            [--nodes M --node-rank R ...] [--fp16] [--cpu-smoke] [fairseq-train options]
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"

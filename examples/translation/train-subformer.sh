@@ -12,7 +12,7 @@
 #                    each of 8 GPUs; large: 4096 x 2 on 16).  recipe: the same 128K tokens with
 #                    --max-tokens 4096 per GPU x an update frequency derived from --gpus.
 #   hardware         paper: 8 V100 GPUs (16 for the big/large models), mixed precision.
-#                    recipe: every visible GPU; --paper adds --fp16 (--bf16 instead if given).
+#                    recipe: every visible GPU; --paper adds --fp16.
 #   updates          paper: at most 250K, early stopping.  recipe: --max-update 250000 and
 #                    --patience 10 (validations; the paper gives no patience).
 #   dropout          paper: the best of 0.1, 0.2, 0.3 on valid, per model.  recipe: the
@@ -28,7 +28,7 @@
 # other default already is the paper's value.
 #
 # usage: train-subformer.sh DATA_BIN [--arch subformer_base] [--paper] [--gpus N]
-#            [--nodes M ...] [--fp16|--bf16] [--cpu-smoke] [fairseq-train options]
+#            [--nodes M ...] [--fp16] [--cpu-smoke] [fairseq-train options]
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
+from slim_fairseq.modules.tc_autograd import refuse_double_backward
+
 
 class MaskDropout(torch.autograd.Function):
     """``x * bernoulli(1 - p) / (1 - p)`` as torch's CPU dropout computes it, saving a bool mask."""
@@ -24,7 +26,6 @@ class MaskDropout(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        from slim_fairseq.modules.tc_autograd import refuse_double_backward
         refuse_double_backward("dropout")
         mask, = ctx.saved_tensors
         return grad * mask.to(grad.dtype).div_(1 - ctx.p), None
