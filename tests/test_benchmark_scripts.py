@@ -193,7 +193,7 @@ def test_benchmark_time_breakdown(tmp_path, monkeypatch):
             assert parts[name]["forward"] > 0 and parts[name]["backward"] > 0, (row["label"], name)
         covered = sum(v["forward"] for k, v in parts.items() if k not in ("rest", "step"))
         assert covered <= parts["step"]["forward"], row["label"]  # nothing counted twice
-        assert ("output projection" in parts) == (row["label"] != "stlm_tied")  # stlm ties its output
+        assert "output projection" in parts  # a tied projection (stlm_tied) is timed as well
     table = (out / "table.md").read_text()
     assert "Where the training time goes" in table
     # --no-generation: no generation columns (they printed as "—"), in the report-only table too

@@ -167,7 +167,9 @@ def _train(model, task, args, lm, steps=2, seed=0):
     torch.manual_seed(seed)
     criterion = task.build_criterion(args)
     sample = contract.training_sample(task, lm)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    # lr 1e-3: two updates move every weight (LoRA's B, W_Q of shaped attention start at 0) while
+    # a skipless GLU stack, which squares its scale per block, keeps log-probs of order log V
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     model.train()
     for _ in range(steps):
         optimizer.zero_grad()
@@ -233,8 +235,8 @@ def run_case(seed, tmp_path):
                 continue  # the option is what made the rest valid: it does something
             if vars(other_args) == parsed or flag in MAY_CHANGE_NOTHING:
                 continue  # it restates what the model has without it
-            if flag == "--share-decoder-input-output-embed" and (args.share_all_embeddings
-                                                                 or args.safe_embed_dim):
+            if flag == "--share-decoder-input-output-embed" and (
+                    getattr(args, "share_all_embeddings", False) or args.safe_embed_dim):
                 continue  # tied anyway: by --share-all-embeddings, or SAFE's own output path
             other_task, other = _build(other_args)
             _train(other, other_task, other_args, lm)

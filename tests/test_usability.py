@@ -366,7 +366,7 @@ def test_eval_lm_on_translation_and_generate_on_lm_are_one_line_errors(checkpoin
                                          "--batch-size", "8", "--gen-subset", "valid"])
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
-        "fairseq-eval-lm: error: --arch anthe_base: an encoder-decoder (translation) model "
+        "fairseq-eval-lm: error: --arch=anthe_base: an encoder-decoder (translation) model "
         "cannot be used with --task language_modeling")
     ckpt = os.path.join(checkpoints["stlm"][0], "checkpoint_last.pt")
     proc = _fail_cli("fairseq-generate", [ende_data_bin(), "--path", ckpt, "--user-dir", USER_DIR,
@@ -374,7 +374,7 @@ def test_eval_lm_on_translation_and_generate_on_lm_are_one_line_errors(checkpoin
                                           "--batch-size", "8", "--gen-subset", "valid"])
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
-        "fairseq-generate: error: --arch stlm_tied: a language model cannot be used with "
+        "fairseq-generate: error: --arch=stlm_tied: a language model cannot be used with "
         "--task translation")
 
 
