@@ -56,9 +56,8 @@ mkdir -p "$DEMO_DIR"
 # ---- 1. data -------------------------------------------------------------------------------
 log "stage 1: binarize the bundled WikiText-2 (5,000 words) and en-de (Moses + 8,000 joint BPE merges)"
 read -r LM_BIN MT_BIN BPE_CODES < <("$PYTHON" - "$DEMO_DIR/data" <<'EOF'
-import os, sys
-sys.path.insert(0, os.path.join(os.getcwd(), "scripts"))
-from binarize_bundled import binarize_ende, binarize_wikitext, ende_paths
+import sys
+from slim_fairseq_lab.data import binarize_ende, binarize_wikitext, ende_paths
 out = sys.argv[1]
 lm = binarize_wikitext(out, nwords=5000)
 mt = binarize_ende(out, eval_subset=300)

@@ -188,6 +188,21 @@ def test_issue_number_pattern():
     assert found == [True, True, True, True, True, False, False, False]
 
 
+# ---------------------------------------------------------------------------- imports
+
+PATH_EDIT = re.compile(r"sys" + r"\.path\.(insert|append)")
+
+
+def test_no_script_or_doc_edits_the_import_path():
+    """Scripts, recipes, the packages and the docs import the lab and the plugin as installed
+    packages (``make setup`` installs both); none puts scripts/ on ``sys.path`` to reach another
+    script. Tests may (they load scripts as modules)."""
+    offenders = [f"{path}:{n}: {line.strip()[:120]}"
+                 for path, text in text_files() if not path.startswith("tests/")
+                 for n, line in enumerate(text.splitlines(), 1) if PATH_EDIT.search(line)]
+    assert offenders == [], "\n".join(offenders)
+
+
 # ---------------------------------------------------------------------------- README figures
 
 
