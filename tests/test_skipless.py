@@ -127,6 +127,22 @@ def test_reduced_model_equals_original(layout, attn, removed, extra):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("scaled", [True, False])
+def test_tokens_enter_the_first_block_with_rms_one(scaled):
+    """The skipless init keeps the signal's second moment from the first block on, so a token
+    enters with RMS 1 with or without the sqrt(d) scale (--no-scale-embedding: rows of norm
+    sqrt(d); unit rows there start a serial GLU stack at RMS d^-1/2, which it squares per block
+    until the outputs ignore the input)."""
+    torch.manual_seed(0)
+    options = dict(decoder_embed_dim=64, decoder_layers=2, no_scale_embedding=not scaled)
+    model = make_model(options)
+    table = model.decoder.embed_tokens.table
+    rows = torch.cat([table.weight[:table.padding_idx], table.weight[table.padding_idx + 1:]])
+    rms = (rows * model.decoder.embed_scale).pow(2).mean(dim=1).sqrt()
+    assert torch.allclose(rms, torch.ones_like(rms), atol=1e-5)
+    assert table.weight[table.padding_idx].abs().max().item() == 0
+
+
 def test_float32_tolerance_is_documented_range():
     """Drop-K in float32 with a deeper model stays inside the documented tolerance."""
     from slim_fairseq.weight_removal import reduce_model

@@ -108,6 +108,21 @@ TRANSLATION_TINY = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
     ("slim_lm", True, ["--safe-embed-dim", "40"], r"^--safe-embed-dim=40: .* width 32"),
     ("slim_transformer", False, ["--no-patt", "--tc-patt", "0.1"],
      r"^--tc-patt=0.1: cannot be combined with --no-patt"),
+    ("skipless_lm_parallel_noqp", True, ["--no-decoder-normalize-before"],
+     r"^--no-decoder-normalize-before: places a norm after each block, and --norm none"),
+    ("anthe_base_nopatt", False, ["--tc-layer", "0.2"],
+     r"^--tc-layer=0.2: covers the feed-forward and W_Q, W_K, W_V, which --tc-ff and --no-patt"),
+    ("slim_transformer", False, ["--tc-ff", "0.3", "--tc-patt", "0.3", "--tc-layer", "0.2"],
+     r"^--tc-layer=0.2: .* which --tc-ff and --tc-patt already decide; allowed: 0, or drop"),
+    ("skipless_lm_parallel_noqp", True, ["--decoder-layers", "3", "--tie-attn-proj", "0"],
+     r"^--tie-attn-proj=0: shares the attention output projection P, which --removed-weights q "
+     r"removes; allowed: none, or --keep-attn-out-proj$"),
+    ("anthe_base_nopatt", False, ["--self-attn-gate", "kgv"],
+     r"^--self-attn-gate=kgv: with --no-patt q, k and v are all the input, so kgv is qgv; "
+     r"allowed: none\|qgv\|vgq\|vgk with --no-patt"),
+    ("slim_lm", True, ["--no-patt", "--self-attn-gate", "qgk"], r"^--self-attn-gate=qgk: .* so qgk is vgk"),
+    ("slim_lm", True, ["--norm", "none", "--no-decoder-normalize-before"],
+     r"^--no-decoder-normalize-before: .*; allowed: --norm layernorm\|rmsnorm"),
     ("anthe_base", False, ["--no-patt"], r"^--tc-patt=0.07: cannot be combined with --no-patt"),
 ])
 def test_options_that_would_do_nothing_are_errors(arch, lm, options, pattern):

@@ -39,8 +39,8 @@ def stlm_preset(args, layers, width, ffn, ffn_k=None, rank=0, proj_k=None, untie
     model_width = width_of(args, width, sides=("decoder",))
     fill(args, decoder_layers=layers, decoder_embed_dim=model_width,
          decoder_ffn_embed_dim=scaled(ffn, model_width, width),
-         tie_ffn="none" if ffn_k is None else ffn_k, ffn_lora_rank=rank,
-         tie_attn_proj="none" if proj_k is None else proj_k,
+         tie_ffn="none" if ffn_k is None else str(ffn_k), ffn_lora_rank=rank,
+         tie_attn_proj="none" if proj_k is None else str(proj_k),
          share_decoder_input_output_embed=not untied)
     stlm_block(args, width)
     slim_lm_base(args)

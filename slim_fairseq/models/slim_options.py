@@ -21,14 +21,14 @@ from typing import Tuple
 from fairseq.models.transformer import TransformerConfig
 
 from slim_fairseq.modules.attention import heads_for
-from slim_fairseq.modules.gated_attention import CROSS_GATES, GATES, check_gate
+from slim_fairseq.modules.gated_attention import CROSS_GATES, GATES, SAME_UNDER_NO_PATT, check_gate
 from slim_fairseq.modules.glu import GLU_ACTIVATIONS, GLU_HIDDEN_RULES
 from slim_fairseq.modules.hsoftpos import hsoftpos_dims
 from slim_fairseq.modules.sandwich import validate_sandwich
 from slim_fairseq.modules.shaped_attention import REMOVABLE
 from slim_fairseq.modules.tensor_chain_policy import BACKWARD_MODES as TC_BACKWARD_MODES
 from slim_fairseq.modules.tensor_chain_policy import FORWARD_MODES as TC_FORWARD_MODES
-from slim_fairseq.modules.weight_tying import validate_tying
+from slim_fairseq.modules.weight_tying import parse_tie_option, validate_tying
 from slim_fairseq.option_errors import option_error
 
 MODELS = ("slim_transformer", "slim_lm")
@@ -287,8 +287,8 @@ def set_slim_defaults(args):
     for option in OPTIONS:
         if getattr(args, option.dest, None) is None and option.default is not None:
             setattr(args, option.dest, option.default)
-    if getattr(args, "ffn_lora_alpha", None) is None:
-        args.ffn_lora_alpha = None
+    if getattr(args, "ffn_lora_alpha", None) is None:  # A = R (a scale of 1) unless given
+        args.ffn_lora_alpha = float(args.ffn_lora_rank) if args.ffn_lora_rank else None
     if getattr(args, "norm", None) is None:
         args.norm = "none" if args.skipless_layout != "none" else "layernorm"
     if getattr(args, "activation_fn", None) is None and args.ffn_glu:
@@ -398,6 +398,11 @@ def _check_tensor_chains(args):
         raise option_error("--tc-patt" if args.tc_patt else "--tc-layer", ratio,
                            "cannot be combined with --no-patt (W_Q, W_K, W_V are the identity, "
                            "nothing to factorise)", "--tc-patt 0 / --tc-ff instead of --tc-layer")
+    if args.tc_layer and args.tc_ff and (args.tc_patt or args.no_patt):
+        decided = "--tc-patt" if args.tc_patt else "--no-patt"
+        raise option_error("--tc-layer", args.tc_layer, f"covers the feed-forward and W_Q, W_K, "
+                           f"W_V, which --tc-ff and {decided} already decide", "0, or drop --tc-ff "
+                           f"or {decided}")
     if args.tc_emb and args.safe_embed_dim:
         raise option_error("--tc-emb", args.tc_emb, "cannot be combined with --safe-embed-dim "
                            "(SAFE already factorises the embedding)", "--tc-emb 0")
@@ -495,6 +500,11 @@ def _check_attention(args, model):
         if narrow and args.no_patt:
             raise option_error("--no-patt", None, "W_Q, W_K, W_V are the identity, so heads span "
                                "the model width", "--kv-heads 0 and --head-dim 0 with --no-patt")
+    if args.no_patt and args.self_attn_gate in SAME_UNDER_NO_PATT:
+        gate = args.self_attn_gate
+        raise option_error("--self-attn-gate", gate, f"with --no-patt q, k and v are all the "
+                           f"input, so {gate} is {SAME_UNDER_NO_PATT[gate]}", "none|qgv|vgq|vgk "
+                           "with --no-patt (one name per gated input)")
     gates = [("--self-attn-gate", args.self_attn_gate),
              ("--cross-attn-gate", getattr(args, "cross_attn_gate", "none"))]
     for flag, gate in gates:
@@ -517,6 +527,10 @@ def _check_norm_and_init(args, model):
                 raise option_error(f"--{side}-normalize-before", None, "places norms, and --norm "
                                    "none has none", f"--norm layernorm|rmsnorm, or drop "
                                    f"--{side}-normalize-before")
+    if args.norm == "none" and model == "slim_lm" and args.decoder_normalize_before is False:
+        raise option_error("--no-decoder-normalize-before", None, "places a norm after each "
+                           "block, and --norm none (the default with --skipless-layout) has none",
+                           "--norm layernorm|rmsnorm, or drop --no-decoder-normalize-before")
     if args.bert_init and args.init_std:
         raise option_error("--init-std", args.init_std, "and --bert-init are two inits",
                            "one of them")
@@ -544,6 +558,11 @@ def _check_skipless(args):
     if args.keep_attn_out_proj and args.removed_weights == "none":
         raise _off("--keep-attn-out-proj", None, "the reduced form", "--removed-weights q|k|v")
     if args.removed_weights != "none":
+        tied = parse_tie_option(args.tie_attn_proj, "--tie-attn-proj")
+        if tied is not None and not args.keep_attn_out_proj:
+            raise option_error("--tie-attn-proj", args.tie_attn_proj, "shares the attention output "
+                               f"projection P, which --removed-weights {args.removed_weights} "
+                               "removes", "none, or --keep-attn-out-proj")
         if args.self_attn_gate != "none" or args.no_patt:
             raise option_error("--removed-weights", args.removed_weights, "the reduced form "
                                "drops a plain projection, which gates and --no-patt change",

@@ -7,6 +7,7 @@ freely; the decoder and its layers are also ``slim_lm``'s. Named architectures a
 only set defaults (``archs_*.py``). Extension points: docs/DESIGN.md.
 """
 import argparse
+import math
 from typing import Dict, List, Optional
 
 import torch
@@ -247,7 +248,9 @@ def finish_build(model, cfg, stacks):
         gpt2_init_(model, cfg.init_std, stacks)
     if getattr(cfg, "skipless_layout", "none") not in (None, "none"):
         table = getattr(model.decoder.embed_tokens, "table", None)
-        init_skipless_table_(table, getattr(table, "padding_idx", None))
+        # RMS 1 at the first block: the sqrt(d) scale, or rows that long under --no-scale-embedding
+        row_norm = math.sqrt(cfg.decoder_embed_dim) / model.decoder.embed_scale
+        init_skipless_table_(table, getattr(table, "padding_idx", None), row_norm)
     if tying_enabled(cfg):  # STLM FFN / attention-projection tying + LoRA (arXiv:2405.14159)
         for layers in stacks:
             apply_weight_tying(layers, cfg)

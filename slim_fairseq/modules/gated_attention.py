@@ -24,6 +24,9 @@ GATES = ("none", "qgv", "kgv", "vgq", "vgk", "qgk", "kgq")
 CROSS_GATES = ("none", "kgv", "vgk")
 CROSS_GATE_WHY = ("gates one sequence with the other position by position, which is undefined "
                   "when source and target lengths differ and leaks future target tokens")
+# with identity projections (--no-patt) a self-attention's q, k and v are all its input x, so a
+# gate is decided by what it gates: these names are the same model as the one they map to
+SAME_UNDER_NO_PATT = {"kgv": "qgv", "kgq": "vgq", "qgk": "vgk"}
 ROLES = ("encoder_self", "decoder_self", "cross")
 
 

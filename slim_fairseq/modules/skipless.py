@@ -2,7 +2,8 @@
 docs/TECHNIQUES.md#skipless-transformers). With no residual to carry the signal and no norm to
 rescale it, every part starts so that it keeps the second moment of its input:
 
-* token table rows of unit norm (every token enters with RMS 1 after the sqrt(d) scale);
+* token table rows of unit norm (every token enters with RMS 1 after the sqrt(d) scale; rows
+  of norm sqrt(d) under ``--no-scale-embedding``);
 * feed-forward input linears N(0, 1/d), the output linear N(0, 1/(f E[act(z)^2])) for
   z ~ N(0, 1);
 * shaped attention (identity at init): :meth:`SlimMultiheadAttention.reset_shaped_parameters`.
@@ -51,12 +52,14 @@ def init_skipless_feed_forward(fc1, fc2, activation):
 
 
 @torch.no_grad()
-def init_skipless_table_(table, padding_idx):
-    """Token table rows of unit norm, zero padding row (dense tables; a Tensor-Chain table keeps
-    its own init)."""
+def init_skipless_table_(table, padding_idx, row_norm=1.0):
+    """Token table rows of norm ``row_norm`` (1: RMS 1 after the sqrt(d) scale), zero padding
+    row (dense tables; a Tensor-Chain table keeps its own init)."""
     if not isinstance(table, nn.Embedding):
         return
     nn.init.normal_(table.weight)
     table.weight.div_(table.weight.norm(dim=1, keepdim=True))
+    if row_norm != 1.0:
+        table.weight.mul_(row_norm)
     if padding_idx is not None:
         table.weight[padding_idx].zero_()
