@@ -240,7 +240,6 @@ def check_incremental(arch, model, task, lm):
     return worst
 
 
-@torch.no_grad()
 def exact_up_to_fp32_rounding(check, arch, model, task, lm):
     """Run ``check`` (:func:`check_incremental`, :func:`check_no_future_leak` or
     :func:`check_padding_invariance`); when an fp32 model misses the fp32 tolerance, run it again
@@ -255,6 +254,7 @@ def exact_up_to_fp32_rounding(check, arch, model, task, lm):
         return check(arch, copy.deepcopy(model).double(), task, lm)
 
 
+@torch.no_grad()
 def check_no_future_leak(arch, model, task, lm):
     """Changing token t changes no output before t, and does change outputs from t on.
     Returns the largest change before t."""

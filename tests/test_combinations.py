@@ -298,3 +298,16 @@ def test_fp32_rounding_is_told_from_a_wrong_result():
 
     with pytest.raises(AssertionError, match="wrong in torch.float64"):
         contract.exact_up_to_fp32_rounding(wrong_in_every_dtype, arch, model, task, True)
+
+
+def test_output_checks_build_no_autograd_graph():
+    """The output checks compare forwards only: every forward they run is under no_grad."""
+    args = _parse("slim_lm", [], True)
+    task, model = _build(args)
+    grad_enabled = []
+    model.decoder.register_forward_hook(lambda *_: grad_enabled.append(torch.is_grad_enabled()))
+    for check in (contract.check_incremental, contract.check_no_future_leak,
+                  contract.check_padding_invariance):
+        grad_enabled.clear()
+        check("slim_lm", model, task, True)
+        assert grad_enabled and not any(grad_enabled), check.__name__

@@ -58,8 +58,6 @@ def init_skipless_table_(table, padding_idx, row_norm=1.0):
     if not isinstance(table, nn.Embedding):
         return
     nn.init.normal_(table.weight)
-    table.weight.div_(table.weight.norm(dim=1, keepdim=True))
-    if row_norm != 1.0:
-        table.weight.mul_(row_norm)
+    table.weight.div_(table.weight.norm(dim=1, keepdim=True)).mul_(row_norm)
     if padding_idx is not None:
         table.weight[padding_idx].zero_()
