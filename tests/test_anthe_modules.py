@@ -462,3 +462,127 @@ def test_hsoftpos_is_causal():
     b[0, 6] = (a[0, 6] + 1 - 4) % 36 + 4
     assert torch.allclose(module(a)[0, :6], module(b)[0, :6])
     assert not torch.allclose(module(a)[0, 6:], module(b)[0, 6:])
+
+
+def _aten_ops(fn):
+    """Names of the aten ops ``fn()`` dispatches (as they reach the backend)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    names = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append(func._schema.name)
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        fn()
+    return names
+
+
+def test_hsoftpos_convolutions_run_as_matrix_products():
+    """The full pass and every incremental step run H-SoftPOS's convolutions as matrix products
+    over windows of taps, never as a convolution kernel: on CUDA a convolution follows cuDNN's
+    TF32 switch (on by default) with other algorithms for a sequence and for one step, and
+    step-by-step decoding differed from the full pass by 4e-4 nats in fp32; matrix products
+    follow torch.backends.cuda.matmul (fp32 by default). Same values as nn.Conv1d."""
+    torch.manual_seed(0)
+    module = _hsoftpos(levels=3).eval()
+    tokens = torch.randint(4, 40, (2, 6))
+    state = {}
+    with torch.no_grad():
+        ops = _aten_ops(lambda: module(tokens))
+        for t in range(6):
+            ops += _aten_ops(lambda: module(tokens[:, : t + 1], incremental_state=state))
+        assert not [op for op in ops if "conv" in op]
+        assert {"aten::addmm", "aten::mm"} & set(ops)
+        # the windows give nn.Conv1d's causal convolution
+        x = torch.randn(2, 6, module.convs[0].in_channels)
+        from slim_fairseq.modules.hsoftpos import KERNEL_SIZE, causal_conv
+        conv, dilation = module.convs[1], module.dilations[1]
+        x = torch.randn(2, 6, conv.in_channels)
+        padded = torch.nn.functional.pad(x.transpose(1, 2), ((KERNEL_SIZE - 1) * dilation, 0))
+        torch.testing.assert_close(causal_conv(conv, x, dilation), conv(padded).transpose(1, 2),
+                                   atol=1e-6, rtol=1e-5)
+
+
+def test_chain_builds_its_weight_once_for_decoding(monkeypatch):
+    """In eval mode without gradients a Tensor-Chain linear multiplies by W built once and
+    reused while the cores are unchanged; a modified core, another dtype or training mode
+    rebuild it (training at every call)."""
+    import slim_fairseq.modules.tensor_chain as tensor_chain
+    built = []
+    real = tensor_chain.materialise
+    monkeypatch.setattr(tensor_chain, "materialise", lambda cores: built.append(1) or real(cores))
+    torch.manual_seed(0)
+    layer = TensorChainLinear(16, 24, bond=3, forward_mode="materialise").eval()
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        first = layer(x)
+        for _ in range(3):
+            torch.testing.assert_close(layer(x), first)
+        assert len(built) == 1
+        layer.cores[0].mul_(2)  # a parameter changed in place: rebuilt
+        torch.testing.assert_close(layer(x), x @ real(list(layer.cores)) + layer.bias)
+        assert len(built) == 2
+        assert layer.double()(x.double()).dtype == torch.float64 and len(built) == 3
+    layer.float().train()
+    assert "_inference_weight" not in layer.__dict__  # training mode drops it
+    layer(x).sum().backward()
+    layer(x)
+    assert len(built) == 5 and "_inference_weight" not in layer.__dict__
+
+
+def test_anthe_decoding_builds_each_chain_once(monkeypatch):
+    """Generation-sized steps of an Anthe model build every Tensor-Chain weight once, not once
+    per step (the policy picks the built weight on CUDA; forced here on the CPU)."""
+    import slim_fairseq.modules.tensor_chain as tensor_chain
+    from helpers import build
+    _, task, model = build("anthe_base", ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+                                          "--encoder-layers", "1", "--decoder-layers", "2",
+                                          "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+                                          "--encoder-ffn-embed-dim", "48", "--decoder-ffn-embed-dim", "48",
+                                          "--tc-forward", "materialise"], lm=False)
+    model.eval()
+    chains = [m for m in model.modules() if isinstance(m, TensorChainLinear)]
+    built = []
+    real = tensor_chain.materialise
+    monkeypatch.setattr(tensor_chain, "materialise", lambda cores: built.append(1) or real(cores))
+    src = torch.randint(4, len(task.source_dictionary), (2, 5))
+    prev = torch.randint(4, len(task.target_dictionary), (2, 6))
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=torch.tensor([5, 5]))
+        state = {}
+        for t in range(6):
+            model.decoder(prev[:, :t + 1], encoder_out=enc, incremental_state=state)
+    assert chains and len(built) == len(chains)
+
+
+def test_chains_of_one_shape_build_their_weights_together(monkeypatch):
+    """In training, the query, key and value chains of an attention (one shape) build their
+    weights in one batched product; outputs and gradients are those of building each alone."""
+    import contextlib
+    import slim_fairseq.modules.attention as attention
+    import slim_fairseq.modules.tensor_chain as tensor_chain
+    torch.manual_seed(0)
+    mha = SlimMultiheadAttention(16, 4, self_attention=True, gate="qgv", tc_ratio=0.3)
+    for proj in (mha.q_proj, mha.k_proj, mha.v_proj):
+        proj.forward_mode = "materialise"
+    x = torch.randn(5, 2, 16)
+    calls = []
+    real = tensor_chain.materialise_pairs
+    monkeypatch.setattr(tensor_chain, "materialise_pairs",
+                        lambda *a: calls.append(len(a[0])) or real(*a))
+
+    def run():
+        out, _ = mha(x, x, x, need_weights=False)
+        return out, torch.autograd.grad(out.square().sum(), list(mha.parameters()))
+
+    together = run()
+    assert calls == [3]
+    monkeypatch.setattr(attention, "built_together", lambda *a: contextlib.nullcontext())
+    alone = run()
+    assert calls == [3]
+    torch.testing.assert_close(together[0], alone[0])
+    for a, b in zip(together[1], alone[1]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

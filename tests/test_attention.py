@@ -1,6 +1,6 @@
-"""The two places where the plugin runs its own copy of a fairseq forward are pinned to
-fairseq's output with every option off, so that a change of fairseq's code shows up here:
-``SlimMultiheadAttention.forward`` (run on dense weights by forcing it past ``plain``) and
+"""The plugin's own forwards are pinned to fairseq's output with every option off, so that a
+change of fairseq's code shows up here: ``SlimMultiheadAttention`` (a sibling of fairseq's
+``MultiheadAttention``, run on the same dense weights) and
 ``SlimTransformerDecoder.extract_features_scriptable``."""
 import argparse
 
@@ -20,21 +20,16 @@ from fairseq.modules import MultiheadAttention  # noqa: E402
 
 from slim_fairseq.models.slim_options import set_slim_defaults  # noqa: E402
 from slim_fairseq.models.slim_transformer import SlimTransformerDecoder  # noqa: E402
-from slim_fairseq.modules.attention import SlimMultiheadAttention  # noqa: E402
+from slim_fairseq.modules.attention import SlimMultiheadAttention, mark_causal  # noqa: E402
 
 TOL = dict(atol=1e-6, rtol=1e-5)
 
 
-@pytest.fixture
-def own_forward(monkeypatch):
-    """Every SlimMultiheadAttention runs the plugin's forward, even with plain dense weights."""
-    monkeypatch.setattr(SlimMultiheadAttention, "plain", property(lambda self: False))
-
-
-def _both(module, *args, **kwargs):
-    """(fairseq's forward, the plugin's forward) of ``module`` on the same inputs."""
-    theirs = MultiheadAttention.forward(module, *args, **kwargs)
-    ours = SlimMultiheadAttention.forward(module, *args, **kwargs)
+def _pair(*args, **kwargs):
+    """(fairseq's attention, the plugin's) with the same weights, in eval mode."""
+    theirs = MultiheadAttention(*args, **kwargs).eval()
+    ours = SlimMultiheadAttention(*args, **kwargs).eval()
+    ours.load_state_dict(theirs.state_dict())
     return theirs, ours
 
 
@@ -44,15 +39,20 @@ def _causal(length):
 
 @pytest.mark.parametrize("need_weights, need_head_weights", [(False, False), (True, False),
                                                               (True, True)])
-def test_self_attention_matches_fairseq(own_forward, need_weights, need_head_weights):
+@pytest.mark.parametrize("marked", [False, True])
+def test_self_attention_matches_fairseq(need_weights, need_head_weights, marked):
+    """Padding and the future mask, fused or explicit; a marked future mask (the decoder's)
+    runs the fused causal kernel and gives the same outputs."""
     torch.manual_seed(0)
-    mha = SlimMultiheadAttention(16, 4, self_attention=True).eval()
+    theirs, ours = _pair(16, 4, self_attention=True)
     x = torch.randn(6, 3, 16)
     pad = torch.zeros(3, 6, dtype=torch.bool)
     pad[1, 4:] = True
-    (ref, ref_w), (out, out_w) = _both(mha, x, x, x, key_padding_mask=pad, attn_mask=_causal(6),
-                                       need_weights=need_weights,
-                                       need_head_weights=need_head_weights)
+    mask = mark_causal(_causal(6)) if marked else _causal(6)
+    kwargs = dict(key_padding_mask=pad, attn_mask=mask, need_weights=need_weights,
+                  need_head_weights=need_head_weights)
+    ref, ref_w = theirs(x, x, x, **kwargs)
+    out, out_w = ours(x, x, x, **kwargs)
     torch.testing.assert_close(out, ref, **TOL)
     assert (ref_w is None) == (out_w is None)
     if ref_w is not None:
@@ -62,39 +62,58 @@ def test_self_attention_matches_fairseq(own_forward, need_weights, need_head_wei
             assert out_w.shape == (4,) + ref_w.shape
             out_w = out_w.mean(dim=0)
         torch.testing.assert_close(out_w, ref_w, **TOL)
+    if marked:  # without padding the fused causal kernel runs
+        torch.testing.assert_close(ours(x, x, x, attn_mask=mask, need_weights=False)[0],
+                                   theirs(x, x, x, attn_mask=_causal(6), need_weights=False)[0], **TOL)
 
 
-def test_incremental_self_attention_matches_fairseq(own_forward):
+def test_before_softmax_matches_fairseq():
+    torch.manual_seed(4)
+    theirs, ours = _pair(16, 4, self_attention=True)
+    x = torch.randn(5, 2, 16)
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[0, 3:] = True
+    # an incremental state keeps fairseq off torch's fused path, which ignores before_softmax
+    ref = theirs(x, x, x, key_padding_mask=pad, attn_mask=_causal(5), before_softmax=True,
+                 incremental_state={})
+    out = ours(x, x, x, key_padding_mask=pad, attn_mask=_causal(5), before_softmax=True,
+               incremental_state={})
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_incremental_self_attention_matches_fairseq():
     """Step by step with fairseq's cache: the same outputs, and a cache fairseq's own forward
     and reorder read (the layouts agree)."""
     torch.manual_seed(1)
-    mha = SlimMultiheadAttention(16, 4, self_attention=True).eval()
+    theirs, ours = _pair(16, 4, self_attention=True)
     x = torch.randn(5, 2, 16)
     theirs_state, ours_state = {}, {}
     for t in range(5):
         step = x[t:t + 1]
-        ref, _ = MultiheadAttention.forward(mha, step, step, step, incremental_state=theirs_state,
-                                            need_weights=False)
-        out, _ = SlimMultiheadAttention.forward(mha, step, step, step,
-                                                incremental_state=ours_state, need_weights=False)
+        ref, _ = theirs(step, step, step, incremental_state=theirs_state, need_weights=False)
+        out, _ = ours(step, step, step, incremental_state=ours_state, need_weights=False)
         torch.testing.assert_close(out, ref, **TOL)
         if t == 2:
             order = torch.tensor([1, 0])
-            mha.reorder_incremental_state(theirs_state, order)
-            mha.reorder_incremental_state(ours_state, order)
+            theirs.reorder_incremental_state(theirs_state, order)
+            ours.reorder_incremental_state(ours_state, order)
             x = x[:, order]
-    ours, theirs = mha._get_input_buffer(ours_state), mha._get_input_buffer(theirs_state)
+    mine, fairseqs = ours._get_input_buffer(ours_state), theirs._get_input_buffer(theirs_state)
     for key in ("prev_key", "prev_value"):
-        torch.testing.assert_close(ours[key], theirs[key], **TOL)
+        torch.testing.assert_close(mine[key], fairseqs[key], **TOL)
 
 
 @pytest.mark.parametrize("beam", [1, 3])
-def test_encoder_decoder_attention_matches_fairseq(own_forward, beam):
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_encoder_decoder_attention_matches_fairseq(beam, need_weights):
     """Cross-attention with static keys cached across steps, source padding, several beams per
-    sentence (fairseq keeps one copy of the encoder output per sentence)."""
+    sentence (fairseq keeps one copy of the encoder output per sentence), with and without
+    attention weights."""
     torch.manual_seed(2)
-    mha = SlimMultiheadAttention(16, 4, kdim=12, vdim=12, encoder_decoder_attention=True).eval()
-    mha.set_beam_size(beam)
+    theirs, ours = _pair(16, 4, kdim=12, vdim=12, encoder_decoder_attention=True)
+    theirs.set_beam_size(beam)
+    ours.set_beam_size(beam)
     sentences, src_len = 2, 7
     enc = torch.randn(src_len, sentences, 12).repeat_interleave(beam, dim=1)
     pad = torch.zeros(sentences, src_len, dtype=torch.bool)
@@ -104,14 +123,13 @@ def test_encoder_decoder_attention_matches_fairseq(own_forward, beam):
     theirs_state, ours_state = {}, {}
     for t in range(3):
         q = queries[t:t + 1]
-        ref, ref_w = MultiheadAttention.forward(mha, q, enc, enc, key_padding_mask=pad,
-                                                incremental_state=theirs_state, static_kv=True,
-                                                need_weights=True)
-        out, out_w = SlimMultiheadAttention.forward(mha, q, enc, enc, key_padding_mask=pad,
-                                                    incremental_state=ours_state, static_kv=True,
-                                                    need_weights=True)
+        ref, ref_w = theirs(q, enc, enc, key_padding_mask=pad, incremental_state=theirs_state,
+                            static_kv=True, need_weights=need_weights)
+        out, out_w = ours(q, enc, enc, key_padding_mask=pad, incremental_state=ours_state,
+                          static_kv=True, need_weights=need_weights)
         torch.testing.assert_close(out, ref, **TOL)
-        torch.testing.assert_close(out_w, ref_w, **TOL)
+        if need_weights:
+            torch.testing.assert_close(out_w, ref_w, **TOL)
 
 
 def _decoder_cfg():

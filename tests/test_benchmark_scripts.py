@@ -60,9 +60,9 @@ def test_dense_export_matches_tensor_chain_model():
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_dense_export_of_tc_attention_runs_fairseq_attention():
-    """After the export, an ungated attention with TC q/k/v holds three nn.Linear and runs
-    fairseq's own MultiheadAttention forward (``plain``), with unchanged outputs."""
+def test_dense_export_of_tc_attention_holds_dense_projections():
+    """After the export, an ungated attention with TC q/k/v holds three nn.Linear, with
+    unchanged outputs."""
     from slim_fairseq.modules.attention import SlimMultiheadAttention
     _, task, model = build("slim_transformer", ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
                                                 "--encoder-layers", "1", "--decoder-layers", "1",
@@ -71,9 +71,11 @@ def test_dense_export_of_tc_attention_runs_fairseq_attention():
                                                 "--tc-patt", "0.5"], lm=False)
     model.eval()
     attentions = [m for m in model.modules() if isinstance(m, SlimMultiheadAttention)]
-    assert attentions and not any(m.plain for m in attentions)
+    assert attentions and not any(type(m.q_proj) is torch.nn.Linear for m in attentions)
     dense = measure.export_dense(model).eval()
-    assert all(m.plain for m in dense.modules() if isinstance(m, SlimMultiheadAttention))
+    exported = [m for m in dense.modules() if isinstance(m, SlimMultiheadAttention)]
+    assert exported and all(type(getattr(m, f"{name}_proj")) is torch.nn.Linear
+                            for m in exported for name in ("q", "k", "v", "out"))
     src = torch.randint(4, len(task.source_dictionary), (2, 6))
     prev = torch.randint(4, len(task.target_dictionary), (2, 4))
     with torch.no_grad():
@@ -115,8 +117,17 @@ def test_benchmark_script_tiny(tmp_path):
         assert set(row["generation_tokens_per_s"]) == {"b1_beam1", "b1_beam2", "b2_beam1", "b2_beam2"}
         assert all(v > 0 for v in row["generation_tokens_per_s"].values())
     assert by_label["transformer"]["ratios"]["train_tokens_per_s"] == 1.0
+    # aten ops per step, against the baseline of the same task
+    for row in rows:
+        if row["dense_export_of"] is None:
+            assert row["ops"]["train"]["top"] > 100 and row["ops"]["decode"]["top"] > 10
+            assert row["ops"]["train"]["all"] > row["ops"]["train"]["top"]
+    assert by_label["transformer"]["ratios"]["ops_train"] == 1.0
+    assert by_label["anthe_base"]["ratios"]["ops_train"] == pytest.approx(
+        by_label["anthe_base"]["ops"]["train"]["top"] / by_label["transformer"]["ops"]["train"]["top"])
 
     table = (out / "table.md").read_text()
+    assert "ops/train step" in table and "ops/decode step" in table
     for label in by_label:
         assert f"| {label}" in table
     assert json.loads((out / "results.json").read_text())["rows"][0]["label"] == "transformer"
@@ -132,10 +143,15 @@ def test_benchmark_script_tiny(tmp_path):
 
 def test_benchmark_generation_only(tmp_path):
     rows = benchmark.main([
-        "--out", str(tmp_path / "gen"), *TINY_SHAPE, "--threads", "1", "--no-training", "--repeats", "1",
+        "--out", str(tmp_path / "gen"), *TINY_SHAPE, "--threads", "1", "--no-training",
         "--batch-sizes", "1", "--beams", "1", "--gen-len", "2", "--tokens-per-sample", "16",
-        "--gemm-size", "128", "--lm-data", wikitext_data_bin(), "--model", "skipless_lm"])
+        "--gemm-size", "128", "--lm-data", wikitext_data_bin(), "--model", "skipless_lm",
+        "--no-op-counts"])
     assert [r["label"] for r in rows] == ["transformer_lm", "skipless_lm"]
+    # three repetitions on the CPU unless --repeats says otherwise (five on CUDA)
+    assert all(len(v) == 3 for r in rows for v in r["generation_tokens_per_s_all"].values())
+    assert all(r["ops"] is None for r in rows)
+    assert "ops/" not in (tmp_path / "gen" / "table.md").read_text()
     for row in rows:
         assert row["train_tokens_per_s"] is None and row["peak_memory_bytes"] is None
         assert row["generation_tokens_per_s"]["b1_beam1"] > 0

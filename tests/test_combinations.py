@@ -281,12 +281,12 @@ def test_the_draw_covers_every_model_and_option():
 
 
 def test_fp32_rounding_is_told_from_a_wrong_result():
-    """A skipless SwiGLU stack (no norm, scale squared per block) at the Pythia shape reaches
-    log-probs of about 30 nats after two updates, and fp32 rounding alone moves its incremental
-    step past the fp32 tolerance: the float64 re-check passes it, and still fails a check that
-    is wrong in every dtype."""
+    """A skipless SwiGLU stack (no norm, scale squared per block) at the Pythia shape, with its
+    feed-forward branch doubled, reaches log-probs of tens of nats after two updates, and fp32
+    rounding alone moves its incremental step past the fp32 tolerance: the float64 re-check
+    passes it, and still fails a check that is wrong in every dtype."""
     arch = "skipless_lm_pythia_6_9b"
-    args = _parse(arch, [("--ffn-glu", None)], True)
+    args = _parse(arch, [("--ffn-glu", None), ("--mlp-branch-scale", "2")], True)
     task, model = _build(args)
     _train(model, task, args, True)
     with pytest.raises(AssertionError, match="differs from the full forward"):

@@ -314,7 +314,7 @@ def test_cli_compressed_checkpoint_generates_and_fine_tunes(dense_tied, tmp_path
 def _one_line_error(capsys, script, argv, *words):
     """Run a script's main() in this process: exit status 2 and one ``error:`` line on stderr
     that contains ``words``."""
-    module = __import__(script)
+    module = load_script(script)
     capsys.readouterr()
     assert module.main(argv) == 2
     captured = capsys.readouterr()

@@ -208,8 +208,8 @@ def test_cli_refuses_bad_values_and_a_machine_without_cuda(tmp_path):
 
 def test_policy_chooses_by_device_and_dtype():
     """The Anthe feed-forward chain (512 -> 1365, bond 2): on the CPU a contraction at every
-    row count (measured); on CUDA materialised for generation-sized batches, contracted for a
-    training batch in fp32, materialised in fp16 / bf16 (tensor cores)."""
+    row count (measured on the CPU); on CUDA materialised at every row count and dtype
+    (measured on an H100: docs/gpu/h100-2026-11-27/)."""
     layer = TensorChainLinear(512, 1365, bond=2)
 
     def contracts(rows, device, dtype):
@@ -218,11 +218,19 @@ def test_policy_chooses_by_device_and_dtype():
 
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         assert contracts(1, "cpu", dtype) and contracts(4096, "cpu", dtype)
-        assert not contracts(1, "cuda", dtype) and not contracts(64, "cuda", dtype)
-    assert contracts(4096, "cuda", torch.float32)
-    assert not contracts(4096, "cuda", torch.float16) and not contracts(4096, "cuda", torch.bfloat16)
-    assert policy.policy_for("cuda", torch.float16) is not policy.policy_for("cuda", torch.float32)
+        assert not any(contracts(rows, "cuda", dtype) for rows in (1, 64, 4096))
     assert policy.policy_for("cpu", torch.float64) is policy.CPU_POLICY
+
+
+def test_assumed_target_answers_for_every_tensor():
+    """Op counts of a model as on CUDA (slim_fairseq_lab/benchmark/op_count.py): inside
+    ``assume_target`` every chain chooses as there, and the CPU's choice comes back after."""
+    layer = TensorChainLinear(512, 1365, bond=2)
+    assert layer.use_contraction(64)
+    with policy.assume_target("cuda", torch.float16):
+        assert policy.target(torch.zeros(1)) == ("cuda", torch.float16)
+        assert not layer.use_contraction(64)
+    assert layer.use_contraction(64)
 
 
 def test_layers_ask_the_policy_of_their_device(monkeypatch):
@@ -317,3 +325,51 @@ def test_training_stage_stops_its_workers_at_the_deadline(tmp_path):
     assert stage["status"] == "partial"
     assert {r["status"] for r in stage["runs"]} == {"not run"}
     assert len(stage["runs"]) == len(profile.train_families) * len(gpu_check_train.PRECISIONS)
+
+
+def test_contract_rechecks_a_failing_fp32_model_in_float64(monkeypatch):
+    """A check that misses in fp32 runs again on a float64 copy, and the report gives both
+    numbers: passing in float64 (rounding, a TF32 kernel) is told from failing in every dtype."""
+    from slim_fairseq_lab import contract, gpu_check_report
+    model = torch.nn.Linear(2, 2)
+
+    def fp32_only(arch, model, task, lm):
+        if next(model.parameters()).dtype == torch.float32:
+            raise AssertionError(f"{arch}: step 0 differs from the full forward by 0.000364")
+        return 0.0
+
+    def always(arch, model, task, lm):
+        raise AssertionError(f"{arch}: wrong in {next(model.parameters()).dtype}")
+
+    monkeypatch.setitem(contract.CHECKS, "incremental", fp32_only)
+    monkeypatch.setitem(contract.CHECKS, "padding", always)
+    results = {"gradients": {"ok": True, "value": 1.0, "error": None},
+               "incremental": {"ok": False, "value": None, "error": "AssertionError: step 0"},
+               "padding": {"ok": False, "value": None, "error": "AssertionError: wrong"}}
+    contract.recheck_in_float64(results, "anthe_base", model, None, False)
+    assert results["incremental"]["float64"] == 0.0 and not results["incremental"]["ok"]
+    assert results["padding"]["float64"] is None
+    assert "wrong in torch.float64" in results["padding"]["float64_error"]
+    assert "float64" not in results["gradients"]
+    stage = {"tolerances": {"fp32": {"match": 1e-5, "leak": 1e-6}}, "status": "failed",
+             "results": [{"family": "Anthe", "arch": "anthe_base", "dtype": "fp32", "checks": results}]}
+    text = "\n".join(gpu_check_report._contract(stage))
+    assert "**FAILED**: AssertionError: step 0; float64: 0" in text
+    assert "float64 fails too: AssertionError: anthe_base: wrong in torch.float64" in text
+
+
+def test_policy_table_is_made_from_the_timings():
+    """The report's table against the policy comes from the chain timings whenever there are
+    some, also from a state without its summary; without timings it says so."""
+    from slim_fairseq_lab import gpu_check_report
+    row = {"dtype": "fp16", "shape": "512x1365", "bond": 2, "rows": 64, "cost_ratio": 8.6,
+           "train_materialise": 1e-3, "train_contract": 2e-3, "train_contract_store": 1.5e-3,
+           "infer_materialise": 1e-4, "infer_contract": 2e-4, "auto": "materialise",
+           "auto_infer": "materialise", "train_faster": "materialise", "infer_faster": "materialise",
+           "store_faster": True}
+    policies = {"fp16": {"contract_small": float("inf"), "contract_large": float("inf"),
+                         "min_saved_macs": 0.0, "why": "measured"}}
+    text = "\n".join(gpu_check_report._tc_layers({"results": [row], "policies": policies}))
+    assert "| fp16 | 1/1 | 1/1 | 1/1 |" in text
+    empty = "\n".join(gpu_check_report._tc_layers({"results": [], "policies": policies}))
+    assert "No chain was timed" in empty and "| fp16 |" not in empty

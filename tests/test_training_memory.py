@@ -9,7 +9,7 @@ from helpers import load_plugin
 
 load_plugin()
 
-from slim_fairseq.modules.dropout import MaskDropout, SlimDropout  # noqa: E402
+from slim_fairseq.modules.dropout import SlimDropout  # noqa: E402
 from slim_fairseq.modules.gated_attention import GatedLinear, gated_projection  # noqa: E402
 from slim_fairseq.modules.glu import (  # noqa: E402
     GLU_ACTIVATIONS,
@@ -282,7 +282,7 @@ def test_gated_projection_keeps_input_and_gate_not_their_product(kind):
 # ---------------------------------------------------------------------------------- dropout
 
 
-def test_mask_dropout_equals_torch_dropout_with_a_bool_mask():
+def test_slim_dropout_equals_torch_dropout_with_a_bool_mask():
     x = torch.randn(8, 33, requires_grad=True)
     torch.manual_seed(3)
     want = F.dropout(x, 0.3, training=True)
@@ -292,8 +292,6 @@ def test_mask_dropout_equals_torch_dropout_with_a_bool_mask():
     assert torch.equal(got, want)
     grad = torch.randn_like(x)
     assert torch.equal(*(grads_of(t, [x], grad)[0] for t in (got, want)))
-    with pytest.raises(RuntimeError, match="gradients of gradients"):
-        torch.autograd.grad(MaskDropout.apply(x, 0.3).sum(), x, create_graph=True)
 
 
 def test_slim_dropout_off_paths():
@@ -467,3 +465,49 @@ def test_tc_backward_option_errors(argv, message):
     with pytest.raises(OptionError) as err:
         build(argv[1], argv[2:], lm=False)
     assert message in str(err.value)
+
+
+def test_dense_glu_under_autocast_runs_one_product_for_both_halves():
+    """Under autocast (which casts a copy of the weights for backward anyway) a dense GLU
+    multiplies by [w1; w3] once; the output and the gradients are the two-product formula's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Products(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._schema.name in ("aten::mm", "aten::addmm", "aten::bmm"):
+                Products.count += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    glu = GLUProjection(16, 24)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with Products():
+            out = glu(x)
+        want = F.silu(glu.w1(x)) * glu.w3(x)
+    assert Products.count == 1
+    torch.testing.assert_close(out.float(), want.float(), atol=2e-2, rtol=2e-2)
+    grad = torch.randn_like(out)
+    got = grads_of(out, [x, glu.w1.weight, glu.w3.weight], grad)
+    expected = grads_of(want, [x, glu.w1.weight, glu.w3.weight], grad)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
+
+
+def test_dense_glu_recomputes_nothing_on_cuda():
+    """On CUDA a dense GLU runs plain autograd (no recomputation in backward); on the CPU it
+    keeps its two hidden inputs and marks its output for the consumer to rebuild."""
+    from slim_fairseq.modules import tensor_chain_policy
+    from slim_fairseq.modules.tc_autograd import recompute_recipe
+    torch.manual_seed(0)
+    glu = GLUProjection(24, 40)
+    x = torch.randn(3, 5, 24, requires_grad=True)
+    params = list(glu.parameters())
+    out, lean = saved_bytes(lambda: glu(x), exclude=params)
+    assert recompute_recipe(out) is not None
+    with tensor_chain_policy.assume_target("cuda", torch.float16):
+        plain, kept = saved_bytes(lambda: glu(x), exclude=params)
+    assert recompute_recipe(plain) is None and kept > lean
+    torch.testing.assert_close(plain, out)

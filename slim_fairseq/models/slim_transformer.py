@@ -39,6 +39,7 @@ from slim_fairseq.models.slim_options import (
     set_slim_defaults,
     validate_slim_args,
 )
+from slim_fairseq.modules.attention import mark_causal
 from slim_fairseq.modules.dropout import slim_dropouts
 from slim_fairseq.modules.initialization import bert_init_, gpt2_init_
 from slim_fairseq.modules.input_embedding import (
@@ -179,9 +180,10 @@ class SlimTransformerDecoder(TransformerDecoderBase):
         alignment_layer: Optional[int] = None,
         alignment_heads: Optional[int] = None,
     ):
-        """fairseq's decoder pass (``TransformerDecoderBase.extract_features_scriptable``) with one
-        change: the input embedding gets the incremental state, because H-SoftPOS convolutions
-        and SAFE attention keep a cache per step, and positions live in it. Copied because the
+        """fairseq's decoder pass (``TransformerDecoderBase.extract_features_scriptable``) with two
+        changes: the input embedding gets the incremental state, because H-SoftPOS convolutions
+        and SAFE attention keep a cache per step, and positions live in it; the future mask is
+        built once, not per layer, and marked causal (:func:`mark_causal`). Copied because the
         embedding is computed inside fairseq's method; tests/test_attention.py pins this pass
         to fairseq's own output with every option off."""
         if alignment_layer is None:
@@ -209,9 +211,11 @@ class SlimTransformerDecoder(TransformerDecoderBase):
 
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
+        # one future mask for every layer (fairseq builds it per layer), marked so that the
+        # plugin's attention runs torch's fused causal kernel instead of reading it
+        self_attn_mask = (mark_causal(self.buffered_future_mask(x))
+                          if incremental_state is None and not full_context_alignment else None)
         for idx, layer in enumerate(self.layers):
-            self_attn_mask = (self.buffered_future_mask(x)
-                              if incremental_state is None and not full_context_alignment else None)
             x, layer_attn, _ = layer(
                 x, enc, padding_mask, incremental_state,
                 self_attn_mask=self_attn_mask,

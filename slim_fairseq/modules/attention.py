@@ -1,5 +1,5 @@
-"""The plugin's attention: fairseq's ``MultiheadAttention`` with every technique that changes how
-queries, keys and values are formed or combined (docs/DESIGN.md, "Attention").
+"""The plugin's attention, a sibling of fairseq's ``MultiheadAttention`` for every technique that
+changes how queries, keys and values are formed or combined (docs/DESIGN.md, "Attention"):
 
 * gated pre-attention ``AgB`` and identity projections (``no_patt``; Anthe, arXiv:2305.10991;
   :mod:`~slim_fairseq.modules.gated_attention`), Tensor-Chain projections (``tc_ratio``);
@@ -11,13 +11,18 @@ queries, keys and values are formed or combined (docs/DESIGN.md, "Attention").
   W_K, W_V) and P (skipless blocks: He & Hofmann, arXiv:2311.01906 §4.1; Graef,
   arXiv:2404.12362; :mod:`~slim_fairseq.modules.shaped_attention`).
 
-With none of them it *is* fairseq's module (same parameters, init and forward: :attr:`plain`
-runs fairseq's own ``forward``). Otherwise :meth:`forward` runs here. It is written for
-``(B, heads, T, d_h)`` tensors because fairseq's forward assumes ``heads * d_h == embed_dim``
-and as many key/value heads as query heads; it keeps fairseq's argument and return
-conventions and its incremental-state layout (``prev_key``/``prev_value`` of shape
-``(B, kv_heads, T, d_h)``), so fairseq's ``reorder_incremental_state`` (beam search) applies
-unchanged. ``tests/test_attention.py`` pins this path to fairseq's output for the dense case.
+With none of them :func:`build_attention` builds fairseq's own class. This one takes fairseq's
+arguments and returns what fairseq's returns, and keeps fairseq's incremental-state layout
+(``prev_key`` / ``prev_value`` of shape ``(B, kv_heads, T, d_h)``, ``prev_key_padding_mask``
+under the module's ``attn_state``), so beam search reorders it with fairseq's own code.
+
+It is written for few kernel launches: heads are views of the projections, torch's fused
+``scaled_dot_product_attention`` takes the scale and the grouped key/value heads itself
+(``enable_gqa``; the cache keeps ``kv_heads`` heads and is never expanded), the decoder's
+future mask becomes ``is_causal`` (:func:`mark_causal`), several beams reading one copy of the
+encoder output are folded into query rows, and attention weights (asked for in cross-attention
+during generation) come from an explicit softmax over the same grouped layout.
+``tests/test_attention.py`` pins it to fairseq's output for the dense case.
 """
 import math
 from typing import Dict, Optional, Tuple
@@ -27,18 +32,30 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq import utils
+from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import MultiheadAttention
-from fairseq.modules.quant_noise import quant_noise
+from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from slim_fairseq.modules.gated_attention import (CROSS_GATES, GATES, check_gate, gated_projection,
                                                   tc_ratio_for)
 from slim_fairseq.modules.rope import RotaryEmbedding
 from slim_fairseq.modules.shaped_attention import REMOVABLE, shaped_mixing
-from slim_fairseq.modules.tensor_chain import TensorChainLinear
+from slim_fairseq.modules.tensor_chain import TensorChainLinear, built_together
 from slim_fairseq.option_errors import option_error
 
 ROLES = ("encoder_self", "decoder_self", "cross")
+_CAUSAL = "_slim_causal_mask"
+
+
+def mark_causal(mask: Tensor) -> Tensor:
+    """Mark ``mask`` (a decoder's future mask: -inf above the diagonal) so that the attention
+    that receives it runs the fused causal kernel instead of reading it."""
+    setattr(mask, _CAUSAL, True)
+    return mask
+
+
+def is_marked_causal(mask: Optional[Tensor]) -> bool:
+    return mask is not None and getattr(mask, _CAUSAL, False)
 
 
 def heads_for(width, head_width=64):
@@ -60,20 +77,22 @@ def attention_head_dim(embed_dim, num_heads, head_dim=0, rope=False):
     return 2 * (width // 2) if rope else width
 
 
-class SlimMultiheadAttention(MultiheadAttention):
-    """fairseq's attention with the options of the module docstring (all off by default)."""
+def _heads(x: Tensor, heads: int, head_dim: int) -> Tensor:
+    """(T, B, heads * d_h) -> (B, heads, T, d_h), a view when ``x`` is contiguous."""
+    shape = (x.size(0), x.size(1), heads, head_dim)
+    return (x.view(shape) if x.is_contiguous() else x.reshape(shape)).permute(1, 2, 0, 3)
+
+
+@with_incremental_state
+class SlimMultiheadAttention(nn.Module):
+    """Attention with the options of the module docstring; fairseq's ``MultiheadAttention``'s
+    constructor arguments, ``forward`` and incremental state."""
 
     def __init__(self, embed_dim, num_heads, kdim=None, vdim=None, dropout=0.0, bias=True,
-                 add_bias_kv=False, add_zero_attn=False, self_attention=False,
-                 encoder_decoder_attention=False, q_noise=0.0, qn_block_size=8,
-                 xformers_att_config=None, *, gate="none", no_patt=False, tc_ratio=0.0,
-                 tc_length=2, tc_min_bond=0, kv_heads=0, head_dim=0, rope_theta=0.0,
-                 shaped=False, removed=None, out_proj=True):
-        super().__init__(embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout, bias=bias,
-                         add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn,
-                         self_attention=self_attention,
-                         encoder_decoder_attention=encoder_decoder_attention, q_noise=q_noise,
-                         qn_block_size=qn_block_size, xformers_att_config=xformers_att_config)
+                 self_attention=False, encoder_decoder_attention=False, *, gate="none",
+                 no_patt=False, tc_ratio=0.0, tc_length=2, tc_min_bond=0, kv_heads=0,
+                 head_dim=0, rope_theta=0.0, shaped=False, removed=None, out_proj=True):
+        super().__init__()
         if gate not in GATES:
             raise option_error("--self-attn-gate", gate, "not a gate", "|".join(GATES))
         if encoder_decoder_attention and gate not in CROSS_GATES:
@@ -82,92 +101,71 @@ class SlimMultiheadAttention(MultiheadAttention):
         if removed is not None and removed not in REMOVABLE:
             raise option_error("--removed-weights", removed, "not a projection",
                                "none|" + "|".join(REMOVABLE))
-        self.gate, self.no_patt, self.tc_ratio = gate, bool(no_patt), float(tc_ratio or 0.0)
+        self.embed_dim = embed_dim
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self.qkv_same_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self.num_heads = num_heads
         self.kv_heads = int(kv_heads or num_heads)
+        if num_heads % self.kv_heads:
+            raise option_error("--kv-heads", self.kv_heads, f"does not divide the {num_heads} "
+                               "query heads", "0 (as many as the heads) or a divisor of the heads")
         self.head_dim = int(head_dim or embed_dim // num_heads)
         self.scaling = self.head_dim ** -0.5
         self.q_width = num_heads * self.head_dim
         self.kv_width = self.kv_heads * self.head_dim
-        self.removed = removed
-        self.shaped = bool(shaped)
-        self.rope = RotaryEmbedding(self.head_dim, rope_theta) if rope_theta else None
-        if num_heads % self.kv_heads:
-            raise option_error("--kv-heads", self.kv_heads, f"does not divide the {num_heads} "
-                               "query heads", "0 (as many as the heads) or a divisor of the heads")
-        if (self.q_width, self.kv_width) != (embed_dim, embed_dim):
-            if add_bias_kv or add_zero_attn:
-                raise option_error("--kv-heads", self.kv_heads, "fairseq's add_bias_kv / "
-                                   "add_zero_attn need heads as wide as the model", "0 with them")
-            self._reshape_projections(bias, q_noise, qn_block_size)
-        if not (gate != "none" or self.no_patt or self.tc_ratio or removed is not None
-                or not out_proj or self.rope is not None or self.shaped):
-            return  # plain (fairseq's attention), perhaps with other head widths
-        if self.use_xformers:
-            raise option_error("--xformers-att-config", None, "works with fairseq's plain "
-                               "attention only", "no gates, --no-patt, --tc-patt, --kv-heads, "
-                               "--rope-theta, --no-linear-bias or skipless blocks with it")
-        if (add_bias_kv or add_zero_attn) and (self.rope is not None or self.shaped):
-            raise option_error("--rope-theta" if self.rope is not None else "--skipless-layout",
-                               None, "cannot be combined with fairseq's add_bias_kv / add_zero_attn",
-                               "plain attention with them")
+        self.self_attention = self_attention
+        self.encoder_decoder_attention = encoder_decoder_attention
+        self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
+        self.gate, self.no_patt, self.tc_ratio = gate, bool(no_patt), float(tc_ratio or 0.0)
+        self.removed, self.shaped = removed, bool(shaped)
+        self.beam_size = 1
+        self.onnx_trace = False
+
         in_dims = {"q": embed_dim, "k": self.kdim, "v": self.vdim}
         out_dims = {"q": self.q_width, "k": self.kv_width, "v": self.kv_width}
-        if self.no_patt:
-            if set(in_dims.values()) | set(out_dims.values()) != {embed_dim}:
-                raise option_error("--no-patt", None, "needs every input and head width to equal "
-                                   f"the model width {embed_dim}", "--kv-heads 0 and --head-dim 0")
-            self.q_proj = self.k_proj = self.v_proj = None
-        elif self.tc_ratio:
-            for name in ("q", "k", "v"):
-                dense = getattr(self, name + "_proj")
-                # variance of fairseq's xavier_uniform init of this projection
-                gain = 2 ** -0.5 if self.qkv_same_dim else 1.0
-                std = gain * (2.0 / (in_dims[name] + out_dims[name])) ** 0.5
-                setattr(self, name + "_proj", TensorChainLinear(
+        if self.no_patt and set(in_dims.values()) | set(out_dims.values()) != {embed_dim}:
+            raise option_error("--no-patt", None, "needs every input and head width to equal "
+                               f"the model width {embed_dim}", "--kv-heads 0 and --head-dim 0")
+        if removed is not None and in_dims[removed] != out_dims[removed]:
+            raise option_error("--removed-weights", removed,
+                               f"W_{removed.upper()} is not square here ({in_dims[removed]} -> "
+                               f"{out_dims[removed]}: --kv-heads or --head-dim)",
+                               "q, or k|v with as many key/value heads as heads")
+        if gate != "none" and out_dims[gate[0]] != in_dims[gate[2]]:
+            raise option_error("--cross-attn-gate" if encoder_decoder_attention
+                               else "--self-attn-gate", gate,
+                               f"sigmoid(W_{gate[0].upper()} {gate[0]}) is {out_dims[gate[0]]} "
+                               f"wide but {gate[2]} is {in_dims[gate[2]]} wide (--kv-heads, "
+                               "--head-dim)", "qgv or qgk, or --kv-heads 0 and --head-dim 0")
+        # fairseq's registration order (k, v, q, out) and init: xavier_uniform, gain 1/sqrt(2)
+        # for the input projections when queries, keys and values have the model width
+        gain = 2 ** -0.5 if self.qkv_same_dim else 1.0
+        for name in ("k", "v", "q"):
+            if self.no_patt or name == removed:
+                proj = None
+            elif self.tc_ratio:
+                proj = TensorChainLinear(
                     in_dims[name], out_dims[name], ratio=self.tc_ratio, length=tc_length,
-                    bias=dense.bias is not None, init_std=std, min_bond=tc_min_bond))
-        if removed is not None:
-            if in_dims[removed] != out_dims[removed]:
-                raise option_error("--removed-weights", removed,
-                                   f"W_{removed.upper()} is not square here ({in_dims[removed]} -> "
-                                   f"{out_dims[removed]}: --kv-heads or --head-dim)",
-                                   "q, or k|v with as many key/value heads as heads")
-            setattr(self, removed + "_proj", None)
-        if not out_proj:
-            self.out_proj = None
-        if gate != "none":
-            source, target = gate[0], gate[2]
-            if out_dims[source] != in_dims[target]:
-                raise option_error("--self-attn-gate" if not encoder_decoder_attention
-                                   else "--cross-attn-gate", gate,
-                                   f"sigmoid(W_{source.upper()} {source}) is {out_dims[source]} "
-                                   f"wide but {target} is {in_dims[target]} wide (--kv-heads, "
-                                   "--head-dim)", "a gate whose first letter is q (qgv, qgk) with "
-                                   "fewer key/value heads")
+                    bias=bias, min_bond=tc_min_bond,
+                    init_std=gain * (2.0 / (in_dims[name] + out_dims[name])) ** 0.5)
+            else:
+                proj = nn.Linear(in_dims[name], out_dims[name], bias=bias)
+            setattr(self, name + "_proj", proj)
+        self.out_proj = nn.Linear(self.q_width, embed_dim, bias=bias) if out_proj else None
+        for proj in (self.k_proj, self.v_proj, self.q_proj):
+            if isinstance(proj, nn.Linear):
+                nn.init.xavier_uniform_(proj.weight, gain=gain)
+        if self.out_proj is not None:
+            nn.init.xavier_uniform_(self.out_proj.weight)
+            if self.out_proj.bias is not None:
+                nn.init.zeros_(self.out_proj.bias)
+        self.rope = RotaryEmbedding(self.head_dim, rope_theta) if rope_theta else None
         if self.shaped:
             self.alpha = nn.Parameter(torch.ones(num_heads))
             self.beta = nn.Parameter(torch.ones(num_heads))
             self.gamma = nn.Parameter(torch.ones(num_heads))
             self.reset_shaped_parameters()
-
-    # ------------------------------------------------------------------------------ set-up
-
-    def _reshape_projections(self, bias, q_noise, qn_block_size):
-        """Projections to ``heads * head_dim`` (queries) and ``kv_heads * head_dim`` (keys and
-        values) instead of the model width, initialised as fairseq initialises its own."""
-        def linear(n_in, n_out):
-            return quant_noise(nn.Linear(n_in, n_out, bias=bias), q_noise, qn_block_size)
-
-        self.q_proj = linear(self.embed_dim, self.q_width)
-        self.k_proj = linear(self.kdim, self.kv_width)
-        self.v_proj = linear(self.vdim, self.kv_width)
-        self.out_proj = linear(self.q_width, self.embed_dim)
-        gain = 1 / math.sqrt(2) if self.qkv_same_dim else 1.0
-        for proj in (self.q_proj, self.k_proj, self.v_proj):
-            nn.init.xavier_uniform_(proj.weight, gain=gain)
-        nn.init.xavier_uniform_(self.out_proj.weight)
-        if self.out_proj.bias is not None:
-            nn.init.zeros_(self.out_proj.bias)
 
     def reset_shaped_parameters(self):
         """Shaped-attention init (He & Hofmann §4.1): projections N(0, 1/fan_in) so that values
@@ -184,16 +182,6 @@ class SlimMultiheadAttention(MultiheadAttention):
             nn.init.ones_(scale)
 
     @property
-    def plain(self):
-        """Exactly fairseq's attention: fairseq's own forward runs (also after Tensor-Chain
-        projections were exported with ``to_dense``)."""
-        return (self.gate == "none" and self.rope is None and not self.shaped
-                and self.q_width == self.embed_dim and self.kv_width == self.embed_dim
-                and all(type(getattr(self, name + "_proj")) is nn.Linear
-                        and getattr(self, name + "_proj").bias is not None  # fairseq's fast path
-                        for name in ("q", "k", "v", "out")))
-
-    @property
     def has_out_proj(self):
         return self.out_proj is not None
 
@@ -205,6 +193,23 @@ class SlimMultiheadAttention(MultiheadAttention):
             parts.append(f"shaped, removed={self.removed}, out_proj={self.has_out_proj}")
         return ", ".join(parts)
 
+    # ------------------------------------------------------------- fairseq's incremental state
+
+    def _get_input_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
+        result = self.get_incremental_state(incremental_state, "attn_state")
+        return {} if result is None else result
+
+    def _set_input_buffer(self, incremental_state, buffer: Dict[str, Optional[Tensor]]):
+        return self.set_incremental_state(incremental_state, "attn_state", buffer)
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        """Beam search: fairseq's own reordering (the layouts agree)."""
+        return MultiheadAttention.reorder_incremental_state(self, incremental_state, new_order)
+
+    def set_beam_size(self, beam_size):
+        """Beams per sentence: cross-attention keeps one copy of each encoder output."""
+        self.beam_size = beam_size
+
     # ---------------------------------------------------------------------------- forward
 
     def _project(self, name, x):
@@ -215,11 +220,11 @@ class SlimMultiheadAttention(MultiheadAttention):
                        ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
         """(Q_s, K_s, V_s) of docs/TECHNIQUES.md#gated-pre-attention. ``key``/``value`` None
         means cached (static) K, V. A removed or identity projection passes its input on."""
-        inputs = {"q": query, "k": key, "v": value}
         if self.gate == "none":
-            names = ("q",) if key is None else ("q", "k", "v")
-            out = {n: self._project(n, inputs[n]) for n in names}
-            return out["q"], out.get("k"), out.get("v")
+            if key is None:
+                return self._project("q", query), None, None
+            return self._project("q", query), self._project("k", key), self._project("v", value)
+        inputs = {"q": query, "k": key, "v": value}
         source, target = self.gate[0], self.gate[2]
         out = {}
         for name in ("q", "k", "v"):
@@ -234,15 +239,9 @@ class SlimMultiheadAttention(MultiheadAttention):
                 out[name] = self._project(name, inputs[name])
         return out["q"], out["k"], out["v"]
 
-    def _split_heads(self, x: Tensor, heads: int) -> Tensor:
-        """(T, B, heads * d_h) -> (B, heads, T, d_h)."""
-        return x.contiguous().view(x.size(0), x.size(1), heads, self.head_dim).permute(1, 2, 0, 3)
-
-    def _expand_kv(self, x: Tensor) -> Tensor:
-        """(B, kv_heads, S, d_h) -> (B, heads, S, d_h): each key/value head serves
-        ``heads // kv_heads`` query heads."""
-        group = self.num_heads // self.kv_heads
-        return x if group == 1 else x.repeat_interleave(group, dim=1)
+    def _dropout_p(self):
+        dropout = self.dropout_module
+        return dropout.p if (self.training or dropout.apply_during_inference) else 0.0
 
     def forward(
         self,
@@ -257,25 +256,15 @@ class SlimMultiheadAttention(MultiheadAttention):
         before_softmax: bool = False,
         need_head_weights: bool = False,
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        if self.plain:
-            return super().forward(query, key, value, key_padding_mask=key_padding_mask,
-                                   incremental_state=incremental_state, need_weights=need_weights,
-                                   static_kv=static_kv, attn_mask=attn_mask,
-                                   before_softmax=before_softmax,
-                                   need_head_weights=need_head_weights)
-        if need_head_weights:
-            need_weights = True
+        need_weights = need_weights or need_head_weights
         tgt_len, bsz, _ = query.size()
-        heads = self.num_heads
-
-        saved_state: Optional[Dict[str, Optional[Tensor]]] = None
+        saved: Optional[Dict[str, Optional[Tensor]]] = None
         if incremental_state is not None:
-            saved_state = self._get_input_buffer(incremental_state)
-            if static_kv and "prev_key" in saved_state:
-                assert self.encoder_decoder_attention and not self.self_attention
+            saved = self._get_input_buffer(incremental_state)
+            if static_kv and "prev_key" in saved:
                 key = value = None
         if self.self_attention:
-            # one contiguous copy (the first layer gets a transposed view), shared by every
+            # one contiguous input (the first layer gets a transposed view), shared by every
             # projection and the gate, instead of one copy per projection
             key = value = query = query.contiguous()
         elif self.encoder_decoder_attention and key is not None:
@@ -287,131 +276,140 @@ class SlimMultiheadAttention(MultiheadAttention):
                         -1, self.beam_size, key_padding_mask.size(1))[:, 0, :]
             value = key
 
-        q, k, v = self.project_inputs(query, key, value)
-        if self.bias_k is not None and k is not None:
-            k, v, attn_mask, key_padding_mask = self._add_bias(k, v, attn_mask, key_padding_mask, bsz)
-        q = self._split_heads(q, heads)
-        kv_bsz = bsz
+        with built_together((self.q_proj, self.k_proj, self.v_proj), tgt_len * bsz, query):
+            q, k, v = self.project_inputs(query, key, value)
+        q = _heads(q, self.num_heads, self.head_dim)
         if k is not None:
-            kv_bsz = k.size(1)
-            k, v = self._split_heads(k, self.kv_heads), self._split_heads(v, self.kv_heads)
+            k, v = _heads(k, self.kv_heads, self.head_dim), _heads(v, self.kv_heads, self.head_dim)
         if self.rope is not None:
-            past = 0
-            if saved_state is not None and saved_state.get("prev_key") is not None:
-                past = saved_state["prev_key"].size(2)
-            q, k = self.rope(q, offset=past), self.rope(k, offset=past)
-        q = q * self.scaling
+            past = 0 if saved is None or saved.get("prev_key") is None else saved["prev_key"].size(2)
+            rows = self.rope.rows(q, past)
+            q, k = self.rope.rotate(q, *rows), self.rope.rotate(k, *rows)
 
-        if saved_state is not None:
-            if "prev_key" in saved_state:
-                prev_key = saved_state["prev_key"]
-                assert prev_key is not None
+        kv_bsz = bsz if k is None else k.size(0)
+        if saved is not None:
+            prev_key = saved.get("prev_key")
+            if prev_key is not None:
                 kv_bsz = prev_key.size(0)
                 k = prev_key if static_kv else torch.cat([prev_key, k], dim=2)
-            if "prev_value" in saved_state:
-                prev_value = saved_state["prev_value"]
-                assert prev_value is not None
+                prev_value = saved["prev_value"]
                 v = prev_value if static_kv else torch.cat([prev_value, v], dim=2)
-            assert k is not None and v is not None
             key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
                 key_padding_mask=key_padding_mask,
-                prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+                prev_key_padding_mask=saved.get("prev_key_padding_mask"),
                 batch_size=kv_bsz, src_len=k.size(2), static_kv=static_kv)
-            saved_state["prev_key"] = k
-            saved_state["prev_value"] = v
-            saved_state["prev_key_padding_mask"] = key_padding_mask
-            self._set_input_buffer(incremental_state, saved_state)
-        assert k is not None and v is not None
-        if key_padding_mask is not None and key_padding_mask.dim() == 0:
-            key_padding_mask = None
-        if self.add_zero_attn:
-            k, v, key_padding_mask, attn_mask = self._append_zero_attn(
-                k=k, v=v, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
+            saved["prev_key"], saved["prev_value"] = k, v
+            saved["prev_key_padding_mask"] = key_padding_mask
+            self._set_input_buffer(incremental_state, saved)
+        if key_padding_mask is not None:
+            if key_padding_mask.dim() == 0:
+                key_padding_mask = None
+            elif key_padding_mask.dtype != torch.bool:  # fairseq's cache may hold 0/1 floats
+                key_padding_mask = key_padding_mask.to(torch.bool)
 
         weights: Optional[Tensor] = None
         if self.shaped:
-            dropout = self.dropout_module
-            p = dropout.p if (self.training or dropout.apply_during_inference) else 0.0
-            attn = shaped_mixing(q, self._expand_kv(k), self._expand_kv(v), self.alpha, self.beta,
-                                 self.gamma, attn_mask, key_padding_mask, p)
-        elif (not need_weights and not before_softmax and bsz == kv_bsz
-                and (attn_mask is None or attn_mask.is_floating_point())
-                and type(self).apply_sparse_mask is MultiheadAttention.apply_sparse_mask):
-            attn = self._fused_attention(q, self._expand_kv(k), self._expand_kv(v), attn_mask,
-                                         key_padding_mask)
-        else:
-            attn, weights = self._explicit_attention(q, k, v, attn_mask, key_padding_mask, bsz,
+            attn = shaped_mixing(q, k, v, self.alpha, self.beta, self.gamma, attn_mask,
+                                 key_padding_mask, self._dropout_p(), self.scaling,
+                                 causal=is_marked_causal(attn_mask))
+            attn = attn.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.q_width)
+        elif need_weights or before_softmax or (bsz != kv_bsz and attn_mask is not None):
+            attn, weights = self._explicit_attention(q, k, v, attn_mask, key_padding_mask,
                                                      kv_bsz, before_softmax, need_weights,
                                                      need_head_weights)
             if before_softmax:
                 return attn, weights
-        attn = attn.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.q_width)
+        else:
+            attn = self._fused_attention(q, k, v, attn_mask, key_padding_mask, kv_bsz)
         if self.out_proj is not None:
             attn = self.out_proj(attn)
         return attn, weights
 
-    def _fused_attention(self, q, k, v, attn_mask, key_padding_mask):
-        """``softmax(q k^T + attn_mask + padding) v`` with torch's fused kernel (q already
-        carries the scaling); the result of :meth:`_explicit_attention`."""
-        bsz, _, tgt_len, _ = q.shape
-        src_len = k.size(2)
-        mask = None if attn_mask is None else attn_mask.to(q.dtype).view(1, 1, tgt_len, src_len)
+    def _fused_attention(self, q, k, v, attn_mask, key_padding_mask, kv_bsz):
+        """torch's fused attention; returns (T, B, heads * d_h). Several beams per encoder
+        sentence (``kv_bsz`` < B) are folded into query rows of their sentence."""
+        bsz, heads, tgt_len, head_dim = q.shape
+        beams = bsz // kv_bsz
+        if beams > 1:  # (kv_bsz, beam, H, T, d) -> (kv_bsz, H, beam T, d)
+            q = q.reshape(kv_bsz, beams, heads, tgt_len, head_dim).transpose(1, 2).reshape(
+                kv_bsz, heads, beams * tgt_len, head_dim)
+        causal = is_marked_causal(attn_mask) and key_padding_mask is None
+        mask = None
         if key_padding_mask is not None:
-            padding = torch.zeros(bsz, 1, 1, src_len, dtype=q.dtype, device=q.device).masked_fill(
-                key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
-            mask = padding if mask is None else mask + padding
-        dropout = self.dropout_module
-        p = dropout.p if (self.training or dropout.apply_during_inference) else 0.0
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
+            pads = key_padding_mask.view(kv_bsz, 1, 1, -1)
+            mask = ~pads if attn_mask is None else torch.where(pads, float("-inf"), attn_mask)
+        elif not causal:
+            mask = attn_mask
+        if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype \
+                and not torch.is_autocast_enabled(q.device.type):
+            mask = mask.to(q.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self._dropout_p(),
+                                             is_causal=causal, scale=self.scaling,
+                                             enable_gqa=self.kv_heads != self.num_heads)
+        if beams > 1:  # (kv_bsz, H, beam, T, d) -> (T, kv_bsz, beam, H, d)
+            out = out.view(kv_bsz, heads, beams, tgt_len, head_dim).permute(3, 0, 2, 1, 4)
+            return out.reshape(tgt_len, bsz, heads * head_dim)
+        return out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, heads * head_dim)
 
-    def _explicit_attention(self, q, k, v, attn_mask, key_padding_mask, bsz, kv_bsz,
-                            before_softmax, need_weights, need_head_weights):
+    def _explicit_attention(self, q, k, v, attn_mask, key_padding_mask, kv_bsz, before_softmax,
+                            need_weights, need_head_weights):
         """Softmax attention with the probabilities at hand (attention weights, fairseq's
-        ``before_softmax``, and several beams reading one copy of the encoder output)."""
-        heads = self.num_heads
-        tgt_len, src_len = q.size(2), k.size(2)
-        k, v = self._expand_kv(k), self._expand_kv(v)
-        shared_kv = bsz != kv_bsz  # several beams per encoder sentence
-        if shared_kv:
-            scores = torch.einsum("bxhtd,bhsd->bxhts", q.view(kv_bsz, -1, heads, tgt_len, q.size(3)), k)
-            scores = scores.reshape(bsz, heads, tgt_len, src_len)
-        else:
-            scores = torch.matmul(q, k.transpose(2, 3))
-        scores = self.apply_sparse_mask(scores.view(bsz * heads, tgt_len, src_len), tgt_len,
-                                        src_len, bsz).view(bsz, heads, tgt_len, src_len)
+        ``before_softmax``), on rows grouped by key/value head and encoder sentence: query rows
+        (group, beam, T) of each key/value head read its keys without copies of them. Returns
+        ((T, B, heads * d_h), weights) as fairseq's forward does."""
+        bsz, heads, tgt_len, head_dim = q.shape
+        kv_heads, src_len = k.size(1), k.size(2)
+        group, beams = heads // kv_heads, bsz // kv_bsz
+        grouped = (kv_bsz, kv_heads, group, beams, tgt_len)
+        if group == 1 and beams == 1:
+            rows = q
+        else:  # (kv_bsz, beam, KV, group, T, d) -> (kv_bsz, KV, group beam T, d)
+            rows = q.reshape(kv_bsz, beams, kv_heads, group, tgt_len, head_dim).permute(
+                0, 2, 3, 1, 4, 5).reshape(kv_bsz, kv_heads, group * beams * tgt_len, head_dim)
+        scores = torch.matmul(rows * self.scaling, k.transpose(2, 3)).view(*grouped, src_len)
         if attn_mask is not None:
-            scores = scores + attn_mask.view(1, 1, tgt_len, src_len)
+            scores = scores + attn_mask
         if key_padding_mask is not None:
-            scores = scores.view(kv_bsz, -1, heads, tgt_len, src_len).masked_fill(
-                key_padding_mask.view(kv_bsz, 1, 1, 1, src_len).to(torch.bool), float("-inf"))
-            scores = scores.view(bsz, heads, tgt_len, src_len)
-        if before_softmax:
-            values = v if not shared_kv else v.repeat_interleave(bsz // kv_bsz, dim=0)
-            return (scores.view(bsz * heads, tgt_len, src_len),
-                    values.reshape(bsz * heads, src_len, self.head_dim))
-        probs_float = utils.softmax(scores, dim=-1, onnx_trace=self.onnx_trace)
+            scores = scores.masked_fill(key_padding_mask.view(kv_bsz, 1, 1, 1, 1, src_len),
+                                        float("-inf"))
+        if before_softmax:  # fairseq's layout: (B heads, T, S) scores, (B heads, S, d) values
+            order = (0, 3, 1, 2, 4, 5)
+            values = v.view(kv_bsz, 1, kv_heads, 1, src_len, head_dim).expand(
+                kv_bsz, beams, kv_heads, group, src_len, head_dim)
+            return (scores.permute(*order).reshape(bsz * heads, tgt_len, src_len),
+                    values.reshape(bsz * heads, src_len, head_dim))
+        probs_float = torch.softmax(scores, dim=-1, dtype=torch.float32)
         probs = self.dropout_module(probs_float.type_as(scores))
-        if shared_kv:
-            attn = torch.einsum("bxhts,bhsd->bxhtd",
-                                probs.view(kv_bsz, -1, heads, tgt_len, src_len), v)
-            attn = attn.reshape(bsz, heads, tgt_len, self.head_dim)
-        else:
-            attn = torch.matmul(probs, v)
+        attn = torch.matmul(probs.view(kv_bsz, kv_heads, -1, src_len), v)
+        # (kv_bsz, KV, group, beam, T, d) -> (T, kv_bsz, beam, KV, group, d)
+        attn = attn.view(*grouped, head_dim).permute(4, 0, 3, 1, 2, 5).reshape(
+            tgt_len, bsz, heads * head_dim)
         weights: Optional[Tensor] = None
-        if need_weights:
-            weights = probs_float.transpose(1, 0)  # (heads, B, T, S)
+        if need_weights:  # (heads, B, T, S), or the mean over heads
+            weights = probs_float.permute(1, 2, 0, 3, 4, 5).reshape(heads, bsz, tgt_len, src_len)
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return attn, weights
+
+
+def is_plain(gate="none", no_patt=False, tc_ratio=0.0, kv_heads=0, head_dim=0, bias=True,
+             rope_theta=0.0, shaped=False, removed=None, out_proj=True, embed_dim=0,
+             num_heads=1, **_):
+    """Whether no technique is on, so that fairseq's own ``MultiheadAttention`` is built."""
+    return (gate == "none" and not no_patt and not tc_ratio and bias and not rope_theta
+            and not shaped and removed in (None, "", "none") and out_proj
+            and (not kv_heads or kv_heads == num_heads)
+            and (not head_dim or head_dim * num_heads == embed_dim))
 
 
 def build_attention(cfg, embed_dim, num_heads, *, role, dropout, kdim=None, vdim=None, **kwargs):
     """Attention block for ``role`` in {"encoder_self", "decoder_self", "cross"} configured by the
     model's options (gates, ``--no-patt``, ``--tc-patt``/``--tc-layer``, ``--kv-heads``,
     ``--head-dim``, ``--rope-theta`` (self-attention only), ``--linear-bias``, and, in a skipless
-    decoder, shaped attention with ``--removed-weights``/``--keep-attn-out-proj``). Extra keyword
-    arguments go to fairseq's ``MultiheadAttention`` (q_noise, qn_block_size,
-    xformers_att_config, add_bias_kv, ...)."""
+    decoder, shaped attention with ``--removed-weights``/``--keep-attn-out-proj``): fairseq's
+    ``MultiheadAttention`` when none is on (with fairseq's extra keyword arguments: q_noise,
+    qn_block_size, xformers_att_config, add_bias_kv, add_zero_attn), else
+    :class:`SlimMultiheadAttention`."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {'|'.join(ROLES)}, got {role!r}")
     cross = role == "cross"
@@ -421,18 +419,29 @@ def build_attention(cfg, embed_dim, num_heads, *, role, dropout, kdim=None, vdim
         kwargs.setdefault("encoder_decoder_attention", True)
     else:
         kwargs.setdefault("self_attention", True)
-    rope_theta = 0.0 if cross else float(getattr(cfg, "rope_theta", 0.0) or 0.0)
     shaped = role == "decoder_self" and getattr(cfg, "skipless_layout", "none") not in (None, "none")
     removed = getattr(cfg, "removed_weights", "none") if shaped else "none"
-    kwargs.setdefault("bias", bool(getattr(cfg, "linear_bias", True)))
-    return SlimMultiheadAttention(
-        embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout, gate=gate,
-        no_patt=bool(getattr(cfg, "no_patt", False)), tc_ratio=tc_ratio_for(cfg, "tc_patt"),
-        tc_length=int(getattr(cfg, "tc_length", 2) or 2),
+    options = dict(
+        gate=gate, no_patt=bool(getattr(cfg, "no_patt", False)),
+        tc_ratio=tc_ratio_for(cfg, "tc_patt"), tc_length=int(getattr(cfg, "tc_length", 2) or 2),
         tc_min_bond=int(getattr(cfg, "tc_min_bond", 0) or 0),
         kv_heads=int(getattr(cfg, "kv_heads", 0) or 0),
         head_dim=attention_head_dim(embed_dim, num_heads, int(getattr(cfg, "head_dim", 0) or 0),
                                     rope=bool(getattr(cfg, "rope_theta", 0.0))),
-        rope_theta=rope_theta, shaped=shaped, removed=removed,
-        out_proj=not shaped or removed in (None, "none") or bool(getattr(cfg, "keep_attn_out_proj", False)),
-        **kwargs)
+        rope_theta=0.0 if cross else float(getattr(cfg, "rope_theta", 0.0) or 0.0),
+        shaped=shaped, removed=removed,
+        out_proj=not shaped or removed in (None, "none") or bool(getattr(cfg, "keep_attn_out_proj", False)))
+    bias = kwargs.pop("bias", bool(getattr(cfg, "linear_bias", True)))
+    if is_plain(bias=bias, embed_dim=embed_dim, num_heads=num_heads, **options):
+        return MultiheadAttention(embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout,
+                                  bias=bias, **kwargs)
+    fairseq_only = [name for name in ("q_noise", "add_bias_kv", "add_zero_attn", "xformers_att_config")
+                    if kwargs.pop(name, None)]
+    kwargs.pop("qn_block_size", None)
+    if fairseq_only:
+        raise option_error("--xformers-att-config" if "xformers_att_config" in fairseq_only
+                           else "--quant-noise-pq", None, "works with fairseq's plain attention "
+                           "only", "no gates, --no-patt, --tc-patt, --kv-heads, --head-dim, "
+                           "--rope-theta, --no-linear-bias or skipless blocks with it")
+    return SlimMultiheadAttention(embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout,
+                                  bias=bias, **kwargs, **options)

@@ -1,38 +1,19 @@
 """Dropout that keeps a one-byte mask for backward.
 
 On the CPU ``torch.nn.functional.dropout`` multiplies by a float noise tensor and autograd keeps
-that tensor (four bytes per element) until backward; on CUDA torch's fused kernel already keeps
-a boolean mask. :class:`SlimDropout` is fairseq's ``FairseqDropout`` whose CPU training path
-draws the same noise from the same generator (identical outputs and gradients) but keeps only
-a boolean mask: a quarter of the memory.
+that tensor (four bytes per element) until backward; on CUDA it calls torch's fused
+``native_dropout``, which keeps a boolean mask. :class:`SlimDropout` is fairseq's
+``FairseqDropout`` that calls ``native_dropout`` on every device: on the CPU it draws the same
+noise from the same generator (identical outputs and gradients), keeps a quarter of the memory
+and runs one op forward and one backward.
 """
 import torch
-import torch.nn.functional as F
 
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
-from slim_fairseq.modules.tc_autograd import refuse_double_backward
-
-
-class MaskDropout(torch.autograd.Function):
-    """``x * bernoulli(1 - p) / (1 - p)`` as torch's CPU dropout computes it, saving a bool mask."""
-
-    @staticmethod
-    def forward(ctx, x, p):
-        noise = torch.empty_like(x).bernoulli_(1 - p)
-        ctx.p = p
-        ctx.save_for_backward(noise.bool())
-        return x * noise.div_(1 - p)
-
-    @staticmethod
-    def backward(ctx, grad):
-        refuse_double_backward("dropout")
-        mask, = ctx.saved_tensors
-        return grad * mask.to(grad.dtype).div_(1 - ctx.p), None
-
 
 class SlimDropout(FairseqDropout):
-    """``FairseqDropout`` keeping a boolean mask on the CPU (see :class:`MaskDropout`)."""
+    """``FairseqDropout`` keeping a boolean mask (``torch.native_dropout``) on every device."""
 
     @classmethod
     def from_fairseq(cls, dropout):
@@ -42,10 +23,8 @@ class SlimDropout(FairseqDropout):
         return slim
 
     def forward(self, x, inplace: bool = False):
-        if (self.p > 0 and (self.training or self.apply_during_inference) and self.p < 1
-                and not inplace and x.device.type == "cpu" and x.requires_grad
-                and torch.is_grad_enabled()):
-            return MaskDropout.apply(x, self.p)
+        if 0 < self.p < 1 and (self.training or self.apply_during_inference) and not inplace:
+            return torch.native_dropout(x, self.p, True)[0]
         return super().forward(x, inplace=inplace)
 
 

@@ -6,9 +6,11 @@
 fairseq's layer forward runs unchanged.
 
 Training memory: the product is computed by :class:`GatedActivation`, which keeps the two
-hidden inputs but not the activation's output; with Tensor-Chain ``w1``, ``w3`` that contract
-the input, :class:`ChainGLU` keeps only the input and the cores and recomputes both hidden
-activations in backward (two small contractions). Both give autograd's results.
+hidden inputs but not the activation's output (dense ``w1``, ``w3`` under autocast: the halves of
+one product with the stacked weights, one launch instead of two each way); with Tensor-Chain
+``w1``, ``w3`` that contract the input, :class:`ChainGLU` keeps only the input and the cores and
+recomputes both hidden activations in backward (two small contractions). Both give autograd's
+results.
 """
 import functools
 
@@ -20,7 +22,7 @@ from slim_fairseq.modules.tc_autograd import (chain_backward, forward_autocast, 
                                               mark_recomputable, recompute_recipe,
                                               refuse_double_backward, remember_autocast)
 from slim_fairseq.modules.tc_contraction import contract_input
-from slim_fairseq.modules.tensor_chain import TensorChainLinear
+from slim_fairseq.modules.tensor_chain import TensorChainLinear, built_together
 from slim_fairseq.modules.tensor_chain_policy import BackwardModeMixin
 from slim_fairseq.option_errors import option_error
 
@@ -188,10 +190,12 @@ class GLUProjection(BackwardModeMixin, nn.Module):
         return f"activation={self.activation}"
 
     def forward(self, x):
-        if not torch.is_grad_enabled() or not self.recompute_in_backward:
-            return GLU_ACTIVATIONS[self.activation](self.w1(x)) * self.w3(x)
+        act = GLU_ACTIVATIONS[self.activation]
+        if not torch.is_grad_enabled():
+            return act(self.w1(x)) * self.w3(x)
         rows = x.numel() // self.in_features
-        if self._chain_contraction(rows):
+        recompute = self.recompute_in_backward
+        if recompute and self._chain_contraction(rows):
             x2d = x.reshape(rows, self.in_features)
             cores1, cores3 = list(self.w1.cores), list(self.w3.cores)
             spec = ChainGLUSpec(self.activation, len(cores1))
@@ -200,11 +204,27 @@ class GLUProjection(BackwardModeMixin, nn.Module):
             # a Tensor-Chain fc2 may keep x2d instead of this (wider) output
             return mark_recomputable(out, functools.partial(chain_glu_value, spec),
                                      x2d, self.w1.bias, self.w3.bias, *cores1, *cores3)
-        h1, h3 = self.w1(x), self.w3(x)
+        if self._stack_weights(x):
+            # one product for both hidden halves: [w1; w3] x; under autocast, which casts a copy
+            # of the weights for backward anyway (in fp32 the stack would be a copy of its own)
+            weight = torch.cat([self.w1.weight, self.w3.weight])
+            bias = None if self.w1.bias is None else torch.cat([self.w1.bias, self.w3.bias])
+            h1, h3 = F.linear(x, weight, bias).chunk(2, dim=-1)
+        else:
+            with built_together((self.w1, self.w3), rows, x):
+                h1, h3 = self.w1(x), self.w3(x)
+        if not recompute:  # plain autograd: keeps act(h1) and the output too, recomputes nothing
+            return act(h1) * h3
         # GatedActivation keeps h1, h3 anyway: a consumer may keep them instead of the output
         return mark_recomputable(GatedActivation.apply(h1, h3, self.activation),
                                  functools.partial(gated_activation_value, self.activation),
                                  h1, h3)
+
+    def _stack_weights(self, x):
+        """Whether both linears are dense and autocast is on for ``x``'s device."""
+        device_type = x.device.type
+        return (type(self.w1) is nn.Linear and type(self.w3) is nn.Linear
+                and device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type))
 
     def _chain_contraction(self, rows):
         """Both linears are Tensor Chains that contract the input for this many rows."""

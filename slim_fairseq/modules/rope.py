@@ -2,28 +2,26 @@
 (docs/TECHNIQUES.md#stlm-block): theta 10000 on q and k.
 
 Convention: "rotate half" -- channel ``i`` of the first half of a head is paired with
-channel ``i + head_dim/2``; pair ``i`` rotates by angle ``pos * theta**(-2i/head_dim)``.
-Positions are absolute token indices, so incremental decoding passes the number of tokens
-already cached as ``offset`` and obtains exactly the rotation of a full forward pass.
+channel ``i + head_dim/2``; pair ``i`` rotates by angle ``pos * theta**(-2i/head_dim)``:
+
+    rope(x) = x * cos + rotate_half(x) * sin,   rotate_half(x1, x2) = (-x2, x1)
+
+``rotate_half(x)`` is ``roll(x, head_dim/2) * sign`` with ``sign = (-1, .., -1, 1, .., 1)``, so
+the sign is folded into the cached sine table and a rotation costs one roll, one multiply and
+one fused multiply-add (three kernels; HF's Llama code takes six). Positions are absolute token
+indices: incremental decoding passes the number of tokens already cached as ``offset`` and
+obtains exactly the rotation of a full forward pass.
 """
-
-from typing import Optional
-
 import torch
 from torch import nn
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
-
-
 class RotaryEmbedding(nn.Module):
-    """Applies RoPE to tensors shaped ``(batch, heads, time, head_dim)``.
+    """Applies RoPE to tensors shaped ``(batch, heads, time, head_dim)`` (any strides).
 
-    Holds no parameters and no persistent buffers (checkpoints are unaffected); the
-    cos/sin tables are computed in float32 and cached up to the longest length seen.
+    Holds no parameters and no persistent buffers (checkpoints are unaffected). The angle
+    tables are computed in float32, then kept per dtype and device (float64 inputs get
+    float64 tables), grown to the longest length seen.
 
     Args:
         head_dim: channels per head; must be even.
@@ -36,44 +34,45 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"RoPE needs an even head_dim > 0, got {head_dim}")
         self.head_dim = head_dim
         self.theta = float(theta)
-        inv_freq = 1.0 / (
-            self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        )
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._cos_cached: Optional[torch.Tensor] = None
-        self._sin_cached: Optional[torch.Tensor] = None
+        self._tables = {}  # (dtype, device) -> (cos, signed sin), each (length, head_dim)
 
-    def _tables(self, length: int, device: torch.device):
-        cached = self._cos_cached
-        if cached is None or cached.size(0) < length or cached.device != device:
-            size = max(length, 2 * (cached.size(0) if cached is not None else 0), 64)
-            positions = torch.arange(size, dtype=torch.float32, device=device)
-            angles = torch.outer(positions, self.inv_freq.to(device=device, dtype=torch.float32))
+    def tables(self, length: int, like: torch.Tensor):
+        """(cos, signed sin) of at least ``length`` positions in ``like``'s dtype and device."""
+        key = (like.dtype, like.device)
+        cached = self._tables.get(key)
+        if cached is None or cached[0].size(0) < length:
+            size = max(length, 2 * (cached[0].size(0) if cached is not None else 0), 64)
+            exact = like.dtype == torch.float64  # never round float64 inputs
+            work = torch.float64 if exact else torch.float32
+            half = self.head_dim // 2
+            inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=work)
+                                             / self.head_dim))
+            angles = torch.outer(torch.arange(size, dtype=work), inv_freq)
             angles = torch.cat((angles, angles), dim=-1)  # (size, head_dim)
-            self._cos_cached, self._sin_cached = angles.cos(), angles.sin()
-        return self._cos_cached, self._sin_cached
+            sign = torch.cat((-torch.ones(half, dtype=work), torch.ones(half, dtype=work)))
+            cached = (angles.cos().to(device=like.device, dtype=like.dtype),
+                      (angles.sin() * sign).to(device=like.device, dtype=like.dtype))
+            self._tables[key] = cached
+        return cached
 
-    def forward(
-        self, x: torch.Tensor, offset: int = 0, positions: Optional[torch.Tensor] = None
-    ) -> torch.Tensor:
-        """Rotate ``x`` (B, H, T, head_dim).
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Rotate ``x`` (B, H, T, head_dim); ``offset``: absolute position of ``x[:, :, 0]``
+        (tokens already cached)."""
+        return self.rotate(x, *self.rows(x, offset))
 
-        Args:
-            offset: absolute position of ``x[:, :, 0]`` (tokens already cached).
-            positions: optional explicit positions, shape (T,) or (B, T); overrides offset.
-        """
+    def rows(self, x: torch.Tensor, offset: int = 0):
+        """(cos, signed sin) of the positions of ``x``'s time axis, for :meth:`rotate` (one
+        lookup serves the queries and the keys of a step)."""
         seq_len = x.size(-2)
-        if positions is None:
-            cos, sin = self._tables(offset + seq_len, x.device)
-            cos, sin = cos[offset : offset + seq_len], sin[offset : offset + seq_len]
-        else:
-            cos, sin = self._tables(int(positions.max().item()) + 1, x.device)
-            cos, sin = cos[positions], sin[positions]
-            if positions.dim() == 2:  # (B, T, D) -> (B, 1, T, D) to broadcast over heads
-                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        x_float = x if x.dtype == torch.float64 else x.float()  # never round float64 inputs
-        rotated = x_float * cos + rotate_half(x_float) * sin
-        return rotated.to(x.dtype)
+        cos, signed_sin = self.tables(offset + seq_len, x)
+        return cos[offset: offset + seq_len], signed_sin[offset: offset + seq_len]
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(x * cos, x.roll(self.head_dim // 2, dims=-1), signed_sin)
+
+    def _apply(self, fn, recurse=True):
+        self._tables = {}  # .to() / .half(): rebuilt for the new dtype or device on next use
+        return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, theta={self.theta}"

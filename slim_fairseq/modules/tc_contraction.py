@@ -10,7 +10,13 @@ from slim_fairseq.modules import tensor_chain_policy
 
 
 def materialise(cores):
-    """Contract the chain into the full ``[N_a, N_c]`` matrix."""
+    """Contract the chain into the full ``[N_a, N_c]`` matrix. Two cores: one product of the
+    cores as ``[a1 c1, b] @ [b, a2 c2]`` and one reordering of its result."""
+    if len(cores) == 2:
+        (a1, bond, c1), (a2, _, c2) = cores[0].shape, cores[1].shape
+        product = torch.mm(cores[0].transpose(1, 2).reshape(a1 * c1, bond),
+                           cores[1].transpose(0, 1).reshape(bond, a2 * c2))  # [a1, c1, a2, c2]
+        return product.view(a1, c1, a2, c2).transpose(1, 2).reshape(a1 * a2, c1 * c2)
     first = cores[0]  # [a1, b, c1]
     acc = first.permute(0, 2, 1)  # [A, C, b]
     for core in cores[1:-1]:  # [a, b, b', c]
@@ -21,6 +27,17 @@ def materialise(cores):
     rows, cols, _ = acc.shape
     out = torch.einsum("ACb,abc->AaCc", acc, last)
     return out.reshape(rows * last.shape[0], cols * last.shape[2])
+
+
+def materialise_pairs(firsts, lasts):
+    """:func:`materialise` of k two-core chains of one shape (``firsts``, ``lasts``: their first
+    and last cores) in one batched product; returns their k matrices."""
+    (a1, bond, c1), (a2, _, c2) = firsts[0].shape, lasts[0].shape
+    count = len(firsts)
+    left = torch.stack(firsts).transpose(2, 3).reshape(count, a1 * c1, bond)
+    right = torch.stack(lasts).transpose(1, 2).reshape(count, bond, a2 * c2)
+    product = torch.bmm(left, right).view(count, a1, c1, a2, c2)
+    return product.transpose(2, 3).reshape(count, a1 * a2, c1 * c2).unbind(0)
 
 
 def first_core_first(first, last):

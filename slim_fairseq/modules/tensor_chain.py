@@ -6,6 +6,7 @@ ones ``[a_i, b, b, c_i]`` and the last ``[a_n, b, c_n]`` (an open chain). For ``
 ``W[(i1, i2), (k1, k2)] = sum_j A[i1, j, k1] B[i2, j, k2]``. Row/column multi-indices are
 row-major (``i_1`` most significant).
 """
+import contextlib
 import math
 import warnings
 
@@ -16,7 +17,8 @@ from slim_fairseq.modules.tc_autograd import (chain_contract_input_of, chain_val
                                               mark_recomputable)
 from slim_fairseq.modules import tensor_chain_policy
 from slim_fairseq.modules.tc_contraction import (  # noqa: F401  (the chain's arithmetic, re-exported)
-    contract_input, contract_pair, contract_pair_rows, first_core_first, materialise, row_block)
+    contract_input, contract_pair, contract_pair_rows, first_core_first, materialise,
+    materialise_pairs, row_block)
 from slim_fairseq.modules.tensor_chain_policy import BackwardModeMixin
 from slim_fairseq.option_errors import option_error
 
@@ -163,17 +165,40 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
                 f"bias={self.bias is not None}")
 
     def full_weight(self):
-        """The materialised ``[in_features, out_features]`` matrix (``y = x @ W``)."""
-        return materialise(list(self.cores))
+        """The materialised ``[in_features, out_features]`` matrix (``y = x @ W``), or the one
+        :func:`built_together` made for this forward."""
+        built = self.__dict__.get("_built")
+        return built if built is not None else materialise(list(self.cores))
+
+    def inference_weight(self):
+        """:meth:`full_weight`, built once and reused while no gradient is recorded in eval
+        mode and the cores are the same tensors, unmodified, in the same autocast state (a
+        decoding step then multiplies by W instead of rebuilding it). Training mode, or a
+        gradient through the cores, builds W at every call."""
+        if self.training or (torch.is_grad_enabled() and self.cores[0].requires_grad):
+            return self.full_weight()
+        device_type = self.cores[0].device.type
+        autocast = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)) \
+            if device_type in ("cpu", "cuda") else None
+        key = (tuple((core.data_ptr(), core._version, core.dtype) for core in self.cores), autocast)
+        cached = self.__dict__.get("_inference_weight")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_inference_weight"] = (key, self.full_weight())
+        return cached[1]
+
+    def train(self, mode=True):
+        self.__dict__.pop("_inference_weight", None)  # parameters change in training
+        return super().train(mode)
 
     @property
     def weight(self):
         """``nn.Linear``-layout weight ``[out_features, in_features]`` (materialised)."""
-        return self.full_weight().t()
+        return self.inference_weight().t()
 
-    def cost_ratio(self, rows):
-        """Multiply-adds of materialising W and multiplying (N_a N_c (b + rows)) divided by
-        those of contracting the input core by core (rows x the per-core contraction sizes)."""
+    def cost_ratio(self, rows, weight_built=False):
+        """Multiply-adds of materialising W and multiplying (N_a N_c (b + rows); with W already
+        built, N_a N_c rows) divided by those of contracting the input core by core (rows x the
+        per-core contraction sizes)."""
         na, nc, b = self.in_features, self.out_features, self.bond
         contract_cost = 0
         cols, remaining = 1, na
@@ -183,23 +208,29 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
             contract_cost += remaining * cols * bond_in * c * bond_out
             remaining //= a
             cols *= c
-        return na * nc * (b + rows) / (rows * contract_cost)
+        return na * nc * ((0 if weight_built else b) + rows) / (rows * contract_cost)
 
-    def use_contraction(self, rows, like=None):
-        """Whether to contract the input rather than materialise W for this many rows: as
+    def reuses_weight(self):
+        """Whether :meth:`inference_weight` keeps W (eval mode, no gradient recorded)."""
+        return not self.training and not (torch.is_grad_enabled() and self.cores[0].requires_grad)
+
+    def use_contraction(self, rows, like=None, weight_built=False):
+        """Whether to contract the input rather than multiply by W for this many rows: as
         ``forward_mode`` says, or for "auto" as the policy of the device and compute dtype of
         ``like`` (the input; default the cores) expects to be faster
-        (:mod:`~slim_fairseq.modules.tensor_chain_policy`)."""
+        (:mod:`~slim_fairseq.modules.tensor_chain_policy`); ``weight_built``: W is kept from
+        an earlier call, so multiplying by it costs only the product."""
         if self.forward_mode != "auto":
             return self.forward_mode == "contract"
-        materialise_macs = self.in_features * self.out_features * (self.bond + rows)
-        return tensor_chain_policy.contract_pays(self.cost_ratio(rows), materialise_macs, rows,
+        materialise_macs = self.in_features * self.out_features * ((0 if weight_built else self.bond) + rows)
+        return tensor_chain_policy.contract_pays(self.cost_ratio(rows, weight_built), materialise_macs, rows,
                                                  *tensor_chain_policy.target(self.cores[0] if like is None else like))
 
     def forward(self, x):
         shape = x.shape
         x2d = x.reshape(-1, self.in_features)
-        if self.use_contraction(x2d.shape[0], x2d):
+        reuse = self.reuses_weight()
+        if self.use_contraction(x2d.shape[0], x2d, weight_built=reuse):
             recompute = torch.is_grad_enabled() and self.recompute_in_backward
             if recompute:
                 # keeps only x2d (or what rebuilds it) and the cores for backward
@@ -212,7 +243,8 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
                 return mark_recomputable(y.reshape(*shape[:-1], self.out_features), chain_value,
                                          x2d, self.bias, *self.cores)
         else:
-            y = linear_input_of(x, x2d, self.full_weight(), self.bias)
+            weight = self.inference_weight() if reuse else self.full_weight()
+            y = linear_input_of(x, x2d, weight, self.bias)
         return y.reshape(*shape[:-1], self.out_features)
 
     @torch.no_grad()
@@ -247,6 +279,33 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         if bias is not None:
             module.bias.copy_(bias)
         return module
+
+
+@contextlib.contextmanager
+def built_together(chains, rows, like):
+    """Inside the block, the two-core chains of ``chains`` that share a shape and will multiply
+    ``rows`` rows of ``like`` by their weight, with a gradient recorded, use weights built in one
+    batched product (:func:`materialise_pairs`): the queries', keys' and values' projections of
+    an attention, a GLU's two input linears. Elsewhere (no gradient, contraction, one chain of a
+    shape) each builds its own."""
+    groups = {}
+    if torch.is_grad_enabled():
+        for chain in chains:
+            if (isinstance(chain, TensorChainLinear) and chain.length == 2
+                    and chain.cores[0].requires_grad and not chain.use_contraction(rows, like)):
+                key = (tuple(core.shape for core in chain.cores), chain.cores[0].dtype)
+                groups.setdefault(key, []).append(chain)
+    grouped = [group for group in groups.values() if len(group) > 1]
+    try:
+        for group in grouped:
+            weights = materialise_pairs([c.cores[0] for c in group], [c.cores[1] for c in group])
+            for chain, weight in zip(group, weights):
+                chain.__dict__["_built"] = weight
+        yield
+    finally:
+        for group in grouped:
+            for chain in group:
+                chain.__dict__.pop("_built", None)
 
 
 def tt_svd(w, in_factors, out_factors, bond):

@@ -4,10 +4,10 @@ backward keeps. One table per device type and compute dtype (:data:`POLICIES`); 
 :func:`contract_pays`, :func:`block_rows` and :func:`recompute_backward`.
 
 The CPU entries were measured (scripts/tc_forward_timing.py and docs/RESULTS.md, "Tensor-Chain
-rows in blocks" and "``--tc-backward store``"). The CUDA entries are reasoned defaults, each
-with its reason below, until the device check (``make gpu-check``, docs/GPU.md) has measured
-both ways on a GPU.
+rows in blocks" and "``--tc-backward store``"); the CUDA entries by the device check on an
+H100 (docs/gpu/h100-2026-11-27/, docs/GPU.md#how-tensor-chains-choose).
 """
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -33,7 +33,9 @@ class ChainPolicy:
     (batches of at most ``small_batch_rows`` rows) or ``contract_large`` times its multiply-adds
     and saves at least ``min_saved_macs`` multiply-adds; ``row_blocks``: two-core contractions
     run over cache-sized blocks of rows; ``recompute_backward``: what ``--tc-backward auto``
-    picks (True: keep only the input and the cores, recompute the intermediates)."""
+    picks (True: keep only the input and the cores, recompute the intermediates);
+    ``recompute_dense``: what a dense GLU keeps (True: its two hidden inputs only, recomputing the
+    activation and its output in backward; False: plain autograd, no recomputation)."""
     small_batch_rows: int
     contract_small: float
     contract_large: float
@@ -41,6 +43,7 @@ class ChainPolicy:
     row_blocks: bool
     recompute_backward: bool
     why: str
+    recompute_dense: bool = True
 
 
 CPU_POLICY = ChainPolicy(
@@ -51,25 +54,26 @@ CPU_POLICY = ChainPolicy(
         "(scripts/tc_forward_timing.py); row blocks 1.3-1.5x faster; storing the intermediates "
         "bought no speed measurable against noise for 1.4-1.8x the memory")
 
-# A GPU runs one dense GEMM near its peak, while a contraction is a chain of small matmuls with
-# inner dimensions of a few dozen plus layout copies: memory-bound, and about twice the kernel
-# launches of materialising W (an einsum) and one GEMM. Small batches (generation) are bound by
-# launches either way, so the contraction must save real work (min_saved_macs, about a few
-# microseconds of GEMM) and not only a ratio. In fp16 / bf16 tensor cores make the GEMM ~8x
-# faster than in fp32 while the contraction stays memory-bound, so the ratio it needs is higher.
-# Row blocks: on a GPU each block costs launches of its own for work one launch does. Backward:
-# memory is what limits a GPU's batch; recomputing a two-core chain's intermediate costs one
-# small matmul.
-_CUDA_WHY = ("reasoned default, not yet measured: a dense GEMM runs near the GPU's peak while a "
-             "contraction is small memory-bound matmuls with twice the kernel launches; no row "
-             "blocks (launches of their own for work one launch does); backward recomputes "
-             "(memory limits the batch)")
+# CUDA, measured on an H100 (docs/gpu/h100-2026-11-27/): inside the models, fp16 training with
+# materialised chains ran 1.06x (d 512) and 1.56-1.81x (d 1024) as fast as with contractions,
+# and generation with the weights built once (the dense export) at 0.84-1.21x fairseq's
+# transformer against 0.30-0.72x rebuilding them; the chains alone (50 shapes x rows per dtype)
+# ran both ways within each other's noise, launch-bound. So a chain on CUDA always multiplies by
+# W (built once per step in training, once per weight in eval mode: TensorChainLinear.
+# inference_weight). Backward: keeping the contraction's intermediates (store) trained 1.13-1.29x
+# as fast for 4.1-6.9x the peak memory; recompute stays the default for --tc-forward contract.
+# A dense GLU uses plain autograd on CUDA: an H200 step of stlm_tied fell from 0.92x to 0.62x
+# transformer_lm's speed between 8,192 and 32,768 tokens, where elementwise passes over the
+# hidden layer (its recomputation among them) grow with the batch.
+_CUDA_WHY = ("measured on an H100 (docs/gpu/h100-2026-11-27/): materialised chains trained "
+             "1.06-1.81x as fast as contracted ones in fp16 and generate from W built once; no row "
+             "blocks; a forced contraction recomputes in backward (store: 1.13-1.29x the speed for "
+             "4.1-6.9x the memory); a dense GLU recomputes nothing (elementwise passes grow with "
+             "the batch)")
 CUDA_FP32_POLICY = ChainPolicy(
-    small_batch_rows=256, contract_small=4.0, contract_large=4.0, min_saved_macs=1e8,
-    row_blocks=False, recompute_backward=True, why=_CUDA_WHY)
-CUDA_HALF_POLICY = ChainPolicy(
-    small_batch_rows=256, contract_small=16.0, contract_large=16.0, min_saved_macs=1e9,
-    row_blocks=False, recompute_backward=True, why=_CUDA_WHY + "; fp16/bf16 GEMMs run on tensor cores")
+    small_batch_rows=256, contract_small=math.inf, contract_large=math.inf, min_saved_macs=0.0,
+    row_blocks=False, recompute_backward=True, why=_CUDA_WHY, recompute_dense=False)
+CUDA_HALF_POLICY = CUDA_FP32_POLICY
 
 POLICIES = {
     ("cpu", torch.float32): CPU_POLICY,
@@ -90,9 +94,26 @@ def policy_for(device_type, dtype):
     return POLICIES[(device_type, dtype)]
 
 
+_ASSUMED = []  # (device type, dtype) that :func:`target` answers instead, innermost last
+
+
+@contextlib.contextmanager
+def assume_target(device_type, dtype):
+    """Inside the block, every chain chooses as on ``device_type`` in ``dtype`` wherever it runs:
+    the CPU's op counts of a model as it would run on CUDA
+    (slim_fairseq_lab/benchmark/op_count.py)."""
+    _ASSUMED.append((device_type, dtype))
+    try:
+        yield
+    finally:
+        _ASSUMED.pop()
+
+
 def target(like):
     """(device type, compute dtype) of work on tensor ``like``: autocast's dtype where autocast
-    is on for its device, else its own dtype."""
+    is on for its device, else its own dtype (or what :func:`assume_target` says)."""
+    if _ASSUMED:
+        return _ASSUMED[-1]
     # is_cuda / is_cpu: a few times cheaper than building like.device (this runs per layer call)
     device_type = "cuda" if like.is_cuda else "cpu" if like.is_cpu else like.device.type
     if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
@@ -105,6 +126,8 @@ def contract_pays(cost_ratio, materialise_macs, rows, device_type, dtype):
     materialise-and-multiply's multiply-adds (``materialise_macs``) over the contraction's."""
     policy = policy_for(device_type, dtype)
     needed = policy.contract_small if rows <= policy.small_batch_rows else policy.contract_large
+    if math.isinf(needed):
+        return False
     saved = materialise_macs * (1.0 - 1.0 / cost_ratio)
     return cost_ratio > needed and saved >= policy.min_saved_macs
 
@@ -143,7 +166,8 @@ class BackwardModeMixin:
     """``backward_mode`` (``--tc-backward``: auto | recompute | store) of a module whose backward
     can keep less by recomputing (a Tensor-Chain layer, a GLU), and the ``recompute_in_backward``
     it resolves to: for auto, the policy of the device and dtype of the module's parameters (and
-    of autocast, when on) if the module holds a chain; a module without one always recomputes."""
+    of autocast, when on): ``recompute_backward`` if the module holds a chain, else
+    ``recompute_dense``."""
 
     backward_mode = "auto"
 
@@ -154,9 +178,10 @@ class BackwardModeMixin:
         if "_has_chain" not in self.__dict__:  # the layers a module holds do not change
             self.__dict__["_has_chain"] = has_chain(self)
         param = next(self.parameters(), None)
-        if param is None or not self.__dict__["_has_chain"]:
+        if param is None:
             return True
-        return recompute_backward("auto", *target(param))
+        policy = policy_for(*target(param))
+        return policy.recompute_backward if self.__dict__["_has_chain"] else policy.recompute_dense
 
     @recompute_in_backward.setter
     def recompute_in_backward(self, value):
