@@ -18,7 +18,13 @@ Measured per model:
     the device's matmul peak, measured with a large GEMM in the same dtype;
   * generation tokens/s with fairseq's SequenceGenerator at each batch size and beam, every
     hypothesis forced to exactly --gen-len new tokens; translation sources are the first valid
-    sentences, language models start from the end-of-sentence token.
+    sentences, language models start from the end-of-sentence token;
+  * aten ops per training step and per decoding step, counted with torch.profiler on a batch of
+    8 x 32 tokens (slim_fairseq_lab/benchmark/op_count.py): the CPU's view of kernel launches,
+    which bound small models on a GPU.
+
+Every model is warmed up (one training step, one generation at every batch size and beam)
+before the timed repetitions; CUDA timings are synchronised.
 
 --dense-export adds, for every model with Tensor-Chain linears, a generation-only variant whose
 TC layers are exported with TensorChainLinear.to_dense(). --memory-breakdown and
@@ -69,7 +75,9 @@ def get_parser():
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens per training batch")
     p.add_argument("--num-batches", type=int, default=3, help="distinct training batches, cycled")
     p.add_argument("--steps", type=int, default=2, help="timed training steps per repetition")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (median)")
+    p.add_argument("--repeats", type=int,
+                   help="interleaved repetitions (median; default 5 on CUDA, 3 on the CPU), each after "
+                        "one untimed warm-up of every model and generation setting")
     p.add_argument("--batch-sizes", type=int_list, default=[1, 64], help="generation batch sizes")
     p.add_argument("--beams", type=int_list, default=[1, 5], help="generation beam sizes")
     p.add_argument("--gen-len", type=int, default=24, help="new tokens per generated sentence")
@@ -91,6 +99,9 @@ def get_parser():
     p.add_argument("--time-breakdown", action="store_true",
                    help="also time one training forward + backward by part (attention, feed-forward, "
                         "embeddings, output projection, rest), --repeats times (table.md)")
+    p.add_argument("--no-op-counts", action="store_true",
+                   help="skip the aten ops per training and decoding step (a batch of 8 x 32 tokens, "
+                        "torch.profiler; a proxy for kernel launches)")
     p.add_argument("--tc-one-pass", action="store_true",
                    help="run every Tensor-Chain contraction over the whole batch at once, without "
                         "the CPU row blocks (to measure what the blocks bring)")
@@ -143,6 +154,8 @@ def main(argv=None):
     torch.set_num_threads(threads)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.repeats is None:
+        args.repeats = 5 if args.device == "cuda" else 3
     out_dir = output_dir(args.name, args.out)
     os.makedirs(out_dir, exist_ok=True)
     specs.load_plugin()

@@ -345,6 +345,29 @@ def check_checkpoint_round_trip(arch, model, task, args, lm, directory):
     return 0.0
 
 
+# the checks that compare two computations of the same values (the float64 re-check repeats them)
+OUTPUT_CHECKS = ("incremental", "no_future_leak", "padding")
+
+
+def recheck_in_float64(results, arch, model, task, lm):
+    """Run every failed check of :data:`OUTPUT_CHECKS` in ``results`` (:func:`run_checks` of an
+    fp32 model) again on a float64 copy of the model and add what it measured: ``float64``, its
+    worst difference (None with ``float64_error`` when it fails there too). A check that passes
+    in float64 missed in fp32 by rounding or by a kernel of reduced precision (TF32); one that
+    fails in float64 too is wrong in every dtype."""
+    failed = [name for name in OUTPUT_CHECKS if name in results and not results[name]["ok"]]
+    if not failed:
+        return results
+    exact = copy.deepcopy(model).double()
+    for name in failed:
+        try:
+            results[name]["float64"] = CHECKS[name](arch, exact, task, lm)
+        except Exception as e:  # noqa: BLE001 -- reported next to the fp32 failure
+            results[name]["float64"] = None
+            results[name]["float64_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    return results
+
+
 # the checks in the order they run; gradients first (the eval-mode checks leave no state)
 CHECKS = {
     "gradients": check_gradients,

@@ -3,7 +3,9 @@
 On one CUDA GPU, within a time budget it enforces itself (default 7.5 minutes), it runs:
 
 1. the architecture contract (:mod:`slim_fairseq_lab.contract`) for one preset of every family
-   and fairseq's own two controls, in fp32, fp16 and bf16;
+   and fairseq's own two controls, in fp32, fp16 and bf16 (an fp32 check that fails is run
+   again on a float64 copy, and both numbers are reported: rounding or reduced precision passes
+   in float64, a wrong cache, mask or position does not);
 2. exact skipless weight removal (arXiv:2404.12362) on the device: max relative error in fp32;
 3. every Tensor-Chain layer shape of the benchmark models alone, materialised and contracted,
    against what the policy (:mod:`slim_fairseq.modules.tensor_chain_policy`) picks;
@@ -88,7 +90,7 @@ PROFILES = {
         train_workers=len(FAMILIES), fp16_extra=[],
         tc_shapes=gpu_check_bench.chain_shapes([512, 1024]), tc_rows=[1, 5, 64, 320, 4096], tc_repeats=5,
         bench_common=["--device", "cuda", "--layers", "6", "--max-tokens", "4096", "--num-batches", "2",
-                      "--steps", "2", "--repeats", "2", "--batch-sizes", "1,64", "--beams", "1,5",
+                      "--steps", "2", "--repeats", "5", "--batch-sizes", "1,64", "--beams", "1,5",
                       "--gen-len", "12", "--tokens-per-sample", "256"],
         bench_jobs=_bench_jobs(),
         stage_ends={"contract": 0.12, "removal": 0.14, "tc_layers": 0.20, "train": 0.40, "benchmark": 0.97}),
@@ -198,6 +200,8 @@ def stage_contract(profile, data, budget, out_dir):
             model = contract.fresh_copy(built).to(device=device, dtype=dtype)
             with tempfile.TemporaryDirectory() as directory:
                 checks = contract.run_checks(arch, model, task, args, lm, directory)
+            if dtype == torch.float32:
+                contract.recheck_in_float64(checks, arch, model, task, lm)
             results.append({"family": family, "arch": arch, "dtype": dtype_name, "checks": checks})
             log(f"contract {family} {dtype_name}: "
                 + ", ".join(f"{k} {'ok' if v['ok'] else 'FAILED'}" for k, v in checks.items()))

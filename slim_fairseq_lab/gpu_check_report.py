@@ -58,14 +58,20 @@ def _contract(stage):
     tol = stage["tolerances"]
     lines = ["Worst |Δ log-probability| (nats) of each check; tolerances per dtype: "
              + "; ".join(f"{d}: match {t['match']:g}, leak {t['leak']:g}" for d, t in tol.items())
-             + ". `gradients` shows the loss; `checkpoint` needs bit-identical outputs.", ""]
+             + ". `gradients` shows the loss; `checkpoint` needs bit-identical outputs. A check that "
+             "fails in fp32 is run again on a float64 copy of the model: passing there means fp32 "
+             "rounding or a reduced-precision kernel, failing there too means a wrong result.", ""]
     checks = list(stage["results"][0]["checks"]) if stage["results"] else []
     rows = []
     for r in stage["results"]:
         cells = [f"{r['family']} (`{r['arch']}`)", r["dtype"]]
         for name in checks:
             c = r["checks"][name]
-            cells.append(_num(c["value"]) if c["ok"] else f"**FAILED**: {c['error']}")
+            cell = _num(c["value"]) if c["ok"] else f"**FAILED**: {c['error']}"
+            if "float64" in c:
+                cell += ("; float64: " + _num(c["float64"]) if c["float64"] is not None
+                         else f"; float64 fails too: {c.get('float64_error')}")
+            cells.append(cell)
         rows.append(cells)
     return lines + _table(["model", "dtype", *checks], rows)
 
@@ -80,13 +86,16 @@ def _removal(stage):
 
 def _tc_layers(stage):
     lines = ["Each chain alone (cores and input in the dtype), best of the repetitions, ms. Training = "
-             "forward + backward; inference = forward without grad. `auto` = what the policy picks.", ""]
+             "forward + backward; inference = forward without grad in eval mode (a materialised W is "
+             "built once). `auto` = what the policy picks for training / inference.", ""]
     rows = []
     for r in stage["results"]:
         rows.append([r["dtype"], f"{r['shape']} b{r['bond']}", r["rows"], f"{r['cost_ratio']:.2f}",
                      f"{1e3 * r['train_materialise']:.3f}", f"{1e3 * r['train_contract']:.3f}",
                      f"{1e3 * r['train_contract_store']:.3f}", f"{1e3 * r['infer_materialise']:.3f}",
-                     f"{1e3 * r['infer_contract']:.3f}", r["auto"]])
+                     f"{1e3 * r['infer_contract']:.3f}",
+                     r["auto"] + ("" if r.get("auto_infer", r["auto"]) == r["auto"]
+                                  else f" / {r['auto_infer']}")])
     lines += _table(["dtype", "chain", "rows", "cost ratio", "train mat", "train con", "train con+store",
                      "infer mat", "infer con", "auto"], rows)
     lines += ["", "Against the policy (`slim_fairseq/modules/tensor_chain_policy.py`): how often its "
@@ -100,7 +109,13 @@ def _tc_layers(stage):
             return "—"
         return f"{entry['threshold']:.2f} ({entry['wrong']} of {entry['cases']} wrong)"
 
-    for dtype, s in stage["summary"].items():
+    summary = stage.get("summary") or {}
+    if not summary and stage.get("results"):
+        from slim_fairseq_lab.gpu_check_bench import sweep_summary
+        summary = sweep_summary(stage["results"])
+    if not summary:
+        return lines[:-3] + ["", "No chain was timed before the stage's deadline."]
+    for dtype, s in summary.items():
         p = stage["policies"][dtype]
         rows.append([dtype, f"{s['train_agree']}/{s['cases']}", f"{s['infer_agree']}/{s['cases']}",
                      f"{s['store_faster']}/{s['cases']}", suggested(s["suggested_small"]),

@@ -29,6 +29,7 @@ class Entry:
         self.saved_by_module = None  # module -> bytes kept for backward (--memory-breakdown)
         self.time_by_part = []  # per repetition: part -> forward / backward seconds (--time-breakdown)
         self.gen = {}  # (batch, beam) -> [tokens/s per repetition]
+        self.ops = None  # {"train": {"all", "top"}, "decode": {...}}: aten ops per step
 
 
 def count_parameters(model):
@@ -61,6 +62,19 @@ def export_dense(model):
         if hasattr(module, "init_incremental_state"):
             module.init_incremental_state()
     return exported
+
+
+def count_step_ops(entry, task, device):
+    """Aten ops of one training step and one decoding step of the entry's model
+    (:mod:`slim_fairseq_lab.benchmark.op_count`: a batch of 8 x 32 tokens, Tensor Chains as on
+    CUDA in fp16), on the benchmark's device; the model's weights are left as they were."""
+    from dataclasses import asdict
+    from slim_fairseq_lab.benchmark import op_count
+    shape = op_count.OpShape()
+    sample = to_device(op_count.op_batch(task, entry.lm, shape), device)
+    counts = op_count.step_op_counts(entry.model, entry.criterion, sample, entry.lm, shape)
+    entry.model.zero_grad(set_to_none=True)
+    entry.ops = {step: asdict(count) for step, count in counts.items()}
 
 
 def synchronize(device):

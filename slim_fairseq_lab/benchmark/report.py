@@ -52,6 +52,13 @@ def median_parts(repetitions):
             for part in dict.fromkeys(p for rep in repetitions for p in rep)}
 
 
+def ops_ratio(entry, base, step):
+    """Aten ops (top-level) of one step of ``entry`` over the baseline's, or None."""
+    if not entry.ops or not base.ops:
+        return None
+    return ratio(entry.ops[step]["top"], base.ops[step]["top"])
+
+
 def summarise(entries, args, peaks):
     gen_keys = [(b, k) for b in args.batch_sizes for k in args.beams]
     baselines = {e.lm: e for e in entries if e.baseline}
@@ -72,6 +79,7 @@ def summarise(entries, args, peaks):
             "saved_by_module": e.saved_by_module,
             "time_by_part": median_parts(e.time_by_part),
             "time_by_part_all": e.time_by_part,
+            "ops": e.ops,
             "generation_tokens_per_s": {f"b{b}_beam{k}": median(e.gen.get((b, k), [])) for b, k in gen_keys},
             "generation_tokens_per_s_all": {f"b{b}_beam{k}": e.gen.get((b, k), []) for b, k in gen_keys},
             "ratios": {
@@ -79,6 +87,8 @@ def summarise(entries, args, peaks):
                 "non_embedding_params": ratio(e.non_embedding, base.non_embedding),
                 "train_tokens_per_s": paired_ratio(e.train_tps, base.train_tps),
                 "peak_memory": ratio(e.peak_bytes, base.peak_bytes),
+                "ops_train": ops_ratio(e, base, "train"),
+                "ops_decode": ops_ratio(e, base, "decode"),
                 **{f"gen_b{b}_beam{k}": paired_ratio(e.gen.get((b, k), []), base.gen.get((b, k), []))
                    for b, k in gen_keys},
             },
@@ -162,8 +172,10 @@ def markdown_table(rows, args, peaks, threads):
     lines.append("Ratios vs the fairseq baseline of the same task and shape (higher = faster / larger; "
                  "speed ratios are medians of per-repetition ratios):")
     lines.append("")
+    ops = any(r.get("ops") for r in rows)
     head = ["model", "params", "non-emb params", "train tok/s", "peak mem"]
     head += [f"gen b{b} beam{k}" for b, k in gen_keys]
+    head += ["ops/train step", "ops/decode step"] if ops else []
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for r in rows:
@@ -172,10 +184,12 @@ def markdown_table(rows, args, peaks, threads):
                  fmt_ratio(q["non_embedding_params"]), fmt_ratio(q["train_tokens_per_s"]),
                  fmt_ratio(q["peak_memory"])]
         cells += [fmt_ratio(q[f"gen_b{b}_beam{k}"]) for b, k in gen_keys]
+        cells += [fmt_ratio(q.get("ops_train")), fmt_ratio(q.get("ops_decode"))] if ops else []
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Absolute numbers:", ""]
     head = ["model", "arch", "params", "non-emb", "train tok/s", "GFLOP/s", "% of peak", "peak MiB"]
     head += [f"gen tok/s b{b} beam{k}" for b, k in gen_keys]
+    head += ["ops/train step", "ops/decode step"] if ops else []
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for r in rows:
@@ -186,7 +200,16 @@ def markdown_table(rows, args, peaks, threads):
                  "—" if frac is None else f"{100 * frac:.0f}%",
                  "—" if mem is None else fmt_num(mem / 2 ** 20)]
         cells += [fmt_num(r["generation_tokens_per_s"][f"b{b}_beam{k}"]) for b, k in gen_keys]
+        if ops:
+            step_ops = r.get("ops") or {}
+            cells += [fmt_num(step_ops.get(step, {}).get("top"), 1 if step == "decode" else 0)
+                      for step in ("train", "decode")]
         lines.append("| " + " | ".join(cells) + " |")
+    if ops:
+        lines += ["", "ops: aten ops of one training step (forward, loss, backward) and one decoding "
+                  "step on a batch of 8 x 32 tokens, counted with torch.profiler on "
+                  f"{peaks['device']} (each op called from Python or autograd once; "
+                  "slim_fairseq_lab/benchmark/op_count.py): a proxy for kernel launches."]
     lines += breakdown_table(rows)
     lines += time_breakdown_table(rows)
     if args.pair:
@@ -216,6 +239,7 @@ def entries_from_results(rows):
                   export_of=r["dense_export_of"])
         e.params, e.non_embedding, e.peak_bytes = r["params"], r["non_embedding_params"], r["peak_memory_bytes"]
         e.saved_by_module = r.get("saved_by_module")
+        e.ops = r.get("ops")
         e.time_by_part = r.get("time_by_part_all") or []
         e.train_tps = r["train_tokens_per_s_all"]
         e.train_gflops = r.get("train_gflops_all") or ([r["train_gflops"]] if r["train_gflops"] else [])

@@ -83,6 +83,15 @@ def build_entries(model_specs, kinds, task_of, args, device):
     return entries
 
 
+def count_ops(entries, task_of, args, device):
+    """Aten ops per training step and per decoding step of every model (before anything else
+    changes its weights or dtype)."""
+    for e in entries:
+        measure.count_step_ops(e, task_of[e.lm], device)
+        log(f"{e.label}: {e.ops['train']['top']:,.0f} ops per training step, "
+            f"{e.ops['decode']['top']:,.1f} per decoding step")
+
+
 def measure_step_costs(entries, batches_of, args, device, dtype):
     """The one-off measurements of a training step (not timed): FLOPs per batch and peak memory
     (with --memory-breakdown, the activations each module keeps)."""
@@ -143,9 +152,13 @@ def time_generation(entries, kinds, task_of, args, device, dtype):
                for lm in kinds for b in args.batch_sizes}
     first = (args.batch_sizes[0], args.beams[0])
     with torch.no_grad():
-        for e in gen_entries:  # warm-up (first-call allocations, lazy init)
-            measure.generation_repetition(task_of[e.lm], e, samples[(e.lm, first[0])], first[1],
-                                          min(4, args.gen_len), device)
+        # warm-up of every model at every batch size and beam before the timed repetitions:
+        # first calls of a shape (allocations, kernel choice, weights built once) are not timed
+        for e in gen_entries:
+            for b in args.batch_sizes:
+                for k in args.beams:
+                    measure.generation_repetition(task_of[e.lm], e, samples[(e.lm, b)], k,
+                                                  min(4, args.gen_len), device)
         for rep in range(args.repeats):
             for b in args.batch_sizes:
                 for k in args.beams:
@@ -164,6 +177,8 @@ def run_benchmark(args, command_line, threads, device, dtype, out_dir):
     kinds = sorted({specs.is_language_model(arch) for _, arch, _ in model_specs})
     task_of, batches_of = load_tasks(kinds, args, device)
     entries = build_entries(model_specs, kinds, task_of, args, device)
+    if not args.no_op_counts:
+        count_ops(entries, task_of, args, device)
 
     peaks = {"device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({threads} threads)"}
     gemm = args.gemm_size = args.gemm_size or measure.default_gemm_size(cuda=device.type == "cuda")

@@ -1,0 +1,213 @@
+"""Aten ops per training step and per decoding step: the CPU's view of how many kernels a model
+launches on a GPU, where small models are bound by launches and Python rather than arithmetic
+(docs/GPU.md). Counted with ``torch.profiler`` on the CPU, so CI can hold the count down
+without a GPU (tests/test_op_counts.py) and the benchmark reports it next to its timings.
+
+Two counts of the same run:
+
+* ``all``: every ``aten::`` event the profiler records, ops called inside other ops included
+  (``aten::linear`` and the ``aten::addmm`` it calls count twice);
+* ``top``: the ops called from Python or from autograd's backward, each once, without the ops
+  they call inside. An op in :data:`FUSED_ON_CUDA` counts once forward and once backward: torch
+  runs it as one CUDA kernel each way (``_fused_rms_norm``, ``_fused_rms_norm_backward``), while
+  its CPU build has no kernel for it and runs, and differentiates, its decomposition (a dozen
+  ops each way for ``F.rms_norm``).
+
+Training is forward + loss + backward of one batch (no optimizer step); decoding is the mean
+over steps of one incremental step of the decoder (the encoder output computed beforehand),
+output projection included. Tensor-Chain layers choose their path as on CUDA in fp16
+(``tensor_chain_policy.assume_target``): the CPU's own choice (contraction over blocks of rows)
+runs other ops than a GPU does.
+"""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class OpShape:
+    """The shape of a count: model width, layers (each side), heads, FFN width; a batch of
+    ``batch`` sequences of ``length`` tokens (sources and targets); ``decode_steps``
+    incremental steps averaged."""
+    dim: int = 128
+    layers: int = 3
+    heads: int = 4
+    ffn: int = 512
+    batch: int = 8
+    length: int = 32
+    decode_steps: int = 8
+
+
+@dataclass(frozen=True)
+class OpCount:
+    all: float
+    top: float
+
+    def __truediv__(self, other):
+        return OpCount(self.all / other.all, self.top / other.top)
+
+
+#: ops that are one CUDA kernel forward and one backward, but a decomposition on the CPU
+FUSED_ON_CUDA = ("aten::rms_norm",)
+_BACKWARD = "autograd::engine::evaluate_function"
+
+
+def _aten_ancestor(event):
+    parent = event.cpu_parent
+    while parent is not None and not parent.name.startswith("aten::"):
+        parent = parent.cpu_parent
+    return parent
+
+
+def _backward_node(event):
+    parent = event.cpu_parent
+    while parent is not None and not parent.name.startswith(_BACKWARD):
+        parent = parent.cpu_parent
+    return parent
+
+
+def _descendants(event):
+    stack = list(event.cpu_children)
+    while stack:
+        child = stack.pop()
+        yield child
+        stack.extend(child.cpu_children)
+
+
+def count_ops(fn, repeats=1):
+    """:class:`OpCount` of ``fn()`` (divided by ``repeats``, the calls ``fn`` makes)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    aten = [e for e in events if e.name.startswith("aten::")]
+    top = [e for e in aten if _aten_ancestor(e) is None]
+    # the autograd nodes a fused op made: sequence numbers from its own to the next op's
+    fused_nodes = {}
+    for i, event in enumerate(top):
+        if event.name not in FUSED_ON_CUDA:
+            continue
+        numbers = [e.sequence_nr for e in (event, *_descendants(event)) if e.sequence_nr >= 0]
+        after = next((e.sequence_nr for e in top[i + 1:] if e.sequence_nr >= 0
+                      and e.time_range.start >= event.time_range.end), max(numbers, default=-1) + 1)
+        for number in range(min(numbers, default=0), after):
+            fused_nodes[number] = event
+    count, fused_backward = 0, set()
+    for event in top:
+        node = _backward_node(event)
+        if node is not None and node.sequence_nr in fused_nodes:
+            fused_backward.add(id(fused_nodes[node.sequence_nr]))
+        else:
+            count += 1
+    return OpCount(len(aten) / repeats, (count + len(fused_backward)) / repeats)
+
+
+def shape_argv(lm, shape):
+    """fairseq flags of ``shape`` for a language model or an encoder-decoder."""
+    argv = []
+    for side in ("decoder",) if lm else ("encoder", "decoder"):
+        argv += [f"--{side}-embed-dim", str(shape.dim), f"--{side}-layers", str(shape.layers),
+                 f"--{side}-attention-heads", str(shape.heads),
+                 f"--{side}-ffn-embed-dim", str(shape.ffn)]
+    if lm:
+        argv += ["--decoder-input-dim", str(shape.dim), "--decoder-output-dim", str(shape.dim)]
+    return argv
+
+
+def op_batch(task, lm, shape, seed=0):
+    """A training sample of ``shape.batch`` random sequences of ``shape.length`` tokens, no
+    padding."""
+    dictionary = task.target_dictionary
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(dictionary.nspecial, len(dictionary), (shape.batch, shape.length),
+                           generator=generator)
+    net_input = {"src_tokens": tokens, "src_lengths": torch.full((shape.batch,), shape.length)}
+    if not lm:
+        net_input["src_tokens"] = torch.randint(task.source_dictionary.nspecial,
+                                                len(task.source_dictionary),
+                                                (shape.batch, shape.length), generator=generator)
+        net_input["prev_output_tokens"] = tokens
+    return {"id": torch.arange(shape.batch), "nsentences": shape.batch,
+            "ntokens": shape.batch * shape.length, "net_input": net_input, "target": tokens}
+
+
+def step_op_counts(model, criterion, sample, lm, shape, target=("cuda", torch.float16)):
+    """{"train": OpCount, "decode": OpCount} of ``model`` on ``sample`` (:func:`op_batch`), each
+    counted after one untimed run of the same step (first calls build caches); Tensor Chains
+    choose as on ``target`` (device type, dtype; None: as on the CPU)."""
+    from slim_fairseq.modules import tensor_chain_policy
+    if target is None:
+        return _step_op_counts(model, criterion, sample, lm, shape)
+    with tensor_chain_policy.assume_target(*target):
+        return _step_op_counts(model, criterion, sample, lm, shape)
+
+
+def _step_op_counts(model, criterion, sample, lm, shape):
+    model.train()
+
+    def train():
+        loss, _, _ = criterion(model, sample)
+        loss.backward()
+
+    train()
+    counts = {"train": count_ops(train)}
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    net_input = sample["net_input"]
+    tokens = net_input["prev_output_tokens"] if not lm else net_input["src_tokens"]
+    with torch.no_grad():
+        extra = {}
+        if not lm:
+            extra["encoder_out"] = model.encoder(net_input["src_tokens"],
+                                                 src_lengths=net_input["src_lengths"])
+
+        def decode():
+            state = {}
+            for t in range(shape.decode_steps):
+                model.decoder(tokens[:, :t + 1], incremental_state=state, **extra)
+
+        decode()
+        counts["decode"] = count_ops(decode, repeats=shape.decode_steps)
+    return counts
+
+
+#: fairseq's model each plugin model is counted against (pre-norm, as slim_lm is), and the flags
+#: that make it so
+BASELINES = {True: ("transformer_lm", ["--decoder-normalize-before"]), False: ("transformer", [])}
+
+
+def compare(build, models, shape=OpShape()):
+    """{arch: {"train": OpCount, "decode": OpCount, "ratio_train": OpCount, "ratio_decode":
+    OpCount}} for ``models`` ({arch: is a language model}) and fairseq's baselines, each model
+    built at ``shape`` by ``build(arch, overrides, lm) -> (args, task, model)``; ratios are
+    against the baseline of the same task."""
+    counts = {}
+    wanted = dict(models)
+    for lm in set(models.values()):
+        wanted.setdefault(BASELINES[lm][0], lm)
+    for arch, lm in wanted.items():
+        extra = BASELINES[lm][1] if arch == BASELINES[lm][0] else []
+        args, task, model = build(arch, shape_argv(lm, shape) + extra, lm)
+        counts[arch] = step_op_counts(model, task.build_criterion(args), op_batch(task, lm, shape),
+                                      lm, shape)
+    for arch, lm in wanted.items():
+        base = counts[BASELINES[lm][0]]
+        counts[arch]["ratio_train"] = counts[arch]["train"] / base["train"]
+        counts[arch]["ratio_decode"] = counts[arch]["decode"] / base["decode"]
+    return counts
+
+
+def markdown(counts, models):
+    """A markdown table of :func:`compare`'s counts: per model, ops per training and decoding
+    step (top-level and all) and the ratios against its baseline."""
+    lines = ["| model | against | train: top | train: all | decode: top | decode: all | "
+             "train × | decode × | train × (all) | decode × (all) |", "|" + "---|" * 10]
+    baselines = [BASELINES[lm][0] for lm in sorted(set(models.values()))]
+    for arch in baselines + [a for a in models if a not in baselines]:
+        c = counts[arch]
+        base = BASELINES[models.get(arch, arch == "transformer_lm")][0]
+        lines.append(f"| {arch} | {base} | {c['train'].top:,.0f} | {c['train'].all:,.0f} | "
+                     f"{c['decode'].top:,.1f} | {c['decode'].all:,.1f} | {c['ratio_train'].top:.2f} | "
+                     f"{c['ratio_decode'].top:.2f} | {c['ratio_train'].all:.2f} | "
+                     f"{c['ratio_decode'].all:.2f} |")
+    return "\n".join(lines)
