@@ -14,8 +14,13 @@
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# the recipe's name, for its error lines (also in the Python snippets it runs)
+RECIPE_NAME="$(basename "$0")"
+export RECIPE_NAME
+
+# die MESSAGE: the one error line every recipe prints, "PROGRAM: error: MESSAGE", and exit 1
 die() {
-    printf 'error: %s\n' "$*" >&2
+    printf '%s: error: %s\n' "$(basename "$0")" "$*" >&2
     exit 1
 }
 
@@ -115,8 +120,8 @@ PREPARE_OPTIONS=(
 # the length filter of the training pairs (clean_corpus) in the translation prepare scripts
 # shellcheck disable=SC2034  # read by the prepare scripts
 FILTER_OPTIONS=(
-    "--max-len value MAX_LEN"
-    "--ratio value RATIO"
+    "--max-len value MAX_LEN count"
+    "--ratio value RATIO positive"
 )
 
 # use_raw_dir: RAW_DIR (given with --raw-dir) as an absolute path, or a one-line error
@@ -290,102 +295,33 @@ parse_size() {
 # the command line: one parser for every recipe
 #
 # parse_options DECLARATION... -- ARGS...: reads ARGS with the DECLARATIONs, one string per
-# option (a recipe keeps them in an array: parse_options "${OPTIONS[@]}" -- "$@").
-# `--name=V` and `--name V` are the same option everywhere.
-#   "--name value VAR"       --name V: VAR=V (V may not be empty or start with --)
-#   "--name append VAR"      the same, repeatable: V is appended to the array VAR
-#   "--name flag VAR"        --name: VAR=1
-#   "--name set VAR VALUE"   --name: VAR=VALUE
-#   "--name one VAR VALUE"   as set; VAR may be set by one of its options only (another option
-#                            that sets it is an error naming both)
-#   "--name refuse WHY"      an error "--name: WHY", whatever the spelling
-#   "@positional VAR..."     the arguments that are not options fill VAR... in order
-#   "@unknown pass ARRAY"    undeclared options, and arguments beyond the @positional ones, are
-#                            appended to ARRAY as written (for the fairseq tool the recipe runs);
-#                            without it they are an error
-#   "@help FUNCTION"         what -h / --help prints before exiting 0 (default: usage)
-# Variables are assigned in the caller's scope (its locals included).
+# option (a recipe keeps them in an array: parse_options "${OPTIONS[@]}" -- "$@"), and assigns
+# the variables they name in the caller's scope (its locals included). The parser is
+# slim_fairseq_lab/recipe_options.py, whose docstring gives the declarations:
+#   "--name value VAR [TYPE]", "--name append VAR [TYPE]", "--name flag VAR",
+#   "--name set VAR VALUE", "--name one VAR VALUE", "--name refuse WHY",
+#   "@positional VAR...", "@unknown pass ARRAY", "@help FUNCTION";
+# TYPE: count, whole, positive, fraction, size or choice:a|b|c. Errors are one line, exit 2.
 parse_options() {
-    local _po_line _po_word _po_name _po_value _po_has_value _po_kind _po_var
-    local _po_rest _po_unknown="" _po_help=usage
-    local -a _po_decls=() _po_slots=()
-    local -A _po_kinds=() _po_args=() _po_set_by=()
-    while [[ $# -gt 0 && "$1" != -- ]]; do
-        _po_decls+=("$1")
-        shift
-    done
-    [[ $# -gt 0 ]] || die "parse_options: no '--' after the declarations"
-    shift
-    for _po_line in "${_po_decls[@]}"; do
-        read -r _po_name _po_kind _po_rest <<<"$_po_line"
-        case "$_po_name" in
-            @positional) read -ra _po_slots <<<"$_po_kind $_po_rest" ;;
-            @unknown)
-                [[ "$_po_kind" == pass && -n "$_po_rest" ]] || die "parse_options: bad declaration '$_po_line'"
-                _po_unknown="$_po_rest" ;;
-            @help) _po_help="$_po_kind" ;;
-            --*)
-                case "$_po_kind" in
-                    value | append | flag | set | one | refuse) ;;
-                    *) die "parse_options: bad declaration '$_po_line'" ;;
-                esac
-                _po_kinds[$_po_name]="$_po_kind"
-                _po_args[$_po_name]="$_po_rest" ;;
-            *) die "parse_options: bad declaration '$_po_line'" ;;
-        esac
-    done
-    while [[ $# -gt 0 ]]; do
-        _po_word="$1"
-        shift
-        case "$_po_word" in
-            -h | --help)
-                "$_po_help"
-                exit 0 ;;
-            --*=*) _po_name="${_po_word%%=*}" _po_value="${_po_word#*=}" _po_has_value=1 ;;
-            -?*) _po_name="$_po_word" _po_value="" _po_has_value=0 ;;
-            *)
-                if [[ ${#_po_slots[@]} -gt 0 ]]; then
-                    printf -v "${_po_slots[0]}" '%s' "$_po_word"
-                    _po_slots=("${_po_slots[@]:1}")
-                elif [[ -n "$_po_unknown" ]]; then
-                    eval "$_po_unknown+=(\"\$_po_word\")"
-                else
-                    die "unexpected argument '$_po_word' (see --help)"
-                fi
-                continue ;;
-        esac
-        _po_kind="${_po_kinds[$_po_name]:-}"
-        if [[ -z "$_po_kind" ]]; then
-            [[ -n "$_po_unknown" ]] || die "unknown option $_po_name (see --help)"
-            eval "$_po_unknown+=(\"\$_po_word\")"
-            continue
-        fi
-        read -r _po_var _po_rest <<<"${_po_args[$_po_name]}"
-        case "$_po_kind" in
-            value | append)
-                if [[ "$_po_has_value" == 0 ]]; then
-                    [[ $# -gt 0 && "$1" != --* ]] || die "$_po_name needs a value"
-                    _po_value="$1"
-                    shift
-                fi
-                [[ -n "$_po_value" ]] || die "$_po_name needs a value"
-                if [[ "$_po_kind" == value ]]; then
-                    printf -v "$_po_var" '%s' "$_po_value"
-                else
-                    eval "$_po_var+=(\"\$_po_value\")"
-                fi ;;
-            flag | set | one)
-                [[ "$_po_has_value" == 0 ]] || die "$_po_name takes no value (got $_po_word)"
-                _po_value="$([[ "$_po_kind" == flag ]] && echo 1 || printf '%s' "$_po_rest")"
-                if [[ "$_po_kind" == one ]]; then
-                    [[ -z "${_po_set_by[$_po_var]:-}" || "${_po_set_by[$_po_var]}" == "$_po_name" ]] ||
-                        die "${_po_set_by[$_po_var]} and $_po_name exclude each other; allowed: one of them"
-                    _po_set_by[$_po_var]="$_po_name"
-                fi
-                printf -v "$_po_var" '%s' "$_po_value" ;;
-            refuse) die "$_po_name: ${_po_args[$_po_name]}" ;;
-        esac
-    done
+    local _po_code
+    _po_code="$(PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m slim_fairseq_lab.recipe_options \
+        "$(basename "$0")" "$@")" || exit $?
+    eval "$_po_code"
+}
+
+# parse_options_later ...: as parse_options, but a bad command line sets what it could read and
+# PARSE_ERROR (the one-line message) instead of exiting; refuse_parse_error exits with it. An
+# evaluation script removes its earlier results in between, so that a refused run leaves none.
+parse_options_later() {
+    local _po_code
+    PARSE_ERROR=""
+    _po_code="$(PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m slim_fairseq_lab.recipe_options \
+        --later "$(basename "$0")" "$@")" || exit $?
+    eval "$_po_code"
+}
+
+refuse_parse_error() {
+    [[ -z "${PARSE_ERROR:-}" ]] || { printf '%s\n' "$PARSE_ERROR" >&2; exit 2; }
 }
 
 # whole_number FLAG VALUE: VALUE is a whole number, or a one-line error naming FLAG
@@ -444,7 +380,7 @@ for line in sys.stdin:
 # pairs where a side is empty; lines are stripped of carriage returns and surrounding blanks.
 append_parallel() {
     "$PYTHON" - "$@" <<'PY'
-import sys
+import os, sys
 src_file, tgt_file, prefix, s, t = sys.argv[1:6]
 kept = dropped = 0
 with open(src_file, encoding="utf-8", errors="replace", newline="\n") as fs, \
@@ -458,7 +394,7 @@ with open(src_file, encoding="utf-8", errors="replace", newline="\n") as fs, \
         else:
             dropped += 1
     if fs.readline() or ft.readline():
-        sys.exit(f"error: {src_file} and {tgt_file} have different line counts")
+        sys.exit(f"{os.environ['RECIPE_NAME']}: error: {src_file} and {tgt_file} have different line counts")
 print(f"{src_file}: kept {kept} pairs, dropped {dropped} with an empty side", file=sys.stderr)
 PY
 }
@@ -505,6 +441,7 @@ with open(f"{inp}.{s}", encoding="utf-8") as fs, open(f"{inp}.{t}", encoding="ut
         os_.write(a); ot.write(b); kept += 1
 print(f"length filter {lo}..{hi}, ratio {ratio}: kept {kept} of {total} pairs", file=sys.stderr)
 PY
+    [[ -s "$4.$2" ]] || die "--max-len $6 / --ratio $7: the length filter kept none of the training pairs; allowed: a larger --max-len or --ratio"
 }
 
 # cap_corpus_pairs PREFIX S T MAX_PAIRS: keep the first MAX_PAIRS pairs of a parallel corpus
@@ -624,6 +561,9 @@ show_progress() {
     done
 }
 
+# line_count FILE: its lines, a last line without a final newline included (wc -l skips it)
+line_count() { awk 'END { print NR }' "$1"; }
+
 # ceil_div A B
 ceil_div() { printf '%s\n' $((($1 + $2 - 1) / $2)); }
 
@@ -639,6 +579,18 @@ run_or_print() {
     printf '\n'
     if [[ "${DRY_RUN:-0}" != 1 ]]; then
         "$@"
+    fi
+}
+
+# checkpoint_name CKPT AVG OUT_DIR -> the file resolve_checkpoint will evaluate (before any check
+# or averaging): where an evaluation's outputs and results are named from
+checkpoint_name() {
+    if [[ -d "$1" && "$2" != 1 ]]; then
+        printf '%s\n' "$3/average_last$2.pt"
+    elif [[ -d "$1" ]]; then
+        printf '%s\n' "$1/checkpoint_best.pt"
+    else
+        printf '%s\n' "$1"
     fi
 }
 
@@ -679,7 +631,8 @@ resolve_checkpoint() {
 }
 
 # subset_tokens DATA_BIN SUBSET -> the tokens of the binarized SUBSET of a language-modelling
-# DATA_BIN (end-of-line symbols included: what fairseq-eval-lm scores); fails when it has none.
+# DATA_BIN (end-of-line symbols included: what fairseq-eval-lm scores) and, on a second line,
+# those of its longest line; fails when it has none.
 # Read from the index file's list of item sizes (the layouts of fairseq's mmap and legacy
 # indexed datasets, data/indexed_dataset.py), without loading fairseq.
 subset_tokens() {
@@ -698,8 +651,9 @@ with open(sys.argv[1], "rb") as f:
         f.seek(48 + 16 * (count + 1))
         sizes = np.fromfile(f, dtype=np.int64, count=s)
     else:
-        sys.exit(f"error: {sys.argv[1]}: not a fairseq index file")
+        sys.exit(f"{sys.argv[1]}: not a fairseq index file")
 print(int(sizes.sum()))
+print(int(sizes.max()) if len(sizes) else 0)
 PY
 }
 
@@ -921,7 +875,8 @@ TRAIN_USAGE='options of every train script (--name=VALUE is the same as --name V
                             trains bf16 on TPUs only; fairseq-train'"'"'s --amp passes on)
   --max-tokens N            tokens per GPU batch (the update frequency keeps the recipe'"'"'s batch)
   --batch-size N            sentences per GPU batch: an upper bound on top of --max-tokens; with
-                            --paper it replaces the paper'"'"'s sentence batch
+                            --paper it replaces the paper'"'"'s sentence batch (fairseq'"'"'s
+                            --max-sentences is the same option)
   --update-freq N           fixed update frequency instead of the derived one
   --cpu-smoke               2 updates of a tiny copy of the architecture on CPU (tests)
   --dry-run                 print the command only
@@ -932,22 +887,23 @@ workers) is printed.'
 
 # the options of every train script (see parse_options); the variables are train_main's
 TRAIN_OPTIONS=(
-    "@positional data"
+    "@positional data:DATA_BIN"
     "@unknown pass extra"
     "@help train_help"
     "--arch value ARCH"
     "--save-dir value save_dir"
-    "--gpus value gpus"
+    "--gpus value gpus whole"
     "--cpu set gpus 0"
-    "--nodes value nodes"
-    "--node-rank value node_rank"
+    "--nodes value nodes count"
+    "--node-rank value node_rank whole"
     "--master-addr value master_addr"
-    "--master-port value master_port"
+    "--master-port value master_port count"
     "--init-method value init_method"
     "--distributed-init-method value init_method"
-    "--max-tokens value max_tokens"
-    "--batch-size value batch_size"
-    "--update-freq value update_freq"
+    "--max-tokens value max_tokens count"
+    "--batch-size value batch_size count"
+    "--max-sentences value batch_size count"
+    "--update-freq value update_freq count"
     "--distributed-world-size refuse set by the recipe from --gpus and --nodes"
     "--distributed-rank refuse set by the recipe from --node-rank and --gpus"
     "--paper flag paper"
@@ -972,6 +928,17 @@ PAPER_PRECISION=""
 PAPER_NOTES=()
 PAPER_NONE=""
 
+# check_train_command ARGS...: ARGS (a fairseq-train command line without the program) read by
+# fairseq-train's own parser with the plugin, and the data-bin it names checked, before anything
+# runs: one error line instead of fairseq's usage or a traceback (slim_fairseq_lab/recipe_check.py).
+# A dry run on a data-bin that does not exist yet checks the command line only.
+check_train_command() {
+    local only=()
+    [[ "${DRY_RUN:-0}" == 1 && ! -d "$1" ]] && only=(--parse-only)
+    PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m slim_fairseq_lab.recipe_check \
+        ${only[@]+"${only[@]}"} "$(basename "$0")" -- "$@" || exit $?
+}
+
 train_main() {
     local data="" gpus="" nodes=1 node_rank=0 master_addr=127.0.0.1 master_port=29500
     local init_method="" precision="" cpu_smoke=0 save_dir="" paper=0 update_freq="" extra=()
@@ -979,14 +946,6 @@ train_main() {
     parse_options "${TRAIN_OPTIONS[@]}" -- "$@"
     [[ -n "$data" ]] || die "DATA_BIN is required (the output of a prepare script; see --help)"
     [[ -d "$data" || "${DRY_RUN:-0}" == 1 ]] || die "DATA_BIN: $data is not a folder"
-    whole_number --nodes "$nodes"
-    whole_number --node-rank "$node_rank"
-    whole_number --master-port "$master_port"
-    for arg in gpus max_tokens batch_size update_freq; do
-        [[ -z "${!arg}" ]] || whole_number "--${arg//_/-}" "${!arg}"
-    done
-    [[ -z "$batch_size" || "$batch_size" -gt 0 ]] || die "--batch-size: at least 1, got 0"
-    [[ -z "$update_freq" || "$update_freq" -gt 0 ]] || die "--update-freq: at least 1, got 0"
     MAX_TOKENS="${max_tokens:-$MAX_TOKENS}"
     local sentences=0
     if [[ "$paper" == 1 ]]; then
@@ -1020,6 +979,7 @@ train_main() {
         [[ -n "$batch_size" ]] && cmd+=(--batch-size "$batch_size")
         [[ -n "$update_freq" ]] && cmd+=(--update-freq "$update_freq")
         cmd+=(${extra[@]+"${extra[@]}"})
+        check_train_command "${cmd[@]:1}"
         printf '+ (tiny overrides of %s appended)' "$ARCH"
         printf ' %q' "${cmd[@]}"
         printf '\n'
@@ -1030,8 +990,6 @@ from fairseq import utils
 user_dir, arch, args = sys.argv[1], sys.argv[2], sys.argv[3:]
 utils.import_user_module(argparse.Namespace(user_dir=user_dir))
 from fairseq.models import ARCH_MODEL_REGISTRY
-if arch not in ARCH_MODEL_REGISTRY:
-    sys.exit(f"error: --arch: unknown architecture {arch!r}")
 shrink = getattr(ARCH_MODEL_REGISTRY[arch], "contract_overrides", lambda name: [])
 sys.argv = ["fairseq-train", *args, *shrink(arch)]
 from fairseq_cli.train import cli_main
@@ -1101,6 +1059,7 @@ PY
         cmd+=(--cpu)
     fi
     [[ -n "$precision" ]] && cmd+=("$precision")
+    check_train_command "${cmd[@]:1}" ${extra[@]+"${extra[@]}"}
     log "effective batch: $per_update"
 
     if [[ "$nodes" -gt 1 && -z "$init_method" ]]; then

@@ -8,16 +8,21 @@ import argparse
 import re
 import sys
 
+from slim_fairseq.option_errors import unknown_arch
+
 USAGE = """usage: slim-fairseq-help ARCH [--vocab V] [MODEL OPTIONS ...]
        slim-fairseq-help --options
+       slim-fairseq-help --archs
 
 ARCH            an architecture of the plugin (e.g. anthe_base, subformer_base, stlm_tied):
                 prints the values its preset sets, with the model options given after it
                 applied as fairseq-train would (e.g. --encoder-embed-dim 128 shows the widths
                 a smaller subformer_base derives), the parameter count at a vocabulary of V
-                types (--vocab, default 32000; a joined dictionary for translation models),
-                then every option of its model.
+                types (--vocab, default 32000, or WikiText-103's 267744 with adaptive input or
+                softmax; a joined dictionary for translation models), then every option of
+                its model.
 --options       the plugin's option table (docs/DESIGN.md): flag, models, default, meaning.
+--archs         every architecture, by model (the plugin's first, then fairseq's own).
 -h, --help      this text."""
 
 
@@ -25,24 +30,34 @@ def _model_and_preset(arch):
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
     if arch not in ARCH_MODEL_REGISTRY:
-        known = sorted(a for a, m in ARCH_MODEL_REGISTRY.items()
-                       if m.__module__.startswith("slim_fairseq"))
-        raise SystemExit(f"slim-fairseq-help: error: --arch={arch}: not an architecture; allowed: "
-                         + ", ".join(known))
+        raise SystemExit(f"slim-fairseq-help: error: {unknown_arch(arch)}")
     return ARCH_MODEL_REGISTRY[arch], ARCH_CONFIG_REGISTRY[arch]
+
+
+def architectures():
+    """Every architecture fairseq knows with the plugin loaded, by model: the plugin's first."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    by_model = {}
+    for arch, model in sorted(ARCH_MODEL_REGISTRY.items()):
+        by_model.setdefault((not model.__module__.startswith("slim_fairseq"), model.__name__), []).append(arch)
+    return "\n".join(f"{name}: {', '.join(archs)}" for (_, name), archs in sorted(by_model.items()))
 
 
 def preset_values(arch, options=()):
     """The options of ``arch`` after its preset ran on the command-line ``options`` (a
     Namespace: what fairseq-train would build)."""
     model_cls, preset = _model_and_preset(arch)
-    parser = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    parser = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS,
+                                     exit_on_error=False)
     model_cls.add_args(parser)
     try:
-        args = parser.parse_args(list(options))
-    except SystemExit:
-        raise SystemExit(f"slim-fairseq-help: error: {' '.join(options)}: not options of "
-                         f"{model_cls.__name__}; see slim-fairseq-help {arch}") from None
+        args, unknown = parser.parse_known_args(list(options))
+    except argparse.ArgumentError as error:
+        raise SystemExit(f"slim-fairseq-help: error: {error.argument_name}: {error.message}; "
+                         f"allowed: see slim-fairseq-help {arch}") from None
+    if unknown:
+        raise SystemExit(f"slim-fairseq-help: error: {' '.join(unknown)}: not options of "
+                         f"{model_cls.__name__}; allowed: see slim-fairseq-help {arch}")
     args.arch = arch
     preset(args)
     return args
@@ -70,11 +85,20 @@ def parameter_count(arch, args, vocab):
     return sum(p.numel() for p in model.parameters())
 
 
-def describe(arch, options=(), vocab=32000):
-    """Help text of ``arch``: the preset's values with ``options`` applied, the parameter count,
-    and its model's options."""
+# the vocabulary a parameter count assumes: 32,000 types, or WikiText-103's 267,744 for a model
+# with adaptive input or softmax (its presets' cutoffs are 20000,60000)
+DEFAULT_VOCAB, WIKITEXT103_VOCAB = 32000, 267744
+
+
+def describe(arch, options=(), vocab=None):
+    """Help text of ``arch``: the preset's values with ``options`` applied, the parameter count
+    at ``vocab`` types (default: :data:`DEFAULT_VOCAB`, or WikiText-103's with adaptive
+    cutoffs), and its model's options."""
     model_cls, _ = _model_and_preset(arch)
     args = preset_values(arch, options)
+    if vocab is None:
+        adaptive = getattr(args, "adaptive_softmax_cutoff", None) or getattr(args, "adaptive_input", False)
+        vocab = WIKITEXT103_VOCAB if adaptive else DEFAULT_VOCAB
     given = f" with {' '.join(options)}" if options else ""
     lines = [f"arch {arch}: preset of model {model_cls.__name__} "
              f"({model_cls.__module__.split('.')[-1]})", "",
@@ -103,13 +127,21 @@ def main(argv=None):
     if argv == ["--options"]:
         print(options_table(), end="")
         return 0
+    if argv == ["--archs"]:
+        print(architectures())
+        return 0
     if argv[0].startswith("-"):
-        raise SystemExit(f"slim-fairseq-help: error: {argv[0]}: not an architecture or --options; "
-                         "see slim-fairseq-help --help")
-    arch, rest, vocab = argv[0], argv[1:], 32000
+        raise SystemExit(f"slim-fairseq-help: error: {argv[0]}: not an architecture, --options or "
+                         "--archs; allowed: see slim-fairseq-help --help")
+    arch, rest, vocab = argv[0], argv[1:], None
     if "--vocab" in rest:
         i = rest.index("--vocab")
-        vocab, rest = int(rest[i + 1]), rest[:i] + rest[i + 2:]
+        given = rest[i + 1] if i + 1 < len(rest) else ""
+        if not given.isdigit() or int(given) < 4:
+            raise SystemExit(f"slim-fairseq-help: error: --vocab={given}: not a whole number; "
+                             "allowed: a dictionary size of 4 or more (fairseq's 4 special "
+                             "symbols included)")
+        vocab, rest = int(given), rest[:i] + rest[i + 2:]
     print(describe(arch, rest, vocab))
     return 0
 

@@ -23,19 +23,54 @@ from slim_fairseq.checkpoint_upgrade import upgrade_args
 
 
 class OptionError(ValueError, SystemExit):
-    """A bad option value or combination; the message names the flag."""
+    """A bad option value or combination; the message names the flag. ``alternatives``: the
+    changes of the command line the refusal proposes, as dicts {flag: value} (see
+    :func:`option_error`)."""
 
-    def __init__(self, message):
+    def __init__(self, message, alternatives=()):
         super().__init__(message)
         prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fairseq"
         self.code = f"{prog}: error: {message}"
+        self.alternatives = list(alternatives)
 
 
-def option_error(flag, value, problem, allowed):
+def render_alternatives(alternatives):
+    """``allowed`` text of command-line changes: ``--a x|y, or --b 0 --c 1``."""
+    single, parts = {}, []
+    for change in alternatives:
+        if len(change) == 1:
+            (flag, value), = change.items()
+            single.setdefault(flag, []).append(str(value))
+        else:
+            parts.append(" ".join(f"{flag} {value}" for flag, value in change.items()))
+    return ", or ".join([f"{flag} {'|'.join(values)}" for flag, values in single.items()] + parts)
+
+
+def option_error(flag, value, problem, allowed=None, alternatives=()):
     """The plugin's one option-error format: ``--flag=value: problem; allowed: allowed``
-    (``value`` None or True: a flag without a value). Returns the :class:`OptionError` to raise."""
+    (``value`` None or True: a flag without a value). ``alternatives``, changes of the command
+    line such as ``{"--kv-heads": 0}``, are what ``allowed`` says when it is None; a checker that
+    can try them keeps only those that pass (``slim_options.validate_slim_args``). Returns the
+    :class:`OptionError` to raise."""
     shown = flag if value is None or value is True else f"{flag}={value}"
-    return OptionError(f"{shown}: {problem}; allowed: {allowed}")
+    if allowed is None:
+        allowed = render_alternatives(alternatives)
+    return OptionError(f"{shown}: {problem}; allowed: {allowed}", alternatives)
+
+
+def nearest(name, names, count=3):
+    """The ``count`` names of ``names`` closest to ``name`` (difflib's ratio), best first."""
+    import difflib
+    return difflib.get_close_matches(name, list(names), n=count, cutoff=0.5)
+
+
+def unknown_arch(arch):
+    """The one-line refusal of an ``--arch`` fairseq does not know, naming the closest names."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    close = nearest(arch, ARCH_MODEL_REGISTRY)
+    allowed = ("the closest: " + ", ".join(close) + "; " if close else "") + \
+        "slim-fairseq-help --archs lists every architecture"
+    return option_error("--arch", arch, "not an architecture", allowed)
 
 
 def names_a_flag(error):

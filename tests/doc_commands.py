@@ -30,14 +30,17 @@ def code_blocks(text, language="bash"):
 
 
 def logical_lines(block):
-    """The lines of a shell block with backslash continuations joined and runs of blanks
-    collapsed; blank lines and comment lines are left out."""
+    """The lines of a shell block with continuations joined (a backslash, or a pipe at the end
+    of a line) and runs of blanks collapsed; blank lines and comment lines are left out."""
     lines, current = [], ""
     for line in block.splitlines():
         if not current and (not line.strip() or line.lstrip().startswith("#")):
             continue
         if line.endswith("\\"):
             current += line[:-1]
+            continue
+        if line.rstrip().endswith("|"):
+            current += line + " "
             continue
         lines.append(" ".join((current + line).split()))
         current = ""

@@ -87,6 +87,8 @@ def test_reading_a_checkpoint_keeps_the_process_allow_list(tmp_path):
 
 
 def test_plugin_import_is_silent_and_changes_nothing_global():
+    """Loading the plugin prints nothing and changes no global state but the warning filters
+    that hide what fairseq 0.12.3 itself triggers on every run."""
     code = r"""
 import argparse, io, logging, sys, warnings, contextlib
 import torch, fairseq.models, fairseq.tasks
@@ -96,8 +98,14 @@ out, err = io.StringIO(), io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
     from fairseq import utils
     utils.import_user_module(argparse.Namespace(user_dir=sys.argv[1]))
+import slim_fairseq
+added = len(slim_fairseq.HARMLESS_FAIRSEQ_WARNINGS)  # the only global change: these are hidden
+new_filters = warnings.filters[:added]
+assert [(f[0], f[1].pattern, f[2]) for f in new_filters] == [
+    ("ignore", message, category) for category, message in reversed(slim_fairseq.HARMLESS_FAIRSEQ_WARNINGS)
+], new_filters
 after = (torch.get_default_dtype(), torch.get_num_threads(), logging.getLogger().level,
-         len(warnings.filters), torch.is_grad_enabled())
+         len(warnings.filters) - added, torch.is_grad_enabled())
 assert out.getvalue() == "" and err.getvalue() == "", (out.getvalue(), err.getvalue())
 assert before == after, (before, after)
 from fairseq.models import ARCH_MODEL_REGISTRY
@@ -194,3 +202,20 @@ def test_arch_help_lists_model_options_and_preset_values():
     usage = subprocess.run([os.path.join(BIN, "slim-fairseq-help"), "--help"],
                            capture_output=True, text=True)
     assert usage.returncode == 0 and "--options" in usage.stdout
+
+
+def test_a_training_run_prints_no_warning_of_fairseq_itself(tmp_path):
+    """The warnings fairseq 0.12.3 triggers on every run (Hydra, autocast, pinned memory on a
+    CPU) are hidden once the plugin is loaded: a one-update run prints no warning at all."""
+    from helpers import wikitext_data_bin
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    proc = subprocess.run([os.path.join(BIN, "fairseq-train"), wikitext_data_bin(), "--user-dir",
+                           USER_DIR, "--task", "language_modeling", "--arch", "stlm_tied",
+                           "--decoder-embed-dim", "32", "--decoder-layers", "2", "--cpu",
+                           "--max-update", "1", "--optimizer", "adam", "--lr", "1e-3",
+                           "--tokens-per-sample", "16", "--max-tokens", "256", "--no-save",
+                           "--save-dir", str(tmp_path), "--max-valid-steps", "1"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warnings_printed = [line for line in proc.stderr.splitlines() if "Warning" in line]
+    assert not warnings_printed, warnings_printed

@@ -1,7 +1,8 @@
-"""README.md's quick start, run as written on a small corpus this test makes up: BPE and
-fairseq-preprocess with a joined dictionary, the small anthe_base and Subformer trainings,
-fairseq-generate with sacreBLEU, the language model (fairseq-preprocess, stlm_tied,
-fairseq-eval-lm) and the Python hub snippet on the checkpoints just trained. Only the number of
+"""README.md's quick start, run as written on a small corpus this test makes up: Moses
+tokenization, BPE and fairseq-preprocess with a joined dictionary, the small anthe_base and
+Subformer trainings, fairseq-generate with sacreBLEU, the language models (fairseq-preprocess,
+stlm_tied, fairseq-eval-lm, the other families) and the Python hub snippet on the checkpoints
+just trained. Only the number of
 updates, the output length and --cpu are added; the paper-size recipes print their command
 (--dry-run, --gpus 0) and the test builds their models at full size."""
 import json
@@ -80,17 +81,25 @@ def quickstart_lines():
 def test_quickstart_steps():
     """The quick start keeps every step a newcomer needs, in this order."""
     programs = [tool(line) for line in quickstart_lines()]
-    steps = [p for p in programs if p.startswith(("fairseq-", "subword-nmt", "examples/"))]
+    steps = [p for p in programs if p.startswith(("fairseq-", "subword-nmt", "sacremoses", "examples/"))]
     assert steps == [
-        "subword-nmt", "subword-nmt", "fairseq-preprocess", "fairseq-train", "fairseq-train",
-        "fairseq-generate", "examples/translation/train-anthe.sh",
+        "sacremoses", "subword-nmt", "subword-nmt", "fairseq-preprocess", "fairseq-train",
+        "fairseq-train", "fairseq-generate", "examples/translation/train-anthe.sh",
         "examples/translation/train-subformer.sh", "fairseq-preprocess", "fairseq-train",
-        "fairseq-eval-lm", "examples/lm/train-stlm.sh"]
+        "fairseq-eval-lm", "fairseq-train", "fairseq-train", "fairseq-train",
+        "examples/lm/train-stlm.sh"]
     text = "\n".join(quickstart_lines())
     assert "--joined-dictionary" in text  # subformer_base shares all embeddings
     archs = re.findall(r"--arch (\S+)", text)
-    assert {"anthe_base", "subformer_base", "stlm_tied"} <= set(archs)
+    assert {"anthe_base", "subformer_base", "stlm_tied", "anthe_lm_gpt2_small", "skipless_lm",
+            "slim_lm"} <= set(archs)
     assert len(code_blocks(section(README, PYTHON), "python")) == 1
+    # what the quick starts write stays out of git, as the README says
+    written = {m for m in re.findall(r"(?<![\w/.-])(mydata|data-bin|checkpoints)/", text)}
+    proc = subprocess.run(["git", "check-ignore", "--no-index", *(f"{w}/x" for w in sorted(written))],
+                          cwd=REPO, capture_output=True, text=True)
+    assert written == {"mydata", "data-bin", "checkpoints"} and \
+        len(proc.stdout.split()) == len(written), proc.stdout
 
 
 @pytest.mark.slow
@@ -109,11 +118,15 @@ def test_quickstart_runs_on_a_small_corpus(tmp_path):
     # the joined dictionary, both translation models scored, the LM evaluated
     data_bin = tmp_path / "data-bin" / "mydata"
     assert (data_bin / "dict.en.txt").read_text() == (data_bin / "dict.de.txt").read_text()
-    assert len(re.findall(r"Generate test with beam=5: BLEU = \d", out)) == 2, out[-4000:]
-    hypotheses = re.findall(r"^D-\d+\t\S+\t(.*)$", proc.stdout, re.M)
-    assert len(hypotheses) == 2 * 21 and not any("@@" in h for h in hypotheses)
+    assert len(re.findall(r"^Generate test with beam=5: BLEU = \d", proc.stdout, re.M)) == 2, \
+        out[-4000:]
+    for model in ("anthe", "subformer"):  # the D- lines: detokenized text, as the README says
+        written = (tmp_path / "checkpoints" / model / "test.out").read_text(encoding="utf-8")
+        hypotheses = re.findall(r"^D-\d+\t\S+\t(.*)$", written, re.M)
+        assert len(hypotheses) == 21 and not any("@@" in h or " ." in h for h in hypotheses), \
+            hypotheses
     assert re.search(r"Loss \(base 2\): [\d.]+, Perplexity: [\d.]+", out)
-    for model in ("anthe", "subformer", "stlm"):
+    for model in ("anthe", "subformer", "stlm", "anthe_lm", "skipless", "subformer_lm"):
         assert (tmp_path / "checkpoints" / model / "checkpoint_best.pt").is_file()
 
     # the paper-size recipes: the fairseq-train command each prints builds the paper's model

@@ -279,7 +279,7 @@ def test_prepare_wmt14_anthe_paper_segmentation(raw_wmt, work):
     assert (work / "wmt14-anthe-reuse" / "data-bin" / "spm.model").read_bytes() == (data / "spm.model").read_bytes()
     refused = run(EXAMPLES / "translation/prepare-wmt14en2de.sh", "--spm-model", str(data / "spm.model"),
                   "--dry-run", cwd=work, expect_ok=False)
-    assert refused.returncode != 0 and refused.stderr.startswith("error: --spm-model: only with --paper anthe")
+    assert refused.returncode != 0 and refused.stderr.startswith("prepare-wmt14en2de.sh: error: --spm-model: only with --paper anthe")
 
 
 @pytest.fixture(scope="module")
@@ -548,10 +548,10 @@ def test_evaluate_single_length_penalty_translates_no_valid_and_shows_progress(f
 
 def test_evaluate_refuses_options_it_sets_itself(tmp_path):
     data = _translation_data(tmp_path / "data", "de", ["a"], ["a"])
-    for argv, message in ((["--lenpen", "0.6"], "error: --lenpen: the length penalty is chosen on valid"),
-                          (["--gen-subset=valid"], "error: --gen-subset: evaluate.sh chooses"),
-                          (["--paper", "--lenpens", "1.0"], "error: --lenpens: --paper tunes over 0.0 0.2"),
-                          (["--lenpens", "0.6 x"], "error: --lenpens: numbers >= 0")):
+    for argv, message in ((["--lenpen", "0.6"], "evaluate.sh: error: --lenpen: the length penalty is chosen on valid"),
+                          (["--gen-subset=valid"], "evaluate.sh: error: --gen-subset: evaluate.sh chooses"),
+                          (["--paper", "--lenpens", "1.0"], "evaluate.sh: error: --lenpens: --paper tunes over 0.0 0.2"),
+                          (["--lenpens", "0.6 x"], "evaluate.sh: error: --lenpens: numbers >= 0")):
         proc = run(EXAMPLES / "translation/evaluate.sh", str(data), str(tmp_path), *argv, cwd=tmp_path,
                    expect_ok=False)
         assert proc.returncode != 0 and proc.stderr.startswith(message), (argv, proc.stderr)
@@ -600,6 +600,51 @@ def test_evaluate_leaves_no_results_of_a_failed_run(fakes, tmp_path):
     assert not results["checkpoint_best"].exists() and results["checkpoint_last"].exists()
 
 
+def test_evaluate_refused_rerun_leaves_no_earlier_results(fakes, tmp_path):
+    """After a good run, a rerun of the same checkpoint that is refused (a bad value, a missing
+    reference) leaves no results.txt that could be read as its own; a missing test reference
+    is found before anything is translated."""
+    env, fake_dir = fakes
+    refs = fixtures.bundled_lines("test", "de", 0, 10)
+    data = _translation_data(tmp_path / "data", "de", refs, refs)
+    for subset in ("valid", "test"):
+        (fake_dir / f"{subset}.hyp").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    (tmp_path / "checkpoint_best.pt").write_bytes(b"")
+    model = str(tmp_path / "checkpoint_best.pt")
+    results = tmp_path / "eval" / "checkpoint_best" / "results.txt"
+    run(EXAMPLES / "translation/evaluate.sh", str(data), model, "--lenpens", "1.0", cwd=tmp_path, env=env)
+    assert results.is_file()
+    proc = run(EXAMPLES / "translation/evaluate.sh", str(data), model, "--beam", "0x", cwd=tmp_path, env=env,
+               expect_ok=False)
+    assert proc.returncode != 0
+    assert proc.stderr == "evaluate.sh: error: --beam=0x: not a whole number >= 1; allowed: a whole number >= 1\n"
+    assert not results.exists()
+    run(EXAMPLES / "translation/evaluate.sh", str(data), model, "--lenpens", "1.0", cwd=tmp_path, env=env)
+    (data / "test.raw.de").unlink()
+    calls = len(fixtures.fake_calls(fake_dir, "fairseq-generate"))
+    proc = run(EXAMPLES / "translation/evaluate.sh", str(data), model, cwd=tmp_path, env=env, expect_ok=False)
+    assert proc.returncode != 0 and proc.stderr.startswith(f"evaluate.sh: error: {data}/test.raw.de missing")
+    assert len(fixtures.fake_calls(fake_dir, "fairseq-generate")) == calls and not results.exists()
+
+
+def test_evaluate_reads_a_reference_without_a_final_newline(fakes, tmp_path):
+    """The last line of a reference file without a final newline is a sentence like the
+    others: one hypothesis per reference line, the same score as with the newline; the note
+    of a Romanian target written by prepare-wmt16enro.sh is in the report."""
+    env, fake_dir = fakes
+    refs = fixtures.bundled_lines("test", "de", 0, 12)
+    data = _translation_data(tmp_path / "data", "de", refs, refs, REF_NOTE="without diacritics")
+    (data / "test.raw.de").write_text("\n".join(refs), encoding="utf-8")  # no final newline
+    (fake_dir / "test.hyp").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    (tmp_path / "model.pt").write_bytes(b"")
+    proc = run(EXAMPLES / "translation/evaluate.sh", str(data), str(tmp_path / "model.pt"), "--lenpens", "1.0",
+               cwd=tmp_path, env=env)
+    report = _report(proc.stdout)
+    assert report["BLEU (tokenized)"] == "100.00" and "warning" not in proc.stderr
+    assert "references: without diacritics" in proc.stdout
+    assert len(lines(tmp_path / "eval" / "model" / "test.lenpen1.0.hyp")) == 12
+
+
 LM_RECIPES = [
     ("lm/train-subformer-lm.sh", "subformer_lm_wiki103_83m"),
     ("lm/train-stlm.sh", "stlm_tied"),
@@ -624,12 +669,18 @@ def _evaluate_lm_checks(data: Path, save_dir: Path, work: Path) -> None:
                "--tokens-per-sample", "3072", "--context-window", "2560", cwd=work, expect_ok=False)
     assert proc.returncode != 0 and "Perplexity" not in proc.stdout
     assert "--tokens-per-sample 3072" in proc.stderr and "at most 64 positions" in proc.stderr
-    # complete-line blocks: WikiText lines longer than 64 tokens get skipped by fairseq-eval-lm;
-    # the perplexity of the rest is not the test set's
+    # complete-line blocks cannot hold WikiText lines longer than 64 tokens: refused before
+    # fairseq-eval-lm runs (it would score each such line as a block of its own, or skip it)
     proc = run(EXAMPLES / "lm/evaluate-lm.sh", str(data), str(save_dir / "checkpoint_last.pt"), "--cpu",
-               cwd=work, expect_ok=False)
+               "--sample-break-mode", "complete", cwd=work, expect_ok=False)
     assert proc.returncode != 0 and "test: Loss" not in proc.stdout
-    assert re.search(r"skipped \d+ blocks .*--tokens-per-sample .*--sample-break-mode none", proc.stderr)
+    assert re.search(r"^evaluate-lm\.sh: error: --sample-break-mode complete: the longest line of test "
+                     r"holds \d+ tokens, more than a block of --tokens-per-sample 64; allowed: "
+                     r"--sample-break-mode none", proc.stderr, re.M), proc.stderr
+    # by default, the blocks cross line boundaries when a line does not fit in one
+    proc = run(EXAMPLES / "lm/evaluate-lm.sh", str(data), str(save_dir / "checkpoint_last.pt"), "--cpu", cwd=work)
+    assert "blocks cross line boundaries (--sample-break-mode none)" in proc.stderr
+    assert re.search(r"^test: Loss \(base 2\): [0-9.]+, Perplexity: [0-9.]+ \(\d+ tokens", proc.stdout, re.M)
     # defaults read from the checkpoint (the smoke model has 64 positions)
     proc = run(EXAMPLES / "lm/evaluate-lm.sh", str(data), str(save_dir), "--avg", "2", "--cpu",
                "--sample-break-mode", "none", cwd=work)
@@ -682,8 +733,9 @@ SUBSET_TOKENS = sum(len(ids) for ids in LM_LINES)
 
 
 def test_subset_tokens_reads_both_index_layouts(tmp_path):
-    """subset_tokens (the count evaluate-lm.sh checks fairseq-eval-lm's against) reads fairseq's
-    mmap index (fairseq-preprocess' default) and its legacy one, without loading fairseq."""
+    """subset_tokens (the count evaluate-lm.sh checks fairseq-eval-lm's against, and the longest
+    line, which decides the blocks) reads fairseq's mmap index (fairseq-preprocess' default) and
+    its legacy one, without loading fairseq."""
     from fairseq.data import indexed_dataset
     _write_lm_subset(tmp_path / "test", LM_LINES)
     builder = indexed_dataset.IndexedDatasetBuilder(str(tmp_path / "valid.bin"))
@@ -693,7 +745,8 @@ def test_subset_tokens_reads_both_index_layouts(tmp_path):
     assert indexed_dataset.infer_dataset_impl(str(tmp_path / "valid")) == "cached"
     out = _bash_with_common(f'subset_tokens "{tmp_path}" test; subset_tokens "{tmp_path}:/elsewhere" valid', "",
                             tmp_path)
-    assert out.split() == [str(SUBSET_TOKENS), str(SUBSET_TOKENS + 3)]
+    longest = max(len(ids) for ids in LM_LINES)
+    assert out.split() == [str(SUBSET_TOKENS), str(longest), str(SUBSET_TOKENS + 3), str(longest)]
 
 
 def _eval_lm_log(fake_dir: Path, tokens: int, ppl: float = 71.37, rc: int = 0) -> None:
@@ -736,6 +789,17 @@ def test_evaluate_lm_prints_only_a_verified_perplexity(lm_eval, tmp_path):
         proc = run(script, str(data), str(ckpt), *argv, cwd=tmp_path, env=env, expect_ok=False)
         assert proc.returncode != 0 and proc.stdout == "" and "whole subset" in proc.stderr, argv
     assert len(fixtures.fake_calls(fake_dir, "fairseq-eval-lm")) == calls
+    # after a good run, a rerun refused in one line leaves no results of the earlier one
+    _eval_lm_log(fake_dir, SUBSET_TOKENS, ppl=45.5)
+    for refused in (["--tokens-per-sample", "2000"], ["--avg", "x"]):
+        run(script, str(data), str(ckpt), cwd=tmp_path, env=env)
+        assert results["test"].is_file()
+        proc = run(script, str(data), str(ckpt), *refused, cwd=tmp_path, env=env, expect_ok=False)
+        assert proc.returncode != 0 and len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert not results["test"].exists(), refused
+    run(script, str(data), str(ckpt), cwd=tmp_path, env=env)
+    proc = run(script, f"{data}:{data}", str(ckpt), cwd=tmp_path, env=env, expect_ok=False)
+    assert "shards of a data-bin" in proc.stderr and not results["test"].exists()
 
 
 def test_evaluate_lm_block_defaults_to_the_training_block(lm_eval, tmp_path):
@@ -757,13 +821,13 @@ def test_evaluate_lm_block_defaults_to_the_training_block(lm_eval, tmp_path):
 
 
 @pytest.mark.parametrize("argv,error", [
-    (["--tokens-per-sample=512"], "error: --tokens-per-sample 512: the model accepts at most 256 positions"),
+    (["--tokens-per-sample=512"], "evaluate-lm.sh: error: --tokens-per-sample 512: the model accepts at most 256 positions"),
     (["--tokens-per-sample=64", "--context-window=64"],
-     "error: --context-window 64 must be smaller than --tokens-per-sample 64"),
-    (["--context-window=32"], "error: --context-window 32 must be smaller than --tokens-per-sample 32"),
-    (["--max-tokens=16"], "error: --max-tokens 16 must hold one block of --tokens-per-sample 32 tokens"),
-    (["--tokens-per-sample=x"], "error: --tokens-per-sample: a whole number, got 'x'"),
-    (["--distributed-world-size=2"], "error: --distributed-world-size: evaluate-lm.sh runs one process"),
+     "evaluate-lm.sh: error: --context-window 64 must be smaller than --tokens-per-sample 64"),
+    (["--context-window=32"], "evaluate-lm.sh: error: --context-window 32 must be smaller than --tokens-per-sample 32"),
+    (["--max-tokens=16"], "evaluate-lm.sh: error: --max-tokens 16 must hold one block of --tokens-per-sample 32 tokens"),
+    (["--tokens-per-sample=x"], "evaluate-lm.sh: error: --tokens-per-sample=x: not a whole number >= 1"),
+    (["--distributed-world-size=2"], "evaluate-lm.sh: error: --distributed-world-size: evaluate-lm.sh runs one process"),
 ])
 def test_evaluate_lm_checks_equals_spelled_options(argv, error, lm_eval, tmp_path):
     """--name=VALUE gets the same checks as --name VALUE, before fairseq-eval-lm runs."""
@@ -838,7 +902,7 @@ def test_paper_settings(tmp_path):
     assert "--fp16" in command and "--paper: --fp16 (the paper trained with mixed precision)" in log
     # no paper recipe to reproduce: refused, not ignored
     proc = run(EXAMPLES / "lm/train-stlm.sh", "data-bin", "--dry-run", "--paper", cwd=tmp_path, expect_ok=False)
-    assert proc.returncode != 0 and proc.stderr.startswith("error: --paper: the STLM report")
+    assert proc.returncode != 0 and proc.stderr.startswith("train-stlm.sh: error: --paper: the STLM report")
     # evaluation: the Subformer paper scores the best checkpoint, never an average
     data = tmp_path / "data"
     data.mkdir()
@@ -886,7 +950,7 @@ def test_unreadable_raw_dir_is_a_one_line_error(script, tmp_path):
     proc = run(EXAMPLES / script[0], *script[1:], "--raw-dir", str(tmp_path / "nowhere"), cwd=tmp_path,
                expect_ok=False)
     assert proc.returncode != 0
-    assert proc.stderr == f"error: --raw-dir: '{tmp_path / 'nowhere'}' is not a readable folder\n"
+    assert proc.stderr == f"{Path(script[0]).name}: error: --raw-dir: '{tmp_path / 'nowhere'}' is not a readable folder\n"
 
 
 def test_prepare_dry_run_lists_downloads_and_changes_nothing(raw_wmt, tmp_path):
@@ -943,6 +1007,8 @@ def test_evaluate_checks_the_checkpoint_before_writing(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     (data / "recipe.info").write_text("SRC=en\nTGT=ro\nSCHEME=moses-bpe\n")
+    for subset in ("valid", "test"):  # evaluate.sh checks its references first
+        (data / f"{subset}.raw.ro").write_text("o propozitie\n")
     _write_lm_subset(data / "test", LM_LINES)  # evaluate-lm.sh checks the subset first
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -954,7 +1020,7 @@ def test_evaluate_checks_the_checkpoint_before_writing(tmp_path):
         proc = run(EXAMPLES / script, str(data), str(ckpt), "--avg", "3", cwd=tmp_path, expect_ok=False)
         assert proc.returncode != 0 and "Traceback" not in proc.stderr
         assert proc.stderr.splitlines() == [
-            f"error: --avg 3: {ckpt} holds 0 update checkpoints (checkpoint_E_U.pt) and 0 epoch "
+            f"{Path(script).name}: error: --avg 3: {ckpt} holds 0 update checkpoints (checkpoint_E_U.pt) and 0 epoch "
             "checkpoints (checkpointE.pt), fewer than 3"], script
         assert not (ckpt / "eval").exists()
     proc = subprocess.run([sys.executable, str(REPO / "scripts/average_checkpoints.py"), "--inputs", str(ckpt),
@@ -1098,7 +1164,7 @@ def test_paper_batch_is_what_fairseq_gets(tmp_path):
     for spelling in (["--max-tokens", "4096"], ["--max-tokens=4096"]):
         proc = _dry_gpus("translation/train-anthe.sh", 8, "--paper", *spelling, tmp_path=tmp_path, expect_ok=False)
         assert proc.returncode != 0
-        assert proc.stderr.startswith("error: --max-tokens: --paper batches by sentences (32 per update")
+        assert proc.stderr.startswith("train-anthe.sh: error: --max-tokens: --paper batches by sentences (32 per update")
     # without --paper, --batch-size is an upper bound next to the token batch, and said so
     command, log = _dry_gpus("translation/train-anthe.sh", 1, "--batch-size=100", tmp_path=tmp_path)
     assert command.split().count("--batch-size") == 1 and "--max-tokens 4096 --update-freq 7 --batch-size 100" in command
@@ -1154,7 +1220,7 @@ def test_train_options_read_by_the_launcher_in_both_spellings(spelling, tmp_path
     proc = _dry_gpus("translation/train-subformer.sh", 8, *opts(distributed_world_size="4"), tmp_path=tmp_path,
                      expect_ok=False)
     assert proc.returncode != 0
-    assert proc.stderr == "error: --distributed-world-size: set by the recipe from --gpus and --nodes\n"
+    assert proc.stderr == "train-subformer.sh: error: --distributed-world-size: set by the recipe from --gpus and --nodes\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1187,7 +1253,7 @@ def _parsed(declarations: list[str], argv: list[str]) -> str:
     for declaration in declarations:
         words = declaration.split()
         if words[0] == "@positional":
-            scalars.update(words[1:])
+            scalars.update(word.split(":")[0] for word in words[1:])
         elif words[0] == "@unknown":
             arrays.add(words[2])
         elif words[0].startswith("--") and words[1] != "refuse":
@@ -1201,15 +1267,18 @@ def _parsed(declarations: list[str], argv: list[str]) -> str:
 
 
 def test_every_script_reads_its_command_line_with_the_one_parser():
-    """No recipe parses arguments by hand: each declares its options for parse_options, the only
-    loop over the command line (so --name=VALUE and --name VALUE are one option everywhere)."""
+    """No recipe parses arguments by hand: each declares its options for parse_options, which
+    hands them to the one parser (slim_fairseq_lab/recipe_options.py; so --name=VALUE and --name
+    VALUE are one option everywhere)."""
     by_hand = re.compile(r'while \[\[ \$# -gt 0|case "\$1" in\s*\n\s*-|\$\{1:-|"\$1" == -|for \w+ in "\$\{(EXTRA|extra)\[')
     for script in PARSED_SCRIPTS:
         text = script.read_text()
-        assert 'parse_options "${' in text or "train_main" in text or "parse_options --" in text, script
+        assert re.search(r'parse_options(_later)? "\$\{', text) or "train_main" in text \
+            or "parse_options --" in text, script
         assert not by_hand.search(text), (script, by_hand.search(text).group(0))
     common = (EXAMPLES / "common.sh").read_text()
-    assert common.count("while [[ $# -gt 0 ]]") == 1  # parse_options' own loop
+    assert "while [[ $# -gt 0 ]]" not in common
+    assert common.count("-m slim_fairseq_lab.recipe_options") == 2  # parse_options(_later)
 
 
 @pytest.mark.parametrize("script", PARSED_SCRIPTS, ids=[f"{p.parent.name}/{p.name}" for p in PARSED_SCRIPTS])
@@ -1223,23 +1292,33 @@ def test_every_option_reads_the_same_in_both_spellings(script):
     for declaration in declarations:
         if not declaration.startswith("--"):
             continue
-        name, kind = declaration.split()[:2]
+        name, kind, *rest = declaration.split()
         if kind in ("value", "append"):  # given twice, between the positional arguments
-            spaced = _parsed(declarations, positional[:1] + [name, "v 1"] + positional[1:] + [name, "v 2"])
-            joined = _parsed(declarations, positional[:1] + [f"{name}=v 1"] + positional[1:] + [f"{name}=v 2"])
+            first, second = _two_values(rest[1] if len(rest) > 1 else "")
+            spaced = _parsed(declarations, positional[:1] + [name, first] + positional[1:] + [name, second])
+            joined = _parsed(declarations, positional[:1] + [f"{name}={first}"] + positional[1:] + [f"{name}={second}"])
             assert spaced.startswith("rc=0") and spaced == joined, (script, name, spaced, joined)
-            assert '"v 2"' in spaced and ('"v 1"' in spaced) == (kind == "append")
+            assert f'"{second}"' in spaced and (f'"{first}"' in spaced) == (kind == "append")
             missing = _parsed(declarations, [name])
-            assert missing.startswith("rc=1") and f"error: {name} needs a value" in missing
+            assert missing.startswith("rc=2") and f"error: {name}: needs a value" in missing
         elif kind in ("flag", "set", "one"):
             assert _parsed(declarations, [name]).startswith("rc=0")
             refused = _parsed(declarations, [f"{name}=1"])
-            assert f"error: {name} takes no value (got {name}=1)" in refused
+            assert f"error: {name}=1: {name} takes no value" in refused
         else:
             for argv in ([name, "1"], [f"{name}=1"]):
                 refused = _parsed(declarations, argv)
-                assert refused.startswith("rc=1") and f"error: {name}: " in refused, (script, argv)
+                assert refused.startswith("rc=2") and f"error: {name}: " in refused, (script, argv)
     assert _parsed(declarations, ["--help"]).startswith("rc=0")
+
+
+def _two_values(kind):
+    """Two distinct values a declaration of TYPE ``kind`` accepts."""
+    if kind.startswith("choice:"):
+        choices = kind.split(":", 1)[1].split("|")
+        return choices[0], choices[-1]
+    return {"count": ("3", "4"), "whole": ("0", "4"), "positive": ("0.5", "2"),
+            "fraction": ("0.5", "1"), "size": ("500M", "9G")}.get(kind, ("v 1", "v 2"))
 
 
 def test_parse_options_kinds(tmp_path):
@@ -1255,10 +1334,25 @@ def test_parse_options_kinds(tmp_path):
         assert expected in out, (expected, out)
     assert "error: --fp16 and --bf16 exclude each other" in _parsed(declarations, ["--fp16", "--bf16"])
     assert "error: --world: set by the recipe" in _parsed(declarations, ["--world=4"])
-    assert "error: --avg needs a value" in _parsed(declarations, ["--avg", "--paper"])
-    assert "error: --avg needs a value" in _parsed(declarations, ["--avg="])
-    assert "error: unknown option --nope" in _parsed(declarations[:1], ["--nope=1"])
+    assert "error: --avg: needs a value" in _parsed(declarations, ["--avg", "--paper"])
+    assert "error: --avg: needs a value" in _parsed(declarations, ["--avg="])
+    assert "error: --nope: not an option of this recipe" in _parsed(declarations[:1], ["--nope=1"])
     assert "error: unexpected argument 'more'" in _parsed(declarations[:1], ["data", "more"])
+    # an option for the fairseq tool before the positional arguments: its value and DATA
+    # cannot be told apart
+    before = _parsed(declarations, ["--lr", "1e-4", "data"])
+    assert before.startswith("rc=2") and "error: --lr: an option for the fairseq tool, written before DATA" in before
+    # typed values are checked as they are read
+    typed = ["@positional DATA", "--max-len value MAX count", "--ratio value R positive",
+             "--mode value M choice:a|b", "--size value S size"]
+    for argv, message in ((["--max-len", "0"], "--max-len=0: not a whole number >= 1"),
+                          (["--max-len=abc"], "--max-len=abc: not a whole number >= 1"),
+                          (["--ratio", "-1"], "--ratio=-1: not a number > 0"),
+                          (["--mode", "c"], "--mode=c: not one of the choices; allowed: a|b"),
+                          (["--size", "9X"], "--size=9X: not a size")):
+        out = _parsed(typed, ["data", *argv])
+        assert out.startswith("rc=2") and f"error: {message}" in out, out
+    assert _parsed(typed, ["data", "--max-len", "5", "--ratio=1.5", "--mode", "b", "--size", "9G"]).startswith("rc=0")
 
 
 def test_demo_help_starts_nothing(tmp_path):
@@ -1269,7 +1363,7 @@ def test_demo_help_starts_nothing(tmp_path):
     assert proc.stdout.splitlines() == _header(demo)
     assert any(line.startswith("usage:") for line in _header(demo))
     proc = run(demo, "--nope", cwd=tmp_path, env={"DEMO_DIR": str(tmp_path / "demo")}, expect_ok=False, timeout=60)
-    assert proc.returncode != 0 and proc.stderr == "error: unknown option --nope (see --help)\n"
+    assert proc.returncode != 0 and proc.stderr == "demo.sh: error: --nope: not an option of this recipe; allowed: the options of --help\n"
     assert not (tmp_path / "demo").exists()
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), "--help"],
                           capture_output=True, text=True)

@@ -17,13 +17,14 @@
 # Only a verified result reaches stdout: "SUBSET: Loss (base 2): L, Perplexity: P (N tokens ...)"
 # when fairseq-eval-lm scored every token of the subset. fairseq's own log goes to
 # CKPT_NAME.SUBSET.eval-lm.log next to the checkpoint (progress on stderr); the result also to
-# CKPT_NAME.SUBSET.results.txt (one file per model and subset, removed when a run fails). The
+# CKPT_NAME.SUBSET.results.txt (one file per model and subset, removed when a run fails or is
+# refused). The
 # script fails, printing no perplexity, when fairseq-eval-lm fails, skips blocks longer than the
 # model's positions, or evaluates fewer (or more) tokens than the subset holds; blocks longer
 # than the model's positions and shards of the subset (--num-shards) are refused before it runs.
 #
 # usage: evaluate-lm.sh DATA_BIN CKPT [--avg N] [--subset test] [--tokens-per-sample N]
-#            [--context-window N] [--max-tokens N] [--sample-break-mode complete|none]
+#            [--context-window N] [--max-tokens N] [--sample-break-mode complete|none|eos]
 #            [--cpu] [fairseq-eval-lm options]
 #        (--name=VALUE is the same as --name VALUE; --gen-subset is --subset)
 set -euo pipefail
@@ -37,42 +38,45 @@ SUBSET="test"
 TOKENS_PER_SAMPLE=""
 CONTEXT_WINDOW=""
 MAX_TOKENS=""
-BREAK_MODE=complete
+BREAK_MODE=""
 NUM_SHARDS=1
 EXTRA=()
 OPTIONS=(
-    "@positional DATA CKPT"
+    "@positional DATA:DATA_BIN CKPT"
     "@unknown pass EXTRA"
-    "--avg value AVG"
+    "--avg value AVG count"
     "--subset value SUBSET"
     "--gen-subset value SUBSET"
-    "--tokens-per-sample value TOKENS_PER_SAMPLE"
-    "--context-window value CONTEXT_WINDOW"
-    "--max-tokens value MAX_TOKENS"
-    "--sample-break-mode value BREAK_MODE"
-    "--num-shards value NUM_SHARDS"
+    "--tokens-per-sample value TOKENS_PER_SAMPLE count"
+    "--context-window value CONTEXT_WINDOW whole"
+    "--max-tokens value MAX_TOKENS count"
+    "--sample-break-mode value BREAK_MODE choice:complete|none|eos|complete_doc"
+    "--num-shards value NUM_SHARDS count"
     "--shard-id refuse evaluate-lm.sh scores the whole subset (run fairseq-eval-lm itself for a shard)"
     "--path refuse the checkpoint is CKPT, the second argument"
     "--max-valid-steps refuse evaluate-lm.sh scores the whole subset"
     "--distributed-world-size refuse evaluate-lm.sh runs one process (several would each score a shard)"
 )
-parse_options "${OPTIONS[@]}" -- "$@"
-[[ -n "$DATA" && -n "$CKPT" ]] || die "DATA_BIN and CKPT are required (see --help)"
+parse_options_later "${OPTIONS[@]}" -- "$@"
+[[ -n "$DATA" && -n "$CKPT" ]] || { refuse_parse_error; die "DATA_BIN and CKPT are required (see --help)"; }
+# the results of an earlier run on this model and subset go first: a refused run leaves none
+EVAL_DIR="$(if [[ -d "$CKPT" ]]; then echo "$CKPT"; else dirname "$CKPT"; fi)/eval"
+STEM="$(checkpoint_name "$CKPT" "$AVG" "$EVAL_DIR")"
+STEM="${STEM%.pt}.$SUBSET"
+LOG="$STEM.eval-lm.log"
+RESULTS="$STEM.results.txt"
+rm -f "$RESULTS"
+refuse_parse_error
+[[ "$DATA" != *:* ]] ||
+    die "DATA_BIN=$DATA: shards of a data-bin (fairseq's DIR1:DIR2); allowed: one data-bin (evaluate-lm.sh scores a whole subset; run fairseq-eval-lm itself on each shard)"
 [[ -d "$DATA" ]] || die "DATA_BIN: $DATA is not a folder"
-for option in tokens-per-sample context-window max-tokens; do
-    variable="$(tr a-z- A-Z_ <<<"$option")"
-    [[ -z "${!variable}" ]] || whole_number "--$option" "${!variable}"
-done
 [[ "$NUM_SHARDS" == 1 ]] ||
     die "--num-shards $NUM_SHARDS: evaluate-lm.sh scores the whole subset, not a shard of it (run fairseq-eval-lm itself for a shard)"
-case "$BREAK_MODE" in
-    complete | none | eos | complete_doc) ;;
-    *) die "--sample-break-mode: allowed complete, none, eos, complete_doc; got '$BREAK_MODE'" ;;
-esac
 need_cmd fairseq-eval-lm
-SUBSET_TOKENS="$(subset_tokens "$DATA" "$SUBSET" 2>/dev/null)" ||
+SUBSET_SIZES="$(subset_tokens "$DATA" "$SUBSET" 2>/dev/null)" ||
     die "--subset $SUBSET: no binarized $SUBSET set in $DATA (no readable $SUBSET.idx)"
-resolve_checkpoint "$CKPT" "$AVG" "$(if [[ -d "$CKPT" ]]; then echo "$CKPT"; else dirname "$CKPT"; fi)/eval"
+{ read -r SUBSET_TOKENS; read -r LONGEST_LINE; } <<<"$SUBSET_SIZES"
+resolve_checkpoint "$CKPT" "$AVG" "$EVAL_DIR"
 
 # the model's positions and the block it was trained on (one load of the checkpoint; a second
 # one when it records no training block)
@@ -100,11 +104,15 @@ MAX_TOKENS="${MAX_TOKENS:-$TOKENS_PER_SAMPLE}"
     die "--context-window $CONTEXT_WINDOW must be smaller than --tokens-per-sample $TOKENS_PER_SAMPLE"
 [[ "$MAX_TOKENS" -ge "$TOKENS_PER_SAMPLE" ]] ||
     die "--max-tokens $MAX_TOKENS must hold one block of --tokens-per-sample $TOKENS_PER_SAMPLE tokens"
+if [[ -z "$BREAK_MODE" && "$LONGEST_LINE" -le "$TOKENS_PER_SAMPLE" ]]; then
+    BREAK_MODE=complete
+elif [[ -z "$BREAK_MODE" ]]; then
+    BREAK_MODE=none
+    log "the longest line of $SUBSET holds $LONGEST_LINE tokens, more than a block of $TOKENS_PER_SAMPLE: blocks cross line boundaries (--sample-break-mode none)"
+elif [[ "$BREAK_MODE" == complete && "$LONGEST_LINE" -gt "$TOKENS_PER_SAMPLE" ]]; then
+    die "--sample-break-mode complete: the longest line of $SUBSET holds $LONGEST_LINE tokens, more than a block of --tokens-per-sample $TOKENS_PER_SAMPLE; allowed: --sample-break-mode none (blocks cross lines), or --tokens-per-sample $LONGEST_LINE or more (the model has $POSITIONS positions)"
+fi
 
-STEM="${MODEL%.pt}.$SUBSET"
-LOG="$STEM.eval-lm.log"
-RESULTS="$STEM.results.txt"
-rm -f "$RESULTS"
 log "evaluating $MODEL on $SUBSET ($SUBSET_TOKENS tokens): blocks of $TOKENS_PER_SAMPLE tokens ($BLOCK_SOURCE; $BREAK_MODE), context window $CONTEXT_WINDOW (model positions: $POSITIONS${TRAINING_BLOCK:+, training block: $TRAINING_BLOCK}); fairseq's log: $LOG"
 
 # --softmax-batch: the adaptive softmax scores the vocabulary in chunks; batch multiple 1: with

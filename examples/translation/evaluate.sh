@@ -52,12 +52,12 @@ PAPER=0
 CPU=0
 EXTRA=()
 OPTIONS=(
-    "@positional DATA CKPT"
+    "@positional DATA:DATA_BIN CKPT"
     "@unknown pass EXTRA"
-    "--avg value AVG"
+    "--avg value AVG count"
     "--lenpens value LENPENS"
-    "--beam value BEAM"
-    "--batch-size value BATCH_SIZE"
+    "--beam value BEAM count"
+    "--batch-size value BATCH_SIZE count"
     "--out-dir value OUT_DIR"
     "--paper flag PAPER"
     "--cpu flag CPU"
@@ -67,11 +67,14 @@ OPTIONS=(
     "--source-lang refuse the languages are read from DATA_BIN/recipe.info"
     "--target-lang refuse the languages are read from DATA_BIN/recipe.info"
 )
-parse_options "${OPTIONS[@]}" -- "$@"
-[[ -n "$DATA" && -n "$CKPT" ]] || die "DATA_BIN and CKPT are required (see --help)"
+parse_options_later "${OPTIONS[@]}" -- "$@"
+[[ -n "$DATA" && -n "$CKPT" ]] || { refuse_parse_error; die "DATA_BIN and CKPT are required (see --help)"; }
+# the results of an earlier run of this checkpoint go first: a refused or failed run leaves none
+OUT_DIR="${OUT_DIR:-$(if [[ -d "$CKPT" ]]; then echo "$CKPT"; else dirname "$CKPT"; fi)/eval}"
+WORK="$OUT_DIR/$(basename "$(checkpoint_name "$CKPT" "$AVG" "$OUT_DIR")" .pt)"
+rm -f "$WORK/results.txt"
+refuse_parse_error
 [[ -f "$DATA/recipe.info" ]] || die "$DATA/recipe.info missing: DATA_BIN must come from a prepare script or scripts/binarize_bundled.py"
-whole_number --beam "$BEAM"
-whole_number --batch-size "$BATCH_SIZE"
 if [[ "$PAPER" == 1 ]]; then
     [[ "$AVG" == 1 ]] || die "--paper scores the best checkpoint, as the Subformer paper: drop --avg $AVG"
     [[ -z "$LENPENS" ]] || die "--lenpens: --paper tunes over 0.0 0.2 ... 2.0, as the Subformer paper: drop --lenpens, or --paper"
@@ -109,14 +112,18 @@ fi
 CPU_ARGS=()
 [[ "$CPU" == 1 ]] && CPU_ARGS=(--cpu)
 need_cmd fairseq-generate fairseq-validate sacrebleu sacremoses
-OUT_DIR="${OUT_DIR:-$(if [[ -d "$CKPT" ]]; then echo "$CKPT"; else dirname "$CKPT"; fi)/eval}"
+# the untokenized references sacreBLEU reads (valid only to choose among several penalties)
+SUBSETS=(test)
+[[ ${#LENPEN_VALUES[@]} == 1 ]] || SUBSETS=(valid test)
+for subset in "${SUBSETS[@]}"; do
+    [[ -s "$DATA/$subset.raw.$TGT" ]] ||
+        die "$DATA/$subset.raw.$TGT missing: the untokenized $subset references, which the prepare scripts and scripts/binarize_bundled.py write next to the data-bin"
+done
+REF_NOTE="$(read_recipe_info "$DATA" REF_NOTE)"
 
 # --- 1. checkpoint (checked before anything is written)
 resolve_checkpoint "$CKPT" "$AVG" "$OUT_DIR"
-NAME="$(basename "$MODEL" .pt)"
-WORK="$OUT_DIR/$NAME"
 mkdir -p "$WORK"
-rm -f "$WORK/results.txt"
 log "evaluating $MODEL ($SRC -> $TGT, $SCHEME; length penalty chosen by $CRITERION; tokenized BLEU: ${TOKENIZATION:-not computed for $TGT}); outputs in $WORK"
 
 # generate SUBSET LENPEN OUT: beam search; OUT.hyp holds one hypothesis per line of the
@@ -125,7 +132,7 @@ log "evaluating $MODEL ($SRC -> $TGT, $SCHEME; length penalty chosen by $CRITERI
 # silently drops the last (size mod 8) sentences of the subset.
 generate() {
     local subset="$1" lenpen="$2" out="$3" count pid
-    count="$(wc -l <"$DATA/$subset.raw.$TGT")"
+    count="$(line_count "$DATA/$subset.raw.$TGT")"
     log "translating $subset ($count sentences), length penalty $lenpen"
     PYTHONUNBUFFERED=1 fairseq-generate "$DATA" --user-dir "$(slim_user_dir)" --path "$MODEL" \
         --task translation --source-lang "$SRC" --target-lang "$TGT" --gen-subset "$subset" \
@@ -136,7 +143,7 @@ generate() {
     show_progress "$pid" "$out.log" '^H-' "$count" "$subset, length penalty $lenpen: sentences translated"
     wait "$pid" || die "fairseq-generate failed (see $out.err)"
     "$PYTHON" - "$out.log" "$count" "$out.hyp" <<'PY'
-import sys
+import os, sys
 log, count, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 hyps = {}
 with open(log, encoding="utf-8") as f:
@@ -145,7 +152,7 @@ with open(log, encoding="utf-8") as f:
             head, _score, *text = line.rstrip("\n").split("\t")
             hyps[int(head[2:])] = text[0] if text else ""
 if not hyps:
-    sys.exit(f"error: fairseq-generate produced no hypotheses (see {log})")
+    sys.exit(f"{os.environ['RECIPE_NAME']}: error: fairseq-generate produced no hypotheses (see {log})")
 missing = [i for i in range(count) if i not in hyps]
 if missing:
     print(f"warning: {len(missing)} of {count} sentences got no hypothesis (scored as empty), "
@@ -250,6 +257,7 @@ TEST_PPL="$(sed -n 's/^test //p' <<<"$PPL")"
     [[ -z "$TOKENIZATION" ]] || echo "tokenization of tokenized BLEU: $TOKENIZATION"
     echo "$TOK_BLEU_LINE"
     echo "sacreBLEU (detokenized): $SACRE"
+    [[ -z "$REF_NOTE" ]] || echo "references: $REF_NOTE"
     echo "perplexity (fairseq, per target token, padding excluded): valid $VALID_PPL, test $TEST_PPL"
 } >"$WORK/results.txt.part"
 mv "$WORK/results.txt.part" "$WORK/results.txt"

@@ -49,21 +49,17 @@ TGT=de
 OPTIONS=(
     "${PREPARE_OPTIONS[@]}"
     "${FILTER_OPTIONS[@]}"
-    "--paper value PAPER"
-    "--bpe-merges value BPE_MERGES"
-    "--vocab-size value VOCAB_SIZE"
+    "--paper value PAPER choice:anthe|subformer"
+    "--bpe-merges value BPE_MERGES count"
+    "--vocab-size value VOCAB_SIZE count"
     "--spm-model value SPM_MODEL"
-    "--src value SRC"
-    "--tgt value TGT"
+    "--src value SRC choice:en|de"
+    "--tgt value TGT choice:en|de"
 )
 parse_options "${OPTIONS[@]}" -- "$@"
 use_raw_dir
 [[ -z "$SPM_MODEL" ]] || SPM_MODEL="$(abs_file --spm-model "$SPM_MODEL")"
 [[ "$SRC-$TGT" == en-de || "$SRC-$TGT" == de-en ]] || die "--src/--tgt: allowed en de or de en"
-case "$PAPER" in
-    "" | anthe | subformer) ;;
-    *) die "--paper: allowed anthe, subformer; got '$PAPER'" ;;
-esac
 [[ -z "$SPM_MODEL" || "$PAPER" == anthe ]] || die "--spm-model: only with --paper anthe (the other settings use BPE codes)"
 # Google's preprocessed WMT14 (the archive of fairseq's examples/scaling_nmt)
 GOOGLE_URL="https://drive.google.com/uc?export=download&id=0B_bZck-ksdkpM25jRUN2X2UxMm8"

@@ -34,9 +34,9 @@ TGT=ro
 OPTIONS=(
     "${PREPARE_OPTIONS[@]}"
     "${FILTER_OPTIONS[@]}"
-    "--bpe-merges value BPE_MERGES"
-    "--src value SRC"
-    "--tgt value TGT"
+    "--bpe-merges value BPE_MERGES count"
+    "--src value SRC choice:en|ro"
+    "--tgt value TGT choice:en|ro"
 )
 parse_options "${OPTIONS[@]}" -- "$@"
 use_raw_dir
@@ -85,3 +85,5 @@ for split in train valid test; do
 done
 
 moses_bpe_pipeline "$TMP" "$SRC" "$TGT" "$BPE_MERGES" "$MAX_LEN" "$RATIO" "$DEST_DIR"
+# evaluate.sh prints this next to the scores of a Romanian target
+[[ "$TGT" != ro ]] || printf 'REF_NOTE=%s\n' "Romanian without diacritics (a a i s t for ă â î ș ț, as in the published en-ro results; the WMT16 references themselves have them)" >>"$DEST_DIR/recipe.info"

@@ -58,15 +58,15 @@ OPTIONS=(
     "${PREPARE_OPTIONS[@]}"
     "${FILTER_OPTIONS[@]}"
     "@positional PAIR"
-    "--vocab-size value VOCAB_SIZE"
-    "--tokenizer-lang value TOKENIZER_LANG"
+    "--vocab-size value VOCAB_SIZE count"
+    "--tokenizer-lang value TOKENIZER_LANG choice:joint|en|wikitext-103"
     "--spm-model value SPM_MODEL"
-    "--spm-sample value SPM_SAMPLE"
-    "--max-size value MAX_SIZE"
-    "--max-pairs value MAX_PAIRS"
+    "--spm-sample value SPM_SAMPLE count"
+    "--max-size value MAX_SIZE size"
+    "--max-pairs value MAX_PAIRS count"
     "--paper flag PAPER"
     "--extra-corpus append EXTRA_CORPORA"
-    "--skip append SKIPPED"
+    "--skip append SKIPPED choice:europarl|commoncrawl|news-commentary|rapid|wiki-titles|leta|dcep|books|setimes|un"
 )
 parse_options "${OPTIONS[@]}" -- "$@"
 [[ -n "$PAIR" ]] || die "PAIR is required (e.g. de-en; see --help)"
@@ -86,11 +86,6 @@ fi
 MAX_SIZE_BYTES="$([[ -z "$MAX_SIZE" ]] || parse_size "$MAX_SIZE")"
 TOKENIZER_LANG="${TOKENIZER_LANG:-joint}"
 VOCAB_SIZE="${VOCAB_SIZE:-32000}"
-case "$TOKENIZER_LANG" in
-    joint | en | wikitext-103) ;;
-    *) die "--tokenizer-lang: allowed joint, en, wikitext-103; got '$TOKENIZER_LANG'" ;;
-esac
-[[ -z "$MAX_PAIRS" || "$MAX_PAIRS" =~ ^[1-9][0-9]*$ ]] || die "--max-pairs: a whole number, got '$MAX_PAIRS'"
 # Chinese pieces are much shorter than English words: a loose ratio filter
 RATIO="${RATIO:-$([[ "$XX" == zh ]] && echo 9 || echo 1.5)}"
 COVERAGE="$([[ "$XX" == zh ]] && echo 0.9995 || echo 1.0)"
@@ -134,6 +129,13 @@ if [[ "$XX" == lv ]]; then
 fi
 case "$XX" in tr) CORPORA+=("setimes|$SETIMES|par:SETIMES*.en-$XX") ;; esac
 case "$XX" in ru | zh) CORPORA+=("un|$UN|par:UNv1.0.en-$XX") ;; esac
+
+PAIR_CORPORA=()
+for entry in "${CORPORA[@]}"; do PAIR_CORPORA+=("${entry%%|*}"); done
+for corpus in ${SKIPPED[@]+"${SKIPPED[@]}"}; do
+    [[ " ${PAIR_CORPORA[*]} " == *" $corpus "* ]] ||
+        die "--skip=$corpus: not a training corpus of $PAIR; allowed: $(IFS='|'; echo "${PAIR_CORPORA[*]}")"
+done
 
 DEV="$WMT17/dev.tgz wmt17-dev.tgz md5:9b1aa63c1cf49dccdd20b962fe313989"
 TEST="$WMT17/test.tgz wmt17-test.tgz md5:86a1724c276004aa25455ae2a04cef26"

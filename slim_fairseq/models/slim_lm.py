@@ -8,6 +8,7 @@ of its presets is ``--norm rmsnorm --decoder-normalize-before --ffn-glu --glu-hi
 weight removal). The ``stlm_*`` and ``skipless_lm*`` architectures are presets of this model
 (``archs_stlm.py``, ``archs_skipless.py``).
 """
+import argparse
 import sys
 
 from fairseq import options
@@ -25,6 +26,7 @@ from fairseq.modules import AdaptiveInput
 from slim_fairseq.checkpoint_upgrade import upgrade_state_dict
 from slim_fairseq.models.slim_options import (
     add_slim_args,
+    check_adaptive_cutoffs,
     extend_fairseq_args,
     set_slim_defaults,
     validate_slim_args,
@@ -49,10 +51,18 @@ class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
         gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
         add_slim_args(parser)
         extend_fairseq_args(parser)
+        add_translation_only_args(parser)
 
     @classmethod
     def check_args(cls, args, task=None):
         """Option checks that need no data (run right after parsing and again at build)."""
+        given = getattr(args, "translation_only_flags", None)
+        if given:
+            raise option_error(given[0], None, f"an option of the encoder-decoder (translation) "
+                               f"models, and {getattr(args, 'arch', 'slim_lm')} is a language model "
+                               "(a decoder only)", "the --decoder-* options with --task "
+                               "language_modeling, or an encoder-decoder arch (anthe_base, "
+                               "subformer_base, slim_transformer) with --task translation")
         set_slim_defaults(args)
         validate_slim_args(args, "slim_lm")
         check_task(True, getattr(args, "arch", "slim_lm"),
@@ -92,6 +102,7 @@ class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
                                f"found no dictionary (dict.txt) {where}", "the data-bin the model was "
                                "trained on (fairseq-eval-lm DATA, or from_pretrained(..., "
                                "data_name_or_path=DATA))")
+        check_adaptive_cutoffs(args, len(dictionary))
         if args.adaptive_input:
             table = AdaptiveInput(
                 len(dictionary), dictionary.pad(), args.decoder_input_dim,
@@ -120,18 +131,27 @@ class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
         super().upgrade_state_dict_named(state_dict, name)
 
     def prepare_for_inference_(self, cfg):
-        """In fairseq-eval-lm, refuse blocks longer than the positions the model has: fairseq
-        would skip every block and print ``Perplexity: 1.00``."""
+        """Refuse blocks longer than the positions the model has: in fairseq-eval-lm fairseq
+        would skip every block and print ``Perplexity: 1.00``; fairseq-generate would stop with
+        a traceback on the first sample."""
         task_cfg = getattr(cfg, "task", None)
         block = getattr(task_cfg, "tokens_per_sample", None) if task_cfg is not None else None
-        if block and _in_eval_lm():
+        tool = _calling_tool()
+        limit = self.decoder.max_positions()
+        if block and limit and tool == "eval_lm":
             block += getattr(getattr(cfg, "eval_lm", None), "context_window", 0) or 0
-            limit = self.decoder.max_positions()
-            if limit and block > limit:
+            if block > limit:
                 raise option_error("--tokens-per-sample", block, f"blocks longer than the {limit} "
                                    "positions the model has are all skipped (the perplexity "
                                    "would be of nothing)", f"at most {limit}, with "
                                    "--context-window")
+        if block and limit and tool == "generate" and block > limit:
+            raise option_error("--tokens-per-sample", block, f"longer than the {limit} positions "
+                               "the model has: fairseq-generate refuses every longer sample",
+                               f"--tokens-per-sample {limit} or less with --sample-break-mode eos "
+                               "(one line per sample), or fairseq-interactive --task "
+                               "language_modeling (or the hub's sample()) to continue your own "
+                               "prompts")
         super().prepare_for_inference_(cfg)
 
 
@@ -142,15 +162,39 @@ def _data_path(task):
     return None
 
 
-def _in_eval_lm():
-    """Called from fairseq-eval-lm (fairseq_cli.eval_lm), where ``--tokens-per-sample`` is the
-    length of the blocks scored; fairseq-generate and the hub ignore it."""
+def _calling_tool():
+    """"eval_lm" or "generate" when called from fairseq-eval-lm or fairseq-generate
+    (fairseq_cli.eval_lm / .generate), where ``--tokens-per-sample`` is the length of the blocks
+    read; None elsewhere (the hub, fairseq-interactive ignore it)."""
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_globals.get("__name__") == "fairseq_cli.eval_lm":
-            return True
+        name = frame.f_globals.get("__name__")
+        if name in ("fairseq_cli.eval_lm", "fairseq_cli.generate"):
+            return name.split(".")[1]
         frame = frame.f_back
-    return False
+    return None
+
+
+class TranslationOnly(argparse.Action):
+    """An option of the encoder-decoder models given to a language model: noted, and refused in
+    one line by ``check_args`` (argparse would print its whole usage)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, "translation_only_flags", None) or []
+        setattr(namespace, "translation_only_flags", given + [option_string])
+
+
+def add_translation_only_args(parser):
+    """The options of ``slim_transformer`` (fairseq's transformer's and the plugin's) that a
+    language model does not take, hidden: given, they are refused by name."""
+    from slim_fairseq.models.slim_transformer import SlimTransformerModel
+    translation = argparse.ArgumentParser(add_help=False)
+    SlimTransformerModel.add_args(translation)
+    for action in translation._actions:
+        flags = [f for f in action.option_strings if f not in parser._option_string_actions]
+        if flags and len(flags) == len(action.option_strings):
+            parser.add_argument(*flags, action=TranslationOnly, default=argparse.SUPPRESS,
+                                nargs=0 if action.nargs == 0 else None, help=argparse.SUPPRESS)
 
 
 @register_model_architecture("slim_lm", "slim_lm")

@@ -15,12 +15,13 @@ fairseq's own options keep their meaning, with two readings the plugin adds in e
 Plugin-only flags never start with ``encoder-``/``decoder-`` (docs/TECHNIQUES.md#plugin-option-names).
 """
 import argparse
+import copy
 from dataclasses import dataclass
 from typing import Tuple
 
 from fairseq.models.transformer import TransformerConfig
 
-from slim_fairseq.modules.attention import heads_for
+from slim_fairseq.modules.attention import attention_head_dim, heads_for
 from slim_fairseq.modules.gated_attention import CROSS_GATES, GATES, SAME_UNDER_NO_PATT, check_gate
 from slim_fairseq.modules.glu import GLU_ACTIVATIONS, GLU_HIDDEN_RULES
 from slim_fairseq.modules.hsoftpos import hsoftpos_dims
@@ -29,7 +30,7 @@ from slim_fairseq.modules.shaped_attention import REMOVABLE
 from slim_fairseq.modules.tensor_chain_policy import BACKWARD_MODES as TC_BACKWARD_MODES
 from slim_fairseq.modules.tensor_chain_policy import FORWARD_MODES as TC_FORWARD_MODES
 from slim_fairseq.modules.weight_tying import parse_tie_option, validate_tying
-from slim_fairseq.option_errors import option_error
+from slim_fairseq.option_errors import OptionError, option_error, render_alternatives
 
 MODELS = ("slim_transformer", "slim_lm")
 TC_PLACES = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
@@ -338,7 +339,35 @@ def _sides(args, model):
 
 def validate_slim_args(args, model):
     """One-line errors for bad values and for combinations that do nothing or make no sense,
-    before anything is built (``model``: ``slim_transformer`` or ``slim_lm``)."""
+    before anything is built (``model``: ``slim_transformer`` or ``slim_lm``). A refusal that
+    proposes changes of the command line names only those that pass every check."""
+    try:
+        _validate(args, model)
+    except OptionError as error:
+        if not error.alternatives:
+            raise
+        kept = [change for change in error.alternatives if _accepts(args, model, change)]
+        message = str(error).rsplit("; allowed: ", 1)[0]
+        allowed = render_alternatives(kept) if kept else "another setting of the options named"
+        raise OptionError(f"{message}; allowed: {allowed}", kept) from None
+
+
+def _accepts(args, model, change):
+    """Whether ``args`` with the command-line ``change`` ({flag: value}) passes the checks."""
+    changed = copy.copy(args)
+    for flag, value in change.items():
+        dest = flag[2:].replace("-", "_")
+        current = getattr(changed, dest, None)
+        setattr(changed, dest, type(current)(value) if isinstance(current, (int, float))
+                and not isinstance(current, bool) else value)
+    try:
+        _validate(changed, model)
+    except (OptionError, ValueError):
+        return False
+    return True
+
+
+def _validate(args, model):
     for option in OPTIONS:
         value = getattr(args, option.dest, option.default)
         if option.check not in ("", "tie"):
@@ -456,11 +485,44 @@ def _check_embeddings(args, model):
                 else "--safe-embed-dim")
         raise option_error(flag, None, "acts on the vocabulary projection, which "
                            "--adaptive-softmax-cutoff replaces", "one output layer")
+    criterion = getattr(args, "criterion", None)
+    if getattr(args, "adaptive_softmax_cutoff", None) and criterion not in (None, "adaptive_loss"):
+        raise option_error("--criterion", criterion, "fairseq trains an adaptive softmax "
+                           "(--adaptive-softmax-cutoff) with adaptive_loss only; the others fail "
+                           "in backward", alternatives=[{"--criterion": "adaptive_loss"}])
     if getattr(args, "adaptive_input", False) and (args.hsoftpos_levels or args.safe_embed_dim
                                                    or args.tc_emb):
         raise option_error("--adaptive-input", None, "replaces the token table that "
                            "--hsoftpos-levels / --safe-embed-dim / --tc-emb build",
                            "one input embedding")
+
+
+# fairseq's WikiText-103 cutoffs (20000,60000 of 267,744 types), as fractions of a dictionary
+ADAPTIVE_CUTOFF_FRACTIONS = (20000 / 267744, 60000 / 267744)
+
+
+def check_adaptive_cutoffs(args, vocab):
+    """fairseq's adaptive input and softmax split the dictionary at increasing cutoffs up to its
+    size (larger ones fail an assertion inside fairseq): refuse them in one line, proposing the
+    WikiText-103 presets' proportions of this dictionary (both flags when the two are tied)."""
+    flags = [flag for flag, on in (("--adaptive-input-cutoff", getattr(args, "adaptive_input", False)),
+                                   ("--adaptive-softmax-cutoff", True))
+             if on and getattr(args, flag[2:].replace("-", "_"), None)]
+    for flag in flags:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        try:
+            cutoffs = [int(c) for c in str(value).split(",")]
+        except ValueError:
+            raise option_error(flag, value, "not comma-separated whole numbers",
+                               "e.g. 20000,60000") from None
+        if all(c > 0 for c in cutoffs) and cutoffs == sorted(set(cutoffs)) and cutoffs[-1] <= vocab:
+            continue
+        first, second = (max(1, round(vocab * f)) for f in ADAPTIVE_CUTOFF_FRACTIONS)
+        scaled = f"{first},{max(first + 1, second)}"
+        change = {f: scaled for f in (flags if getattr(args, "tie_adaptive_weights", False) else [flag])}
+        raise option_error(flag, value, f"cutoffs must increase and stay within the dictionary's "
+                           f"{vocab:,} types", alternatives=[change] if first + 1 < vocab else (),
+                           allowed=None if first + 1 < vocab else "a larger dictionary")
 
 
 def _check_sandwich(args, model):
@@ -505,16 +567,56 @@ def _check_attention(args, model):
         raise option_error("--self-attn-gate", gate, f"with --no-patt q, k and v are all the "
                            f"input, so {gate} is {SAME_UNDER_NO_PATT[gate]}", "none|qgv|vgq|vgk "
                            "with --no-patt (one name per gated input)")
-    gates = [("--self-attn-gate", args.self_attn_gate),
-             ("--cross-attn-gate", getattr(args, "cross_attn_gate", "none"))]
-    for flag, gate in gates:
-        if gate != "none" and gate[0] != "q" and (kv or args.head_dim):
-            raise option_error(flag, gate, f"sigmoid(W_{gate[0].upper()} {gate[0]}) must be as "
-                               f"wide as {gate[2]}, which --kv-heads / --head-dim change",
-                               "qgv or qgk, or --kv-heads 0 and --head-dim 0")
-        if gate != "none" and gate[0] == "q" and args.head_dim:
-            raise option_error(flag, gate, "sigmoid(W_Q q) must be as wide as the model, which "
-                               "--head-dim changes", "--head-dim 0")
+    for attention in _attentions(args, model):
+        _check_gate(args, *attention)
+
+
+def _attentions(args, model):
+    """(gate flag, role, the side's heads flag, width, heads, key/value input width) of every
+    attention the model builds: each side's self-attention (and the sandwich middle's), the
+    decoder's cross-attention."""
+    out = []
+    for side in _sides(args, model):
+        width, heads = getattr(args, f"{side}_embed_dim"), getattr(args, f"{side}_attention_heads")
+        out.append(("--self-attn-gate", "self", f"--{side}-attention-heads", width, heads, width))
+        if args.sandwich:
+            middle = args.sandwich_dim or width
+            out.append(("--self-attn-gate", "self", "--sandwich-heads", middle,
+                        args.sandwich_heads or heads_for(middle), middle))
+    if model == "slim_transformer":
+        out.append(("--cross-attn-gate", "cross", "--decoder-attention-heads",
+                    args.decoder_embed_dim, args.decoder_attention_heads, args.encoder_embed_dim))
+    return out
+
+
+def _check_gate(args, flag, role, heads_flag, width, heads, kv_input):
+    """A gate AgB multiplies B by sigmoid(W_A A): W_A's output must be as wide as B. Refused
+    with every change that makes it so: another gate, one key/value head per query head, the
+    head width the model's, or a head count whose head width fills the model (under RoPE an
+    even one)."""
+    gate = getattr(args, flag[2:].replace("-", "_"), "none") or "none"
+    if gate == "none":
+        return
+    rope = bool(args.rope_theta)
+    head_dim = attention_head_dim(width, heads, args.head_dim, rope=rope)
+    kv = args.kv_heads or heads
+    inputs = {"q": width, "k": kv_input, "v": kv_input}
+    outputs = {"q": heads * head_dim, "k": kv * head_dim, "v": kv * head_dim}
+    source, target = gate[0], gate[2]
+    if outputs[source] == inputs[target]:
+        return
+    gates = CROSS_GATES if role == "cross" else GATES
+    changes = [{flag: other} for other in gates if other != gate]
+    changes += [{"--kv-heads": 0}] if args.kv_heads else []
+    changes += [{"--head-dim": 0}] if args.head_dim else []
+    # head counts near this one whose heads fill the width
+    counts = sorted((h for h in range(1, width + 1) if width % h == 0 and h != heads
+                     and (not rope or (width // h) % 2 == 0)), key=lambda h: abs(h - heads))
+    changes += [{heads_flag: h} for h in counts[:3]]
+    kv_text = "1 key/value head" if kv == 1 else f"{kv} key/value heads"
+    raise option_error(flag, gate, f"sigmoid(W_{source.upper()} {source}) is {outputs[source]} "
+                       f"wide but {target} is {inputs[target]} wide ({heads} query heads of "
+                       f"{head_dim}, {kv_text})", alternatives=changes)
 
 
 def _check_norm_and_init(args, model):

@@ -35,6 +35,7 @@ from slim_fairseq.models.slim_layers import (
 )
 from slim_fairseq.models.slim_options import (
     add_slim_args,
+    check_adaptive_cutoffs,
     extend_fairseq_args,
     set_slim_defaults,
     validate_slim_args,
@@ -140,6 +141,7 @@ class SlimTransformerDecoder(TransformerDecoderBase):
         table = embed_tokens.table if hasattr(embed_tokens, "table") else embed_tokens
         vocab = len(dictionary)
         if cfg.adaptive_softmax_cutoff is not None:
+            check_adaptive_cutoffs(cfg, vocab)
             self.adaptive_softmax = AdaptiveSoftmax(
                 vocab, self.output_embed_dim,
                 utils.eval_str_list(cfg.adaptive_softmax_cutoff, type=int),

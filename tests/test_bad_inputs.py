@@ -1,0 +1,223 @@
+"""Mistakes a user makes, each with the one line it must end in (exit status non-zero, no
+traceback, no usage): fairseq's command line with the plugin loaded, and the recipes'. A refusal
+that proposes changes of the command line is tried with each: every one must be accepted.
+
+Grow the tables: a new mistake found is a new row. Mistakes that only fairseq itself sees
+(a --user-dir that does not exist, a misspelt --arch given to fairseq-train, fairseq-generate
+on language-model data without --task) are answered in docs/INSTALL.md#troubleshooting,
+which tests/test_docs.py keeps.
+"""
+import os
+import re
+import subprocess
+
+import pytest
+
+from helpers import BIN, REPO, ende_data_bin, parse_train_args, task_args, wikitext_data_bin
+
+EXAMPLES = os.path.join(REPO, "examples")
+
+# (command line after the data and task flags, language model?, the line's pattern)
+CLI = [
+    (["--arch", "stlm_tied", "--encoder-embed-dim", "128", "--decoder-embed-dim", "128"], True,
+     r"^--encoder-embed-dim: an option of the encoder-decoder \(translation\) models, and "
+     r"stlm_tied is a language model .*; allowed: the --decoder-\* options with --task "
+     r"language_modeling, or an encoder-decoder arch"),
+    (["--arch", "stlm_tied", "--self-attn-gate", "qgv"], True,
+     r"^--self-attn-gate=qgv: sigmoid\(W_Q q\) is 512 wide but v is 528 wide \(16 query heads of "
+     r"32, 4 key/value heads\); allowed: --self-attn-gate none"),
+    (["--arch", "anthe_base", "--kv-heads", "1", "--cross-attn-gate", "vgk"], False,
+     r"^--cross-attn-gate=vgk: sigmoid\(W_V v\) is 64 wide but k is 512 wide .*; allowed: "
+     r"--cross-attn-gate none"),
+    (["--arch", "anthe_base", "--kv-heads", "1", "--self-attn-gate", "kgv"], False,
+     r"^--self-attn-gate=kgv: sigmoid\(W_K k\) is 64 wide but v is 512 wide .*; allowed: "
+     r"--kv-heads 0$"),
+    (["--arch", "slim_transformer", "--head-dim", "32", "--self-attn-gate", "qgv"], False,
+     r"^--self-attn-gate=qgv: sigmoid\(W_Q q\) is 256 wide but v is 512 wide .*--head-dim 0"),
+    (["--arch", "subformer_lm_wiki103_83m", "--decoder-embed-dim", "64", "--decoder-layers", "3",
+      "--adaptive-input-cutoff", "100,400", "--adaptive-softmax-cutoff", "100,400"], True,
+     r"^--criterion=cross_entropy: fairseq trains an adaptive softmax .*; allowed: "
+     r"--criterion adaptive_loss$"),
+    # WikiText-103's cutoffs on a dictionary of 2,000 types: found when the model is built
+    (["--arch", "subformer_lm_wiki103_83m", "--decoder-embed-dim", "64", "--decoder-layers", "3",
+      "--criterion", "adaptive_loss"], True,
+     r"^--adaptive-input-cutoff=20000,60000: cutoffs must increase and stay within the "
+     r"dictionary's 2,000 types; allowed: --adaptive-input-cutoff 149,448 "
+     r"--adaptive-softmax-cutoff 149,448$"),
+]
+
+
+def _build(args):
+    from fairseq import tasks
+    return tasks.setup_task(args).build_model(args)
+
+
+def _refusal(argv):
+    with pytest.raises(SystemExit) as caught:
+        _build(parse_train_args(argv))
+    code = caught.value.code
+    assert isinstance(code, str) and "\n" not in code, code
+    message = code.split(": error: ", 1)[1]
+    return message, getattr(caught.value, "alternatives", [])
+
+
+def _with(argv, change):
+    argv = list(argv)
+    for flag, value in change.items():
+        if flag in argv:
+            argv[argv.index(flag) + 1] = str(value)
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+@pytest.mark.parametrize("argv, lm, pattern", CLI, ids=[" ".join(c[0]) for c in CLI])
+def test_cli_mistake_ends_in_one_line(argv, lm, pattern):
+    full = task_args(lm) + ["--user-dir", os.path.join(REPO, "slim_fairseq"), "--cpu"] + argv
+    message, alternatives = _refusal(full)
+    assert re.search(pattern, message), message
+    for change in alternatives:  # every change the refusal proposes is accepted
+        _build(parse_train_args(_with(full, change)))
+
+
+# slim-fairseq-help's arguments and the line they must end in
+HELP = [
+    (["anthe_base", "--frob", "3"], r"^--frob 3: not options of SlimTransformerModel"),
+    (["anthe_base", "--encoder-layers", "x"], r"^--encoder-layers: invalid int value: 'x'"),
+    (["anthe_base", "--vocab", "x"], r"^--vocab=x: not a whole number"),
+    (["anthe_bse"], r"^--arch=anthe_bse: not an architecture; allowed: the closest: anthe_base"),
+    (["subformer_lm_wiki103_83m", "--vocab", "2000"],
+     r"^--adaptive-input-cutoff=20000,60000: cutoffs must increase .* 2,000 types"),
+]
+
+
+@pytest.mark.parametrize("argv, pattern", HELP, ids=[" ".join(c[0]) for c in HELP])
+def test_help_mistake_ends_in_one_line(argv, pattern):
+    proc = subprocess.run([os.path.join(BIN, "slim-fairseq-help"), *argv], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, \
+        proc.stderr[-3000:]
+    assert re.search(pattern, proc.stderr.split(": error: ", 1)[1]), proc.stderr
+
+
+def test_help_counts_an_adaptive_preset_at_wikitext103s_vocabulary():
+    from slim_fairseq.arch_help import WIKITEXT103_VOCAB, describe
+    assert f"parameters at a vocabulary of {WIKITEXT103_VOCAB:,} types" in \
+        describe("subformer_lm_wiki103_83m")
+
+
+def _recipe(script, *argv, env=None):
+    full_env = dict(os.environ, PYTHON=os.path.join(BIN, "python"), PYTHONWARNINGS="ignore",
+                    PATH=BIN + os.pathsep + os.environ["PATH"], **(env or {}))
+    return subprocess.run(["bash", os.path.join(EXAMPLES, script), *argv], capture_output=True,
+                          text=True, env=full_env, timeout=300, cwd=REPO)
+
+
+# (recipe, its arguments, the line's pattern); {ende} / {lm} are the small data-bins of the tests
+RECIPES = [
+    ("translation/train-subformer.sh", ["--dropout", "0.2", "{ende}", "--dry-run"],
+     r"^train-subformer\.sh: error: --dropout: an option for the fairseq tool, written before "
+     r"DATA_BIN; allowed: DATA_BIN first"),
+    ("translation/evaluate.sh", ["--max-len-b", "5", "{ende}", "ckpt"],
+     r"^evaluate\.sh: error: --max-len-b: an option for the fairseq tool, written before "
+     r"DATA_BIN and CKPT"),
+    ("translation/train-anthe.sh", ["{ende}", "--arch", "anthe_bse", "--dry-run", "--gpus", "0"],
+     r"^train-anthe\.sh: error: --arch=anthe_bse: not an architecture; allowed: the closest: "
+     r"anthe_base"),
+    ("translation/train-anthe.sh", ["{ende}", "--frobnicate", "3", "--dry-run", "--gpus", "0"],
+     r"^train-anthe\.sh: error: --frobnicate 3: not options of fairseq-train with --arch anthe_base"),
+    ("translation/train-anthe.sh", ["{lm}", "--dry-run", "--gpus", "0"],
+     r"^train-anthe\.sh: error: DATA_BIN=.*: language-model data .*; allowed: a translation data-bin"),
+    ("lm/train-stlm.sh", ["{ende}", "--dry-run", "--gpus", "0"],
+     r"^train-stlm\.sh: error: DATA_BIN=.*: translation data .*; allowed: a language-model data-bin"),
+    ("translation/train-anthe.sh", ["{novalid}", "--dry-run", "--gpus", "0"],
+     r"^train-anthe\.sh: error: DATA_BIN=.*: no valid split \(valid\*\.idx; --valid-subset "
+     r"valid\); allowed: a data-bin binarized with --validpref, or --disable-validation$"),
+    ("translation/train-anthe.sh", ["{ende}", "--max-tokens", "4k", "--dry-run"],
+     r"^train-anthe\.sh: error: --max-tokens=4k: not a whole number >= 1"),
+    ("translation/prepare-wmt16enro.sh", ["--max-len", "abc", "--dry-run"],
+     r"^prepare-wmt16enro\.sh: error: --max-len=abc: not a whole number >= 1"),
+    ("translation/prepare-wmt16enro.sh", ["--max-len=0", "--dry-run"],
+     r"^prepare-wmt16enro\.sh: error: --max-len=0: not a whole number >= 1"),
+    ("translation/prepare-wmt16enro.sh", ["--ratio", "abc", "--dry-run"],
+     r"^prepare-wmt16enro\.sh: error: --ratio=abc: not a number > 0"),
+    ("translation/prepare-wmt16enro.sh", ["--bpe-merges", "abc", "--dry-run"],
+     r"^prepare-wmt16enro\.sh: error: --bpe-merges=abc: not a whole number >= 1"),
+    ("translation/prepare-wmt14en2de.sh", ["--vocab-size", "abc", "--dry-run"],
+     r"^prepare-wmt14en2de\.sh: error: --vocab-size=abc: not a whole number >= 1"),
+    ("translation/prepare-wmt14en2de.sh", ["--paper", "antthe", "--dry-run"],
+     r"^prepare-wmt14en2de\.sh: error: --paper=antthe: not one of the choices; allowed: "
+     r"anthe\|subformer"),
+    ("translation/prepare-wmt17.sh", ["de-en", "--spm-sample", "abc", "--dry-run"],
+     r"^prepare-wmt17\.sh: error: --spm-sample=abc: not a whole number >= 1"),
+    ("translation/prepare-wmt17.sh", ["de-en", "--skip", "europarll", "--dry-run"],
+     r"^prepare-wmt17\.sh: error: --skip=europarll: not one of the choices; allowed: europarl\|"),
+    ("translation/prepare-wmt17.sh", ["de-en", "--skip", "leta", "--dry-run"],
+     r"^prepare-wmt17\.sh: error: --skip=leta: not a training corpus of de-en; allowed: "
+     r"europarl\|commoncrawl\|news-commentary\|rapid$"),
+    ("translation/prepare-wmt17.sh", ["de-en", "--max-size", "9X", "--dry-run"],
+     r"^prepare-wmt17\.sh: error: --max-size=9X: not a size"),
+    ("lm/evaluate-lm.sh", ["{lm}", "ckpt", "--tokens-per-sample", "x"],
+     r"^evaluate-lm\.sh: error: --tokens-per-sample=x: not a whole number >= 1"),
+    ("lm/evaluate-lm.sh", ["{lm}:{lm}", "ckpt"],
+     r"^evaluate-lm\.sh: error: DATA_BIN=.*: shards of a data-bin .*; allowed: one data-bin"),
+    ("translation/evaluate.sh", ["{ende}", "ckpt", "--beam", "0x"],
+     r"^evaluate\.sh: error: --beam=0x: not a whole number >= 1"),
+]
+
+
+@pytest.mark.parametrize("script, argv, pattern", RECIPES,
+                         ids=[f"{c[0]} {' '.join(c[1])}" for c in RECIPES])
+def test_recipe_mistake_ends_in_one_line(script, argv, pattern, tmp_path):
+    data = {"{ende}": ende_data_bin(), "{lm}": wikitext_data_bin(), "{novalid}": tmp_path / "novalid"}
+    data["{novalid}"].mkdir()
+    for name in os.listdir(data["{ende}"]):  # the en-de data-bin without its valid split
+        if not name.startswith("valid."):
+            os.symlink(os.path.join(data["{ende}"], name), data["{novalid}"] / name)
+    for placeholder, path in data.items():
+        argv = [a.replace(placeholder, str(path)) for a in argv]
+    proc = _recipe(script, *argv, "--work-dir", str(tmp_path / "work")) \
+        if script.split("/")[1].startswith("prepare") else _recipe(script, *argv)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr and "usage:" not in proc.stderr, \
+        proc.stderr[-3000:]
+    assert re.search(pattern, errors[0]), errors[0]
+
+
+def test_max_sentences_is_the_batch_size_the_recipe_prints():
+    """fairseq's --max-sentences is its --batch-size: the recipe prints and passes that value."""
+    proc = _recipe("translation/train-subformer.sh", ende_data_bin(), "--max-sentences=64",
+                   "--dry-run", "--gpus", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    assert "at most 64 sentences per worker batch (--batch-size)" in out, out[-2000:]
+    command = next(line for line in out.splitlines() if line.startswith("+ fairseq-train"))
+    assert " --batch-size 64 " in command + " " and "--max-sentences" not in command, command
+
+
+def test_generate_on_a_language_model_ends_in_one_line_and_its_advice_works(tmp_path):
+    """fairseq-generate --task language_modeling reads blocks of 1,024 tokens by default: with
+    a model of fewer positions it would stop with a traceback on the first sample."""
+    fixture = os.path.join(REPO, "tests", "fixtures", "checkpoints_0_2_0", "stlm_tied")
+    (tmp_path / "lm.test").write_text("the cat is in the house .\nthe house of a man .\n")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PATH=BIN + os.pathsep + os.environ["PATH"])
+    subprocess.run([os.path.join(BIN, "fairseq-preprocess"), "--only-source", "--srcdict",
+                    os.path.join(fixture, "dict.txt"), "--testpref", str(tmp_path / "lm.test"),
+                    "--destdir", str(tmp_path / "bin"), "--workers", "1"],
+                   check=True, capture_output=True, env=env, timeout=300)
+    generate = [os.path.join(BIN, "fairseq-generate"), str(tmp_path / "bin"), "--task",
+                "language_modeling", "--user-dir", os.path.join(REPO, "slim_fairseq"), "--path",
+                os.path.join(fixture, "checkpoint.pt"), "--cpu", "--beam", "1", "--max-len-b", "3",
+                "--required-batch-size-multiple", "1"]
+    proc = subprocess.run(generate, capture_output=True, text=True, env=env, timeout=300)
+    errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
+    assert proc.returncode != 0 and len(errors) == 1 and "Traceback" not in proc.stderr, \
+        proc.stderr[-3000:]
+    assert re.search(r"--tokens-per-sample=1024: longer than the 16 positions the model has: .*"
+                     r"allowed: --tokens-per-sample 16 or less with --sample-break-mode eos",
+                     errors[0]), errors[0]
+    proc = subprocess.run(generate + ["--tokens-per-sample", "16", "--sample-break-mode", "eos"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and len(re.findall(r"^H-\d", proc.stdout, re.M)) == 2, \
+        proc.stderr[-3000:]
