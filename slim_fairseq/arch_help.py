@@ -30,7 +30,7 @@ def _model_and_preset(arch):
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
     if arch not in ARCH_MODEL_REGISTRY:
-        raise SystemExit(f"slim-fairseq-help: error: {unknown_arch(arch)}")
+        raise unknown_arch(arch)
     return ARCH_MODEL_REGISTRY[arch], ARCH_CONFIG_REGISTRY[arch]
 
 

@@ -30,6 +30,7 @@ import copy
 import torch
 
 from slim_fairseq.models.slim_options import TC_PLACES, TC_SHAPE_DEFAULTS
+from slim_fairseq.option_errors import OptionError
 
 # fairseq model -> the plugin model with the same options and the same layer classes
 SLIM_OF = {"transformer": "slim_transformer", "transformer_lm": "slim_lm"}
@@ -63,8 +64,9 @@ def fill_from_dense(module, weight):
     expected = (module.in_features, module.out_features) if linear else (
         module.num_embeddings, module.embedding_dim)
     if tuple(matrix.shape) != expected:
-        raise CompressionError(f"weight of shape {tuple(weight.shape)} does not fit a chain of "
-                               f"{expected[0]}x{expected[1]}")
+        raise CompressionError(f"weight={tuple(weight.shape)}: does not fit a chain of "
+                               f"{expected[0]}x{expected[1]}; allowed: the dense weight of the "
+                               "layer the chain replaces")
     cores = tt_svd(matrix, module.in_factors, module.out_factors, module.bond)
     for param, core in zip(module.cores, cores):
         param.copy_(core.to(param.dtype))
@@ -99,7 +101,9 @@ def compress_model(dense_model, slim_model, log=None):
     for name, module in chains.items():
         weight_key = _dense_key(f"{name}.weight")
         if weight_key not in dense_state:
-            raise CompressionError(f"no dense weight {weight_key} for the Tensor Chain {name}")
+            raise CompressionError(f"{name}: a Tensor Chain with no dense weight {weight_key} in "
+                                   "the checkpoint; allowed: a checkpoint of the same model with "
+                                   "the chain dense")
         weight = dense_state[weight_key]
         error = fill_from_dense(module, weight)
         used.add(weight_key)
@@ -116,17 +120,18 @@ def compress_model(dense_model, slim_model, log=None):
             continue
         dense_key = _dense_key(key)
         if dense_key not in dense_state:
-            raise CompressionError(f"the compressed model has {key} but the checkpoint has no "
-                                   f"{dense_key}")
+            raise CompressionError(f"{key}: in the compressed model, and the checkpoint has no "
+                                   f"{dense_key}; allowed: a checkpoint of the same model")
         if dense_state[dense_key].shape != slim_state[key].shape:
-            raise CompressionError(f"{dense_key} has shape {tuple(dense_state[dense_key].shape)}, "
-                                   f"the compressed model expects {tuple(slim_state[key].shape)}")
+            raise CompressionError(f"{dense_key}={tuple(dense_state[dense_key].shape)}: a shape "
+                                   f"the compressed model does not take; allowed: "
+                                   f"{tuple(slim_state[key].shape)}")
         filled[key] = dense_state[dense_key]
         used.add(dense_key)
     unused = [key for key in dense_state if key not in used]
     if unused:
-        raise CompressionError(f"checkpoint tensors with no place in the compressed model: "
-                               f"{', '.join(unused[:5])}")
+        raise CompressionError(f"{', '.join(unused[:5])}: checkpoint tensors with no place in "
+                               "the compressed model; allowed: a checkpoint of the same model")
     slim_model.load_state_dict(filled, strict=True)
     return records
 
@@ -138,7 +143,7 @@ def _load_state(path, data=None):
     import os
     from fairseq import checkpoint_utils
     if not os.path.isfile(path):
-        raise CompressionError(f"checkpoint {path} does not exist")
+        raise CompressionError(f"CHECKPOINT={path}: does not exist; allowed: a checkpoint file")
     overrides = {"data": data} if data else None
     return checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides=overrides)
 
@@ -149,7 +154,8 @@ def _model_cfg(state):
     if cfg is None and state.get("args") is not None:
         cfg = convert_namespace_to_omegaconf(state["args"])
     if cfg is None or cfg.get("model") is None:
-        raise CompressionError("the checkpoint has no model configuration (cfg.model / args)")
+        raise CompressionError("CHECKPOINT: has no model configuration (cfg.model / args); "
+                               "allowed: a checkpoint written by fairseq-train")
     return cfg
 
 
@@ -182,7 +188,8 @@ def _build_checkpoint_model(cfg, state):
     try:
         return _build_task_and_model(cfg, state)
     except FileNotFoundError as exc:
-        raise CompressionError(f"{_one_line(exc)} (give the directory with the dictionaries as --data)")
+        raise CompressionError(f"--data: {_one_line(exc)}; allowed: --data DIR, the data-bin "
+                               "with the model's dictionaries")
 
 
 def _build_task_and_model(cfg, state, model_cfg=None):
@@ -332,8 +339,8 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
             raise CompressionError(f"--{place.replace('_', '-')}={ratio}: not a parameter ratio; "
                                    "allowed: a ratio in [0, 1] (0 = dense)")
     if not any(ratios.values()):
-        raise CompressionError("nothing to compress: give at least one of --tc-ff, --tc-patt, "
-                               "--tc-layer, --tc-emb, --tc-output > 0")
+        raise CompressionError("--tc-*: nothing to compress; allowed: at least one of --tc-ff, "
+                               "--tc-patt, --tc-layer, --tc-emb, --tc-output above 0")
     if tc_length < 2:
         raise CompressionError(f"--tc-length={tc_length}: too short for a chain; allowed: an integer >= 2")
     state = _load_state(path, data)
@@ -342,13 +349,15 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
     model_name = _model_name(arch)
     if model_name not in SLIM_OF:
         raise CompressionError(
-            f"{path} is a checkpoint of arch {arch!r} (model {model_name or 'unknown'}); "
-            f"compress_checkpoint takes fairseq's {' or '.join(SLIM_OF)} models "
+            f"CHECKPOINT={path}: a checkpoint of arch {arch!r} (model {model_name or 'unknown'}); "
+            f"allowed: fairseq's {' or '.join(SLIM_OF)} models "
             "(e.g. transformer, transformer_wmt_en_de, transformer_vaswani_wmt_en_de_big)")
     if model_name == "transformer_lm" and not getattr(cfg.model, "decoder_normalize_before", False):
         raise CompressionError(
-            f"{path} is a post-norm transformer_lm (decoder_normalize_before False); slim_lm is "
-            "always pre-norm (fairseq's base_lm_architecture sets --decoder-normalize-before)")
+            f"CHECKPOINT={path}: a post-norm transformer_lm (decoder_normalize_before False), "
+            "and slim_lm is always pre-norm (fairseq's base_lm_architecture sets "
+            "--decoder-normalize-before); allowed: a transformer_lm trained with "
+            "--decoder-normalize-before")
     if log:
         log(f"loading {path} (arch {arch})")
     task, dense = _build_checkpoint_model(cfg, state)
@@ -365,23 +374,29 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
         # the plugin's model with every chain off must be exactly the checkpoint's model
         same_cfg = without_tensor_chains(copy.deepcopy(slim_cfg))
         _, same = _build_task_and_model(cfg, state, model_cfg=same_cfg)
+    except OptionError as exc:  # already one line: --flag=value: problem; allowed: ...
+        raise CompressionError(str(exc)) from None
     except ValueError as exc:
-        raise CompressionError(_one_line(exc))
+        raise CompressionError(f"--tc-*: {_one_line(exc)}; allowed: other --tc-* ratios") from None
     try:
         compress_model(dense, same)
     except CompressionError as exc:
-        raise CompressionError(f"{slim_name} built from the options of {path} differs from the "
-                               f"checkpoint's model: {exc}")
+        raise CompressionError(f"CHECKPOINT={path}: {slim_name} built from its options differs "
+                               f"from its model ({exc}); allowed: {' or '.join(SLIM_OF)} "
+                               "checkpoints of the options compress_checkpoint supports")
     vocab = len(task.source_dictionary)
     gap = output_gap(dense, same.eval(), vocab)
     if gap > EQUAL_OUTPUTS:
         raise CompressionError(
-            f"{slim_name} built from the options of {path} does not reproduce the checkpoint's "
-            f"model (relative logit gap {gap:.2e}); this {arch} option combination is not supported")
+            f"CHECKPOINT={path}: {slim_name} built from its options does not reproduce its model "
+            f"(relative logit gap {gap:.2e}); allowed: {arch} checkpoints of the option "
+            "combinations compress_checkpoint supports")
     del same
     records = compress_model(dense, slim, log=log)
     if not records:
-        raise CompressionError("the chosen --tc-* places hold no layer of this model")
+        raise CompressionError("--tc-*: the places chosen hold no layer of this model; "
+                               "allowed: --tc-ff, --tc-patt, --tc-layer, --tc-emb or --tc-output "
+                               "of a place the model has")
     write_checkpoint(out, cfg, slim_cfg, slim, state)
     before = sum(p.numel() for p in dense.parameters())
     after = sum(p.numel() for p in slim.parameters())
@@ -450,8 +465,9 @@ def _plain_fairseq(cfg, state, dense_cfg, dense, model_name):
     try:
         plain.load_state_dict({_dense_key(k): v for k, v in dense.state_dict().items()}, strict=True)
     except RuntimeError as exc:
-        raise CompressionError(f"fairseq's {plain_name} does not take the exported tensors: "
-                               f"{_one_line(exc)[:300]}")
+        raise CompressionError(f"--plain-fairseq: fairseq's {plain_name} does not take the "
+                               f"exported tensors ({_one_line(exc)[:300]}); allowed: the export "
+                               "without --plain-fairseq")
     return plain_cfg, plain.eval()
 
 
@@ -467,11 +483,12 @@ def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None)
     model_name = _model_name(arch)
     if model_name not in SLIM_OF.values():
         raise CompressionError(
-            f"{path} is a checkpoint of arch {arch!r} (model {model_name or 'unknown'}); "
-            f"export_dense takes {' or '.join(SLIM_OF.values())} checkpoints (any arch of them)")
+            f"CHECKPOINT={path}: a checkpoint of arch {arch!r} (model {model_name or 'unknown'}); "
+            f"allowed: {' or '.join(SLIM_OF.values())} checkpoints (any arch of them)")
     if plain_fairseq and other_techniques(cfg.model):
-        raise CompressionError("--plain-fairseq needs a model that uses no other technique of the "
-                               f"plugin; this one sets {', '.join(other_techniques(cfg.model))}")
+        raise CompressionError("--plain-fairseq: needs a model that uses no other technique of "
+                               f"the plugin, and this one sets {', '.join(other_techniques(cfg.model))}; "
+                               "allowed: the export without --plain-fairseq")
     places = [p for p in TC_PLACES if getattr(cfg.model, p, 0.0)]
     if log:
         log(f"loading {path} (arch {arch}, Tensor Chains: {', '.join(places) or 'none'})")
@@ -481,16 +498,20 @@ def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None)
     try:
         dense.load_state_dict(dense_state_dict(model), strict=True)
     except RuntimeError as exc:
-        raise CompressionError(f"the dense model does not take the exported tensors: {_one_line(exc)[:300]}")
+        raise CompressionError(f"CHECKPOINT: the dense model does not take the exported tensors "
+                               f"({_one_line(exc)[:300]}); allowed: none (a defect of the plugin: "
+                               "report it with the command)")
     left = [name for name, module in dense.named_modules() if is_tensor_chain(module)]
     if left:
-        raise CompressionError(f"Tensor Chains left after the export: {', '.join(left[:5])}")
+        raise CompressionError(f"{', '.join(left[:5])}: Tensor Chains left after the export; "
+                               "allowed: none (a defect of the plugin: report it with the command)")
     if plain_fairseq:
         dense_cfg, dense = _plain_fairseq(cfg, state, dense_cfg, dense, model_name)
     gap = output_gap(model, dense.eval(), len(task.source_dictionary))
     if gap > EQUAL_OUTPUTS:
-        raise CompressionError(f"the exported model's outputs differ from {path}'s "
-                               f"(relative logit gap {gap:.2e}); nothing written")
+        raise CompressionError(f"CHECKPOINT={path}: the exported model's outputs differ from its "
+                               f"(relative logit gap {gap:.2e}), nothing written; allowed: none "
+                               "(a defect of the plugin: report it with the command)")
     write_checkpoint(out, cfg, dense_cfg, dense, state)
     if log:
         before = sum(p.numel() for p in model.parameters())

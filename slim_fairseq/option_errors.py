@@ -33,6 +33,13 @@ class OptionError(ValueError, SystemExit):
         self.code = f"{prog}: error: {message}"
         self.alternatives = list(alternatives)
 
+    def with_alternatives(self, alternatives):
+        """The same refusal proposing only ``alternatives`` (a checker kept those that pass)."""
+        head = str(self).rsplit("; allowed: ", 1)[0]
+        allowed = render_alternatives(alternatives) if alternatives else \
+            "another setting of the options named"
+        return OptionError(f"{head}; allowed: {allowed}", alternatives)
+
 
 def render_alternatives(alternatives):
     """``allowed`` text of command-line changes: ``--a x|y, or --b 0 --c 1``."""

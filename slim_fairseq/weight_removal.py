@@ -89,12 +89,14 @@ def _bias(sd, key, width):
 def _checked_matrix(sd, key, layer, removed, max_condition):
     mat = _row(sd, key)
     if mat.shape[0] != mat.shape[1]:
-        raise ValueError(f"--removed-weights {removed}: {key} is {tuple(mat.shape)}, not square")
+        raise ValueError(f"--removed-weights={removed}: {key} is {tuple(mat.shape)}, not square; "
+                         "allowed: a model whose heads span the model width (no --head-dim)")
     cond = torch.linalg.cond(mat).item()
     if not math.isfinite(cond) or cond > max_condition:
         raise ValueError(
-            f"--removed-weights {removed}: layer {layer} W_{removed.upper()} is singular or ill-conditioned "
-            f"(condition number {cond:.3g} > --max-condition {max_condition:.3g}); it cannot be removed exactly"
+            f"--removed-weights={removed}: layer {layer} W_{removed.upper()} is singular or "
+            f"ill-conditioned (condition number {cond:.3g} > --max-condition {max_condition:.3g}) "
+            "and cannot be removed exactly; allowed: another of q|k|v, or a larger --max-condition"
         )
     return mat, cond
 
@@ -148,7 +150,8 @@ def convert_state_dict(
         if key in sd:
             new[key] = vec
         elif vec.abs().max().item() != 0.0:
-            raise ValueError(f"internal: nonzero bias for missing {key}")
+            raise ValueError(f"{key}: a nonzero bias of a weight that is removed; allowed: none "
+                             "(a defect of the plugin: report it with the command)")
 
     conds = []
     for i in range(layers):
@@ -259,12 +262,13 @@ def convert_checkpoint(src_path: str, dst_path: str, removed: str = "q",
     if state.get("cfg") is not None and _get(state["cfg"], "model") is not None:
         holders.append((state["cfg"], "model"))
     if not holders:
-        raise ValueError(f"{src_path}: no model config (cfg.model / args) in the checkpoint")
+        raise ValueError(f"CHECKPOINT={src_path}: no model configuration (cfg.model / args); "
+                         "allowed: a checkpoint written by fairseq-train")
     model_args = _get(*holders[0])
     arch = _get(model_args, "arch", _get(model_args, "_name"))
     if not (isinstance(arch, str) and arch.startswith("skipless")) and (
             _get(model_args, "skipless_layout", "none") or "none") == "none":
-        raise ValueError(f"{src_path}: arch {arch!r} is not a skipless model; allowed: skipless_* "
+        raise ValueError(f"CHECKPOINT={src_path}: arch {arch!r} is not a skipless model; allowed: skipless_* "
                          "archs and models trained with --skipless-layout")
     filled = _with_arch_defaults(model_args)
     upgrade_state_dict(state["model"], tied=bool(_get(filled, "share_decoder_input_output_embed", False)))

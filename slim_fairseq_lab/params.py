@@ -56,6 +56,16 @@ def _default_task(arch):
     return "translation" if issubclass(model_cls, FairseqEncoderDecoderModel) else "language_modeling"
 
 
+def _adaptive_softmax(arch):
+    """Whether ``arch``'s preset builds an adaptive softmax."""
+    import argparse
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+    preset = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[arch](preset)
+    return bool(getattr(preset, "adaptive_softmax_cutoff", None))
+
+
 def build_model(arch, overrides=(), vocab=None, src_vocab=None, tgt_vocab=None, joined=False,
                 task=None, meta=False):
     """Build ``arch`` with fairseq's parser and a task holding dummy dictionaries; return (model, args)."""
@@ -64,9 +74,12 @@ def build_model(arch, overrides=(), vocab=None, src_vocab=None, tgt_vocab=None, 
 
     load_plugin()
     task_name = task or _default_task(arch)
+    overrides = [str(o) for o in overrides]
+    if "--criterion" not in overrides and _adaptive_softmax(arch):
+        overrides += ["--criterion", "adaptive_loss"]  # what fairseq trains it with
     parser = options.get_training_parser(default_task=task_name)
     args = options.parse_args_and_arch(
-        parser, ["dummy-data", "--task", task_name, "--arch", arch] + [str(o) for o in overrides]
+        parser, ["dummy-data", "--task", task_name, "--arch", arch] + overrides
     )
     if task_name == "translation":
         from fairseq.tasks.translation import TranslationTask

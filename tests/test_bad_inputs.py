@@ -221,3 +221,62 @@ def test_generate_on_a_language_model_ends_in_one_line_and_its_advice_works(tmp_
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and len(re.findall(r"^H-\d", proc.stdout, re.M)) == 2, \
         proc.stderr[-3000:]
+
+
+# ------------------------------------------------------------------ the plugin's one error format
+
+# a message: SUBJECT[=VALUE]: what is wrong; allowed: what works (a program's "PROG: error: "
+# before it); f-string fields read as "{}"
+ONE_LINE = re.compile(r"^(\S+: error: )?[^:;\s][^:;]*?(=[^:;]+)?: [^\n]+; allowed: [^\n]+$")
+# helpers that build such a message from (flag, value, problem, allowed)
+BUILDERS = {"option_error": 3, "_off": 3, "unknown_arch": None, "error.with_alternatives": None}
+
+
+def _template(node):
+    import ast
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _template(node.left), _template(node.right)
+        if left is None and right is None:
+            return None
+        return (left if left is not None else "{}") + (right if right is not None else "{}")
+    return None
+
+
+def _raises(root):
+    """(file:line, the raised call's source, what is wrong with its message or None)."""
+    import ast
+    for folder, _, files in os.walk(root):
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.Raise) or not isinstance(node.exc, ast.Call):
+                    continue  # a bare re-raise, or an error object made elsewhere
+                call, where = node.exc, f"{os.path.relpath(path, REPO)}:{node.lineno}"
+                func = ast.unparse(call.func)
+                if func in BUILDERS:
+                    given = len(call.args) > (BUILDERS[func] or 0) or any(
+                        k.arg in ("allowed", "alternatives") for k in call.keywords)
+                    yield where, func, None if BUILDERS[func] is None or given else "no allowed"
+                    continue
+                if call.args and isinstance(call.args[0], ast.Call) and \
+                        ast.unparse(call.args[0].func) == "str":
+                    yield where, func, None  # an error already in the format, passed on
+                    continue
+                text = _template(call.args[0]) if call.args else None
+                yield where, func, None if text and ONE_LINE.match(text) else repr(text)
+
+
+def test_every_error_of_the_plugin_is_one_line_naming_what_is_allowed():
+    """Every raise in slim_fairseq/ states SUBJECT=VALUE: problem; allowed: what works."""
+    found = list(_raises(os.path.join(REPO, "slim_fairseq")))
+    assert len(found) > 100  # the scan sees the plugin's raises
+    bad = [f"{where} {func}: {problem}" for where, func, problem in found if problem]
+    assert not bad, "\n".join(bad)

@@ -56,6 +56,8 @@ def build_translation(arch, extra=(), vocab=60, device=None, seed=1):
 
 def build_lm(arch, extra=(), vocab=100, device=None, seed=1):
     from fairseq.tasks.language_modeling import LanguageModelingTask
+    if arch.startswith("subformer_lm") and "--criterion" not in extra:
+        extra = [*extra, "--criterion", "adaptive_loss"]  # its adaptive softmax needs it
     args = parse_train_args(["unused-data", "--task", "language_modeling", "--arch", arch,
                              "--cpu", *extra])
     dictionary = synthetic_dictionary(vocab)

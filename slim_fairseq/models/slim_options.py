@@ -30,7 +30,7 @@ from slim_fairseq.modules.shaped_attention import REMOVABLE
 from slim_fairseq.modules.tensor_chain_policy import BACKWARD_MODES as TC_BACKWARD_MODES
 from slim_fairseq.modules.tensor_chain_policy import FORWARD_MODES as TC_FORWARD_MODES
 from slim_fairseq.modules.weight_tying import parse_tie_option, validate_tying
-from slim_fairseq.option_errors import OptionError, option_error, render_alternatives
+from slim_fairseq.option_errors import OptionError, option_error
 
 MODELS = ("slim_transformer", "slim_lm")
 TC_PLACES = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
@@ -347,9 +347,7 @@ def validate_slim_args(args, model):
         if not error.alternatives:
             raise
         kept = [change for change in error.alternatives if _accepts(args, model, change)]
-        message = str(error).rsplit("; allowed: ", 1)[0]
-        allowed = render_alternatives(kept) if kept else "another setting of the options named"
-        raise OptionError(f"{message}; allowed: {allowed}", kept) from None
+        raise error.with_alternatives(kept) from None
 
 
 def _accepts(args, model, change):

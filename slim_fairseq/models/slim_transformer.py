@@ -10,7 +10,6 @@ import argparse
 import math
 from typing import Dict, List, Optional
 
-import torch
 import torch.nn as nn
 from torch import Tensor
 
@@ -97,7 +96,8 @@ class SlimTransformerEncoder(TransformerEncoderBase):
 
     def forward_embedding(self, src_tokens, token_embedding: Optional[Tensor] = None):
         if token_embedding is not None:
-            raise ValueError("slim_transformer does not take precomputed token embeddings")
+            raise ValueError("token_embedding: slim_transformer embeds its tokens itself; "
+                             "allowed: None")
         x = embed = self.embed_tokens(src_tokens)
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
@@ -161,9 +161,9 @@ class SlimTransformerDecoder(TransformerDecoderBase):
                 weight = getattr(table, "weight", None)
                 if not isinstance(weight, nn.Parameter) or weight.shape != (vocab, self.output_embed_dim):
                     raise ValueError(
-                        "tied input/output embeddings need a dense token table of width "
-                        f"{self.output_embed_dim}; this input embedding cannot be tied "
-                        "(drop --share-decoder-input-output-embed / --share-all-embeddings)")
+                        "--share-decoder-input-output-embed: a tied output needs a dense token "
+                        f"table of width {self.output_embed_dim}, which this input embedding "
+                        "does not have; allowed: drop it (and --share-all-embeddings)")
                 self.output_projection = nn.Linear(self.output_embed_dim, vocab, bias=bias)
                 self.output_projection.weight = weight
             else:

@@ -24,7 +24,6 @@ encoder output are folded into query rows, and attention weights (asked for in c
 during generation) come from an explicit softmax over the same grouped layout.
 ``tests/test_attention.py`` pins it to fairseq's output for the dense case.
 """
-import math
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -411,7 +410,7 @@ def build_attention(cfg, embed_dim, num_heads, *, role, dropout, kdim=None, vdim
     qn_block_size, xformers_att_config, add_bias_kv, add_zero_attn), else
     :class:`SlimMultiheadAttention`."""
     if role not in ROLES:
-        raise ValueError(f"role must be one of {'|'.join(ROLES)}, got {role!r}")
+        raise ValueError(f"role={role!r}: not an attention role; allowed: {'|'.join(ROLES)}")
     cross = role == "cross"
     gate = getattr(cfg, "cross_attn_gate" if cross else "self_attn_gate", "none") or "none"
     check_gate(gate, role)

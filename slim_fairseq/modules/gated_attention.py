@@ -33,7 +33,7 @@ ROLES = ("encoder_self", "decoder_self", "cross")
 def check_gate(gate, role):
     """One-line ValueError for a gate that is unknown, or not allowed in cross-attention."""
     if role not in ROLES:
-        raise ValueError(f"role must be one of {'|'.join(ROLES)}, got {role!r}")
+        raise ValueError(f"role={role!r}: not an attention role; allowed: {'|'.join(ROLES)}")
     if role == "cross":
         if gate not in CROSS_GATES:
             problem = CROSS_GATE_WHY if gate in GATES else "not a gate"

@@ -83,8 +83,9 @@ class HSoftPOSEmbedding(nn.Module):
         super().__init__()
         self.d_sp, self.n_sp, self.d_emb = hsoftpos_dims(model_dim, levels, min_token_dim)
         if table.embedding_dim != self.d_emb:
-            raise ValueError(f"H-SoftPOS with d={model_dim}, l={levels} needs a token table of "
-                             f"width {self.d_emb}, got {table.embedding_dim}")
+            raise ValueError(f"--hsoftpos-levels={levels}: at width {model_dim} the token table "
+                             f"must be {self.d_emb} wide, and it is {table.embedding_dim}; allowed: "
+                             f"a table of width {self.d_emb}")
         self.table = table
         self.levels = levels
         self.embedding_dim = model_dim

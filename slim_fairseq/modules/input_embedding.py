@@ -34,7 +34,7 @@ def side_config(cfg, side):
     elif side == "decoder":
         sub, max_positions = cfg.decoder, cfg.max_target_positions
     else:
-        raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
+        raise ValueError(f"side={side!r}: not a side of the model; allowed: encoder|decoder")
     return Side(sub.embed_dim, max_positions, bool(sub.learned_pos), bool(sub.normalize_before),
                 side == "decoder")
 

@@ -107,7 +107,8 @@ class SAFEInputEmbedding(nn.Module):
             positions = self.embed_positions(tokens, incremental_state=incremental_state)
         if incremental_state is not None:
             if not self.causal:
-                raise ValueError("incremental decoding needs the causal (decoder) SAFE embedding")
+                raise ValueError("incremental_state: the encoder's SAFE embedding is not causal; "
+                                 "allowed: incremental decoding with the decoder's")
             tokens = tokens[:, -1:]
             if positions is not None:
                 positions = positions[:, -1:]
@@ -153,8 +154,9 @@ class SAFEOutputProjection(nn.Module):
     def __init__(self, table, model_dim, mlp=False, activation="relu"):
         super().__init__()
         if not isinstance(table, nn.Embedding):
-            raise ValueError("--safe-embed-dim needs a plain token table for the tied output "
-                             f"(not {type(table).__name__}); drop --adaptive-softmax-cutoff/--tc-output")
+            raise ValueError(f"--safe-embed-dim: the tied output needs a plain token table, not "
+                             f"{type(table).__name__}; allowed: no --adaptive-input or --tc-emb "
+                             "with it")
         self.table = table
         self.proj = nn.Linear(model_dim, table.embedding_dim)
         self.activation_fn = activation_function(activation) if mlp else None
@@ -162,9 +164,9 @@ class SAFEOutputProjection(nn.Module):
     @classmethod
     def from_cfg(cls, cfg, table, model_dim, vocab_size):
         if table.num_embeddings != vocab_size:
-            raise ValueError(
-                f"--safe-embed-dim: the tied output needs the decoder's own table of {vocab_size} "
-                f"types, got {table.num_embeddings}")
+            raise ValueError(f"--safe-embed-dim: the tied output needs the decoder's own table "
+                             f"of {vocab_size} types, and it has {table.num_embeddings}; allowed: "
+                             "the target dictionary's table")
         return cls(table, model_dim, mlp=(getattr(cfg, "safe_output", "linear") == "mlp"),
                    activation=getattr(cfg, "activation_fn", "relu") or "relu")
 

@@ -19,7 +19,6 @@ reordering visits each depth once. The reference shared one module object and de
 import copy
 from typing import Callable, List
 
-import torch
 import torch.nn as nn
 from torch import Tensor
 
@@ -102,15 +101,18 @@ def tie_parameters_(target: nn.Module, source: nn.Module, keep_own=lambda name, 
             continue
         dst_module = target.get_submodule(name) if name else target
         if type(dst_module) is not type(src_module):
-            raise RuntimeError(f"cannot share {name}: {type(src_module).__name__} vs "
-                               f"{type(dst_module).__name__}")
+            raise RuntimeError(f"--sandwich: cannot share {name} between "
+                               f"{type(src_module).__name__} and {type(dst_module).__name__}; "
+                               "allowed: middle layers of one class")
         for pname, param in src_module._parameters.items():
             if param is None:
                 continue
             if pname not in dst_module._parameters or dst_module._parameters[pname] is None:
-                raise RuntimeError(f"cannot share {name}.{pname}: missing in the target")
+                raise RuntimeError(f"--sandwich: cannot share {name}.{pname}, missing in a "
+                                   "middle layer; allowed: middle layers of one shape")
             if dst_module._parameters[pname].shape != param.shape:
-                raise RuntimeError(f"cannot share {name}.{pname}: shape mismatch")
+                raise RuntimeError(f"--sandwich: cannot share {name}.{pname}, shapes differ; "
+                                   "allowed: middle layers of one shape")
             setattr(dst_module, pname, param)
     return target
 
@@ -227,7 +229,7 @@ def _build_middle_layers(cfg, side, make_layer, count) -> List[nn.Module]:
 def build_layer_stack(cfg, side: str, make_layer: Callable[[object], nn.Module]) -> List[nn.Module]:
     """Layers of one side: plain (``cfg.sandwich`` off) or the sandwich stack (docs/TECHNIQUES.md#sandwich-sharing)."""
     if side not in ("encoder", "decoder"):
-        raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
+        raise ValueError(f"side={side!r}: not a side of the model; allowed: encoder|decoder")
     if not getattr(cfg, "sandwich", False):
         layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
         return [make_layer(cfg) for _ in range(layers)]

@@ -68,7 +68,7 @@ def refuse_double_backward(what):
     detached, silently wrong for gradients of gradients)."""
     if torch.is_grad_enabled():
         raise RuntimeError(
-            f"{what}: gradients of gradients (create_graph=True) are not supported; use "
+            f"{what}: gradients of gradients (create_graph=True) are not supported; allowed: "
             "TensorChainLinear(forward_mode='materialise') for them")
 
 

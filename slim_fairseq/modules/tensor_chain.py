@@ -45,7 +45,8 @@ def factorize(n, length):
     gets factor 1 in the remaining slots and a warning.
     """
     if n < 1 or length < 1:
-        raise ValueError(f"cannot factorise {n} into {length} factors")
+        raise ValueError(f"--tc-length={length}: no factorisation of {n} into {length} factors; "
+                         "allowed: a dimension and a length >= 1")
     primes = prime_factors(n)
     if len(primes) < length:
         warnings.warn(f"Tensor Chain: {n} has fewer than {length} prime factors; "
@@ -126,9 +127,11 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         if length < 2:
             raise option_error("--tc-length", length, "too short for a chain", "an integer >= 2")
         if (ratio is None) == (bond is None):
-            raise ValueError("TensorChainLinear needs exactly one of ratio or bond")
+            raise ValueError(f"ratio={ratio}, bond={bond}: a chain needs exactly one of them; "
+                             "allowed: a parameter ratio or a bond")
         if forward_mode not in ("auto", "materialise", "contract"):
-            raise ValueError(f"forward_mode={forward_mode!r}; allowed: auto|materialise|contract")
+            raise ValueError(f"forward_mode={forward_mode!r}: not a mode; allowed: "
+                             "auto|materialise|contract")
         self.in_features = in_features
         self.out_features = out_features
         self.length = length
@@ -359,7 +362,8 @@ class TensorChainEmbedding(nn.Module):
         self.out_factors = factorize(embedding_dim, length)
         if bond is None:
             if ratio is None:
-                raise ValueError("TensorChainEmbedding needs ratio or bond")
+                raise ValueError("ratio=None, bond=None: a chain needs one of them; allowed: a "
+                                 "parameter ratio or a bond")
             bond = solve_bond(num_embeddings, embedding_dim, ratio, length,
                               self.in_factors, self.out_factors, min_bond)
         self.bond = int(bond)

@@ -134,16 +134,16 @@ def default_ffn_linears(layer: nn.Module) -> Dict[str, nn.Module]:
         found = _linear_children(layer.fc1, "fc1")
         found.update(_linear_children(layer.fc2, "fc2"))
         return found
-    raise ValueError(f"--tie-ffn: cannot find the FFN of {type(layer).__name__}")
+    raise ValueError(f"--tie-ffn: {type(layer).__name__} has no feed-forward fc1/fc2; allowed: "
+                     "--tie-ffn none with this layer")
 
 
 def default_attn_out_proj(layer: nn.Module) -> nn.Module:
     """``layer.self_attn.out_proj``."""
     attn = getattr(layer, "self_attn", None)
     if attn is None or getattr(attn, "out_proj", None) is None:
-        raise ValueError(
-            f"--tie-attn-proj: cannot find self_attn.out_proj in {type(layer).__name__}"
-        )
+        raise ValueError(f"--tie-attn-proj: {type(layer).__name__} has no self_attn.out_proj; "
+                         "allowed: --tie-attn-proj none with this layer")
     return attn.out_proj
 
 
@@ -165,9 +165,8 @@ def share_parameters(source: nn.Module, target: nn.Module):
     target_params = dict(target.named_parameters(remove_duplicate=False))
     for name, param in source.named_parameters(remove_duplicate=False):
         if name not in target_params or target_params[name].shape != param.shape:
-            raise ValueError(
-                f"weight tying: {type(target).__name__}.{name} does not match the shared layer"
-            )
+            raise ValueError(f"{type(target).__name__}.{name}: does not match the layer it "
+                             "shares weights with; allowed: layers of one shape")
         owner_path, _, leaf = name.rpartition(".")
         setattr(_get_submodule(target, owner_path), leaf, param)
 
@@ -193,7 +192,8 @@ def apply_weight_tying(
         for index in ffn_range[1:]:
             mine = ffn_linears(layers[index])
             if set(mine) != set(owner):
-                raise ValueError(f"--tie-ffn: layer {index} has a different FFN layout")
+                raise ValueError(f"--tie-ffn: layer {index} has another feed-forward layout "
+                                 "than the layer it shares with; allowed: layers of one shape")
             for path, module in owner.items():
                 share_parameters(module, mine[path])
         if rank > 0:
