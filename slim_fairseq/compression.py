@@ -332,17 +332,17 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
     module docstring). ``data`` overrides the checkpoint's data directory (only its
     dictionaries are read). Returns ``(records, flags)``: one record per chain (see
     :func:`compress_model`) and the fairseq-train model flags that rebuild the model."""
-    from slim_fairseq.models.slim_options import validate_slim_args, set_slim_defaults
+    from slim_fairseq.models.slim_options import (BY_DEST, check_value, set_slim_defaults,
+                                                  validate_slim_args)
     ratios = dict(tc_ff=tc_ff, tc_patt=tc_patt, tc_layer=tc_layer, tc_emb=tc_emb, tc_output=tc_output)
-    for place, ratio in ratios.items():
-        if not 0.0 <= ratio <= 1.0:
-            raise CompressionError(f"--{place.replace('_', '-')}={ratio}: not a parameter ratio; "
-                                   "allowed: a ratio in [0, 1] (0 = dense)")
+    try:  # the model options' own rules on each value
+        for dest, value in dict(ratios, tc_length=tc_length).items():
+            check_value(BY_DEST[dest], value)
+    except ValueError as error:
+        raise CompressionError(str(error)) from None
     if not any(ratios.values()):
         raise CompressionError("--tc-*: nothing to compress; allowed: at least one of --tc-ff, "
                                "--tc-patt, --tc-layer, --tc-emb, --tc-output above 0")
-    if tc_length < 2:
-        raise CompressionError(f"--tc-length={tc_length}: too short for a chain; allowed: an integer >= 2")
     state = _load_state(path, data)
     cfg = _model_cfg(state)
     arch = _arch_of(cfg.model)

@@ -16,7 +16,7 @@ from fairseq.modules.transformer_layer import (  # noqa: E402
 )
 
 from slim_fairseq.models.slim_layers import SlimDecoderLayer, SlimEncoderLayer  # noqa: E402
-from slim_fairseq.models.slim_options import set_slim_defaults  # noqa: E402
+from slim_fairseq.models.slim_options import set_slim_defaults, validate_slim_args  # noqa: E402
 from slim_fairseq.modules.attention import SlimMultiheadAttention  # noqa: E402
 from slim_fairseq.modules.glu import GLUProjection  # noqa: E402
 from slim_fairseq.modules.hsoftpos import HSoftPOSEmbedding  # noqa: E402
@@ -50,14 +50,18 @@ def test_anthe_base_breakdown():
     assert output == 16_416_000
 
 
-def _namespace(**options):
+def _args(**options):
     args = argparse.Namespace(encoder_embed_dim=32, encoder_ffn_embed_dim=48,
                               encoder_attention_heads=4, decoder_embed_dim=32,
                               decoder_ffn_embed_dim=48, decoder_attention_heads=4, dropout=0.0,
                               **options)
     set_slim_defaults(args)
     base_architecture(args)
-    return TransformerConfig.from_namespace(args)
+    return args
+
+
+def _namespace(**options):
+    return TransformerConfig.from_namespace(_args(**options))
 
 
 def test_layers_with_options_off_are_fairseq_layers():
@@ -91,8 +95,10 @@ def test_layer_options_build_the_anthe_blocks():
     out = layer(x, enc, None)[0]
     out.sum().backward()
     assert all(p.grad is not None for p in layer.parameters())
-    with pytest.raises(ValueError, match="--cross-attn-gate"):
-        SlimDecoderLayer(_namespace(cross_attn_gate="qgv"))
+    # the options are checked before anything is built, in one place
+    args = _args(cross_attn_gate="qgv")
+    with pytest.raises(ValueError, match="^--cross-attn-gate=qgv: "):
+        validate_slim_args(args, "slim_transformer")
 
 
 def _tiny(arch, *extra):

@@ -10,10 +10,10 @@ from helpers import load_plugin
 
 load_plugin()  # registers the plugin the way --user-dir does; then its modules import normally
 
-from slim_fairseq.modules.attention import SlimMultiheadAttention, build_attention
+from slim_fairseq.modules.attention import SlimMultiheadAttention
 from slim_fairseq.modules.gated_attention import CROSS_GATES, GATES
 from slim_fairseq.modules.glu import GLUProjection, glu_hidden_dim
-from slim_fairseq.modules.hsoftpos import HSoftPOSEmbedding
+from slim_fairseq.modules.hsoftpos import HSoftPOSEmbedding, hsoftpos_dims
 from slim_fairseq.modules.tensor_chain import (
     TensorChainEmbedding,
     TensorChainLinear,
@@ -21,6 +21,7 @@ from slim_fairseq.modules.tensor_chain import (
     solve_bond,
     tc_param_count,
 )
+from slim_fairseq.specs import AttentionSpec, ChainSpec
 
 
 def n_params(module):
@@ -227,13 +228,13 @@ def test_glu_projection_formula_and_width():
         expected = act(x @ glu.w1.weight.t() + glu.w1.bias) * (x @ glu.w3.weight.t() + glu.w3.bias)
         assert glu(x).shape == (3, 32)
         assert torch.allclose(glu(x), expected, atol=1e-6)
-    with pytest.raises(ValueError, match=r"^--activation-fn=tanh: .*; allowed: silu\|gelu\|relu$"):
+    with pytest.raises(ValueError, match=r"^activation='tanh': .*; allowed: silu\|gelu\|relu$"):
         GLUProjection(16, 32, "tanh")
     assert glu_hidden_dim(48, "full") == 48 and glu_hidden_dim(48, "two-thirds") == 32
 
 
 def test_glu_with_tensor_chain():
-    glu = GLUProjection(512, 1365, tc_ratio=0.005)
+    glu = GLUProjection(512, 1365, chain=ChainSpec(0.005))
     assert n_params(glu) == 2 * (3616 + 1365)
 
 
@@ -287,7 +288,7 @@ def _reference_attention(mha, query, key, value, attn_mask=None, key_padding_mas
 @pytest.mark.parametrize("gate", GATES)
 def test_self_attention_gate_matches_formula(gate, no_patt, need_weights, causal):
     torch.manual_seed(0)
-    mha = SlimMultiheadAttention(16, 4, self_attention=True, gate=gate, no_patt=no_patt).eval()
+    mha = SlimMultiheadAttention(16, 4, self_attention=True, spec=AttentionSpec(gate=gate, no_patt=no_patt)).eval()
     x = torch.randn(5, 2, 16)
     pad = torch.zeros(2, 5, dtype=torch.bool)
     mask = None
@@ -305,7 +306,7 @@ def test_self_attention_gate_matches_formula(gate, no_patt, need_weights, causal
 
 def test_no_patt_qgv_is_v_times_sigmoid_q():
     torch.manual_seed(0)
-    mha = SlimMultiheadAttention(8, 1, self_attention=True, gate="qgv", no_patt=True).eval()
+    mha = SlimMultiheadAttention(8, 1, self_attention=True, spec=AttentionSpec(gate="qgv", no_patt=True)).eval()
     x = torch.randn(4, 1, 8)
     q, k, v = mha.project_inputs(x, x, x)
     assert torch.equal(q, x) and torch.equal(k, x)
@@ -315,7 +316,7 @@ def test_no_patt_qgv_is_v_times_sigmoid_q():
 @pytest.mark.parametrize("gate", CROSS_GATES)
 def test_cross_attention_gate_matches_formula(gate):
     torch.manual_seed(0)
-    mha = SlimMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate).eval()
+    mha = SlimMultiheadAttention(16, 4, encoder_decoder_attention=True, spec=AttentionSpec(gate=gate)).eval()
     query, enc = torch.randn(3, 2, 16), torch.randn(7, 2, 16)
     out, _ = mha(query, enc, enc, static_kv=True)
     assert torch.allclose(out, _reference_attention(mha, query, enc, enc), atol=1e-5)
@@ -323,12 +324,9 @@ def test_cross_attention_gate_matches_formula(gate):
 
 @pytest.mark.parametrize("gate", sorted(set(GATES) - set(CROSS_GATES)))
 def test_forbidden_cross_gates_raise(gate):
-    cfg = type("Cfg", (), {"cross_attn_gate": gate, "no_patt": False, "tc_patt": 0.0,
-                           "tc_layer": 0.0, "tc_length": 2})()
+    from slim_fairseq.models.slim_options import BY_DEST, check_value
     with pytest.raises(ValueError, match=r"^--cross-attn-gate=.*leaks.*; allowed: none\|kgv\|vgk$"):
-        build_attention(cfg, 16, 4, role="cross", dropout=0.0)
-    with pytest.raises(ValueError, match="--cross-attn-gate"):
-        SlimMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate)
+        check_value(BY_DEST["cross_attn_gate"], gate)
 
 
 def test_gate_none_is_fairseq_attention():
@@ -349,7 +347,7 @@ def _causal_mask(t):
 @pytest.mark.parametrize("gate", ["qgv", "kgv", "vgq", "qgk"])
 def test_decoder_self_attention_incremental_with_reorder(gate):
     torch.manual_seed(0)
-    mha = SlimMultiheadAttention(16, 4, self_attention=True, gate=gate, tc_ratio=0.3).eval()
+    mha = SlimMultiheadAttention(16, 4, self_attention=True, spec=AttentionSpec(gate=gate, chain=ChainSpec(0.3))).eval()
     x = torch.randn(6, 3, 16)
     full, _ = mha(x, x, x, attn_mask=_causal_mask(6))
     state = {}
@@ -372,7 +370,7 @@ def test_decoder_self_attention_incremental_with_reorder(gate):
 @pytest.mark.parametrize("gate", CROSS_GATES)
 def test_cross_attention_incremental_static_kv(gate):
     torch.manual_seed(0)
-    mha = SlimMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate).eval()
+    mha = SlimMultiheadAttention(16, 4, encoder_decoder_attention=True, spec=AttentionSpec(gate=gate)).eval()
     query, enc = torch.randn(4, 2, 16), torch.randn(7, 2, 16)
     pad = torch.zeros(2, 7, dtype=torch.bool)
     pad[0, :3] = True
@@ -388,7 +386,7 @@ def test_cross_attention_beamable_encoder_output(gate):
     """With set_beam_size(k) the encoder output, repeated per beam, is projected once per
     sentence (fairseq's beamable enc-dec attention); results equal the unshared path."""
     torch.manual_seed(0)
-    mha = SlimMultiheadAttention(16, 4, encoder_decoder_attention=True, gate=gate).eval()
+    mha = SlimMultiheadAttention(16, 4, encoder_decoder_attention=True, spec=AttentionSpec(gate=gate)).eval()
     enc = torch.randn(7, 2, 16).repeat_interleave(3, dim=1)  # 2 sentences x 3 beams
     pad = torch.zeros(2, 7, dtype=torch.bool)
     pad[1, :2] = True
@@ -403,7 +401,7 @@ def test_cross_attention_beamable_encoder_output(gate):
 
 
 def test_tc_patt_projection_counts():
-    mha = SlimMultiheadAttention(512, 8, self_attention=True, gate="qgv", tc_ratio=0.07)
+    mha = SlimMultiheadAttention(512, 8, self_attention=True, spec=AttentionSpec(gate="qgv", chain=ChainSpec(0.07)))
     assert n_params(mha) == 3 * 18432 + 262656
     x = torch.randn(3, 1, 512)
     out, _ = mha(x, x, x)
@@ -416,7 +414,7 @@ def test_tc_patt_projection_counts():
 
 def _hsoftpos(vocab=40, dim=32, levels=2, pad=1):
     from fairseq.models.transformer import Embedding
-    d_emb = HSoftPOSEmbedding.token_dim(type("C", (), {"hsoftpos_levels": levels})(), dim)
+    d_emb = hsoftpos_dims(dim, levels)[2]
     return HSoftPOSEmbedding(Embedding(vocab, d_emb, pad), dim, levels, pad, 256).eval()
 
 
@@ -565,7 +563,7 @@ def test_chains_of_one_shape_build_their_weights_together(monkeypatch):
     import slim_fairseq.modules.attention as attention
     import slim_fairseq.modules.tensor_chain as tensor_chain
     torch.manual_seed(0)
-    mha = SlimMultiheadAttention(16, 4, self_attention=True, gate="qgv", tc_ratio=0.3)
+    mha = SlimMultiheadAttention(16, 4, self_attention=True, spec=AttentionSpec(gate="qgv", chain=ChainSpec(0.3)))
     for proj in (mha.q_proj, mha.k_proj, mha.v_proj):
         proj.forward_mode = "materialise"
     x = torch.randn(5, 2, 16)

@@ -38,6 +38,15 @@ CLI = [
       "--adaptive-input-cutoff", "100,400", "--adaptive-softmax-cutoff", "100,400"], True,
      r"^--criterion=cross_entropy: fairseq trains an adaptive softmax .*; allowed: "
      r"--criterion adaptive_loss$"),
+    # the reduced form replaces W_Q by the identity: a head width other than width/heads
+    # makes it non-square
+    (["--arch", "skipless_lm", "--decoder-embed-dim", "64", "--decoder-attention-heads", "4",
+      "--decoder-layers", "2", "--head-dim", "8", "--removed-weights", "q"], True,
+     r"^--removed-weights=q: W_Q is not square here \(64 -> 32: 4 heads of 8\); allowed: "
+     r"--head-dim 0$"),
+    (["--arch", "slim_lm", "--kv-heads", "2", "--quant-noise-pq", "0.1"], True,
+     r"^--quant-noise-pq=0.1: acts on fairseq's dense linears, which --kv-heads replaces or "
+     r"bypasses; allowed: 0 with --kv-heads$"),
     # WikiText-103's cutoffs on a dictionary of 2,000 types: found when the model is built
     (["--arch", "subformer_lm_wiki103_83m", "--decoder-embed-dim", "64", "--decoder-layers", "3",
       "--criterion", "adaptive_loss"], True,

@@ -14,6 +14,7 @@ from helpers import REPO, build
 from slim_fairseq.modules import tensor_chain_policy as policy
 from slim_fairseq.modules.glu import GLUProjection
 from slim_fairseq.modules.tensor_chain import TensorChainLinear
+from slim_fairseq.specs import ChainSpec
 from slim_fairseq_lab import contract, gpu_check, gpu_check_bench, gpu_check_train
 
 # ---------------------------------------------------------------------------- the CPU run
@@ -261,7 +262,7 @@ def test_row_blocks_hold_the_same_bytes_in_every_dtype():
 
 def test_backward_mode_auto_asks_the_policy(monkeypatch):
     layer = TensorChainLinear(64, 96, bond=2)
-    dense_glu, chain_glu = GLUProjection(64, 96), GLUProjection(64, 96, tc_ratio=0.1)
+    dense_glu, chain_glu = GLUProjection(64, 96), GLUProjection(64, 96, chain=ChainSpec(0.1))
     assert layer.backward_mode == "auto" and layer.recompute_in_backward
     monkeypatch.setitem(policy.POLICIES, ("cuda", torch.float16),
                         policy.ChainPolicy(256, 16.0, 16.0, 1e9, False, False, "test"))

@@ -168,7 +168,8 @@ def test_trained_reduced_form_and_errors():
     for removed in ("k", "v"):
         with pytest.raises(ValueError, match=rf"^--removed-weights={removed}: .*square.*; allowed: q"):
             reduce_model(gqa, removed)
-        with pytest.raises(ValueError, match=rf"^--removed-weights={removed}: .*square.*; allowed: q"):
+        with pytest.raises(ValueError, match=rf"^--removed-weights={removed}: .*square.*; "
+                           r"allowed: --removed-weights q, or --kv-heads 0$"):
             make_model(case_options("serial", "gqa", dict(removed_weights=removed)))
     with pytest.raises(ValueError, match=r"^--removed-weights=p: .*; allowed: none\|q\|k\|v$"):
         make_model(case_options("serial", "mha", dict(removed_weights="p")))

@@ -13,12 +13,12 @@ load_plugin()
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY  # noqa: E402
 
-from slim_fairseq.models.archs_stlm import STLM_PRESETS  # noqa: E402
 from slim_fairseq.modules.attention import SlimMultiheadAttention  # noqa: E402
 from slim_fairseq.modules.lora import LoRALinear  # noqa: E402
 from slim_fairseq.modules.rmsnorm import RMSNorm  # noqa: E402
 from slim_fairseq.modules.rope import RotaryEmbedding  # noqa: E402
 from slim_fairseq.modules.weight_tying import apply_weight_tying, tied_layer_range  # noqa: E402
+from slim_fairseq.specs import AttentionSpec, TyingSpec  # noqa: E402
 
 # "report" column of docs/TECHNIQUES.md#stlm-presets-and-parameter-counts (millions of parameters, GPT-2 vocabulary)
 REPORT_MILLIONS = {
@@ -83,7 +83,6 @@ TINY = dict(decoder_embed_dim=32, decoder_ffn_embed_dim=40, decoder_attention_he
 def test_every_table_row_has_a_preset():
     registered = {a for a, cls in ARCH_MODEL_REGISTRY.items() if a.startswith("stlm_")}
     assert registered == set(REPORT_MILLIONS)
-    assert set(STLM_PRESETS) | {"stlm_tied"} == set(REPORT_MILLIONS)
 
 
 @pytest.mark.parametrize("arch", sorted(REPORT_MILLIONS))
@@ -233,11 +232,16 @@ def test_k_limit_is_exact(small_task):
 
 
 def test_tie_option_parsing_and_distributed_refusals():
-    from slim_fairseq.modules.weight_tying import validate_tying
+    from slim_fairseq.models import resolve
+    from slim_fairseq.models.slim_options import validate_tying
 
-    ns = argparse.Namespace
-    assert validate_tying(ns(tie_ffn="none", tie_attn_proj="1"), 8)[:2] == (None, 1)
-    assert validate_tying(ns(tie_ffn="0", ffn_lora_rank=4), 8) == (0, None, 4, 4.0)
+    def ns(**given):
+        options = dict(tie_ffn="none", tie_attn_proj="none", ffn_lora_rank=0,
+                       ffn_lora_alpha=None, sandwich=False)
+        return argparse.Namespace(**{**options, **given})
+
+    assert resolve.tying(ns(tie_attn_proj="1")) == TyingSpec(ffn=None, attn_proj=1)
+    assert resolve.tying(ns(tie_ffn="0", ffn_lora_rank=4)) == TyingSpec(0, None, 4, 4.0)
     with pytest.raises(ValueError, match="--ddp-backend"):
         validate_tying(ns(tie_ffn=0, ddp_backend="fully_sharded"), 8)
     with pytest.raises(ValueError, match="legacy_ddp"):
@@ -275,8 +279,8 @@ def _causal(length):
 
 
 def _gqa(kv_heads, head_dim, rope_theta):
-    return SlimMultiheadAttention(24 if head_dim == 6 else 16, 4, bias=False, self_attention=True,
-                                  kv_heads=kv_heads, head_dim=head_dim, rope_theta=rope_theta)
+    spec = AttentionSpec(bias=False, kv_heads=kv_heads, head_dim=head_dim, rope_theta=rope_theta)
+    return SlimMultiheadAttention(24 if head_dim == 6 else 16, 4, self_attention=True, spec=spec)
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])  # MHA, GQA, MQA
@@ -349,8 +353,7 @@ def test_tying_on_fairseq_style_glu_layers():
             self.self_attn.out_proj = nn.Linear(8, 8)
 
     layers = [Layer() for _ in range(5)]
-    cfg = argparse.Namespace(tie_ffn=0, ffn_lora_rank=2, ffn_lora_alpha=None, tie_attn_proj=1)
-    summary = apply_weight_tying(layers, cfg)
+    summary = apply_weight_tying(layers, TyingSpec(ffn=0, attn_proj=1, lora_rank=2, lora_alpha=2.0))
     assert summary == {"ffn": [1, 2, 3, 4], "attn_proj": [2, 3], "lora": [1, 2, 3, 4]}
     assert isinstance(layers[4].fc1.w3, LoRALinear) and isinstance(layers[2].fc2, LoRALinear)
     assert layers[4].fc1.w3.weight is layers[1].fc1.w3.weight

@@ -24,6 +24,7 @@ from slim_fairseq.modules.tensor_chain import (  # noqa: E402
     contract_input,
     first_core_first,
 )
+from slim_fairseq.specs import ChainSpec  # noqa: E402
 
 
 def saved_bytes(fn, exclude=()):
@@ -128,7 +129,7 @@ def test_chain_contraction_under_bf16_autocast(n_in, n_out):
 @pytest.mark.parametrize("activation", ["silu", "gelu"])
 def test_chain_glu_gradcheck(activation):
     torch.manual_seed(0)
-    glu = GLUProjection(12, 20, activation=activation, tc_ratio=0.5).double()
+    glu = GLUProjection(12, 20, activation=activation, chain=ChainSpec(0.5)).double()
     nn.init.normal_(glu.w1.bias)
     nn.init.normal_(glu.w3.bias)
     cores1, cores3 = list(glu.w1.cores), list(glu.w3.cores)
@@ -148,7 +149,7 @@ def test_chain_glu_gradcheck(activation):
 @pytest.mark.parametrize("activation", ["silu", "gelu"])
 def test_glu_projection_gradients_equal_the_formula(activation, tc_ratio):
     torch.manual_seed(0)
-    glu = GLUProjection(12, 20, activation=activation, tc_ratio=tc_ratio)
+    glu = GLUProjection(12, 20, activation=activation, chain=ChainSpec(tc_ratio))
     if tc_ratio:
         glu.w1.forward_mode = glu.w3.forward_mode = "contract"
         assert glu._chain_contraction(6)
@@ -169,7 +170,7 @@ def test_glu_projection_gradients_equal_the_formula(activation, tc_ratio):
 
 def _tc_glu_ffn(hidden=40):
     torch.manual_seed(0)
-    glu = GLUProjection(24, hidden, tc_ratio=0.3)
+    glu = GLUProjection(24, hidden, chain=ChainSpec(0.3))
     fc2 = TensorChainLinear(hidden, 24, ratio=0.3)
     for w in (glu.w1, glu.w3, fc2):
         w.forward_mode = "contract"

@@ -14,7 +14,7 @@ follow a width given with ``--decoder-embed-dim`` in the preset's proportions (F
 of 4 key/value heads at H).
 
 Presets: ``stlm_tied`` (the report's baseline) and one per row of the table in
-docs/TECHNIQUES.md#stlm-presets-and-parameter-counts (:data:`STLM_PRESETS`).
+docs/TECHNIQUES.md#stlm-presets-and-parameter-counts, each a function below.
 """
 from fairseq.models import register_model_architecture
 
@@ -52,35 +52,64 @@ def stlm_base(args):
     stlm_preset(args, 8, 528, 1361)
 
 
-# name: (D, H, F, ffn tie k, LoRA rank, attention-projection tie k, untied) -- docs/TECHNIQUES.md STLM table
-STLM_PRESETS = {
-    "stlm_untied": (8, 528, 1361, None, 0, None, True),
-    "stlm_ffn_all_wide": (8, 672, 1733, 0, 0, None, False),
-    "stlm_ffn_k1_wide": (8, 608, 1568, 1, 0, None, False),
-    "stlm_ffn_k2_wide": (8, 560, 1444, 2, 0, None, False),
-    "stlm_ffn_all_long": (14, 608, 1568, 0, 0, None, False),
-    "stlm_ffn_lora_all_deep": (12, 592, 1527, 0, 64, None, False),
-    "stlm_ffn_lora_all_wide": (8, 640, 1650, 0, 64, None, False),
-    "stlm_ffn_lora_k1_wide": (8, 592, 1527, 1, 64, None, False),
-    "stlm_ffn_lora_k2_deep": (12, 512, 1440, 2, 64, None, False),
-    "stlm_attn_proj_long": (10, 512, 1320, None, 0, 0, False),
-}
-
-ARCH_FUNCTIONS = {"stlm_tied": stlm_base}
+# one function per row of the table in docs/TECHNIQUES.md#stlm-presets-and-parameter-counts
 
 
-def _make_preset(name, row):
-    def preset(args):
-        stlm_preset(args, *row)
-
-    layers, width, ffn, ffn_k, rank, proj_k, untied = row
-    preset.__name__ = name
-    preset.__doc__ = (
-        f"STLM table row: D {layers}, H {width}, F {ffn}, FFN tie k={ffn_k}, LoRA r={rank}, "
-        f"attention-projection tie k={proj_k}, {'untied' if untied else 'tied'} in/out."
-    )
-    return register_model_architecture("slim_lm", name)(preset)
+@register_model_architecture("slim_lm", "stlm_untied")
+def stlm_untied(args):
+    """D 8, H 528, F 1361; untied in/out embeddings."""
+    stlm_preset(args, layers=8, width=528, ffn=1361, untied=True)
 
 
-for _name, _row in STLM_PRESETS.items():
-    ARCH_FUNCTIONS[_name] = _make_preset(_name, _row)
+@register_model_architecture("slim_lm", "stlm_ffn_all_wide")
+def stlm_ffn_all_wide(args):
+    """D 8, H 672, F 1733; FFN tied over all layers but the first."""
+    stlm_preset(args, layers=8, width=672, ffn=1733, ffn_k=0)
+
+
+@register_model_architecture("slim_lm", "stlm_ffn_k1_wide")
+def stlm_ffn_k1_wide(args):
+    """D 8, H 608, F 1568; FFN tied from k=1."""
+    stlm_preset(args, layers=8, width=608, ffn=1568, ffn_k=1)
+
+
+@register_model_architecture("slim_lm", "stlm_ffn_k2_wide")
+def stlm_ffn_k2_wide(args):
+    """D 8, H 560, F 1444; FFN tied from k=2."""
+    stlm_preset(args, layers=8, width=560, ffn=1444, ffn_k=2)
+
+
+@register_model_architecture("slim_lm", "stlm_ffn_all_long")
+def stlm_ffn_all_long(args):
+    """D 14, H 608, F 1568; FFN tied over all layers but the first."""
+    stlm_preset(args, layers=14, width=608, ffn=1568, ffn_k=0)
+
+
+@register_model_architecture("slim_lm", "stlm_ffn_lora_all_deep")
+def stlm_ffn_lora_all_deep(args):
+    """D 12, H 592, F 1527; FFN tied over all layers but the first; LoRA rank 64."""
+    stlm_preset(args, layers=12, width=592, ffn=1527, ffn_k=0, rank=64)
+
+
+@register_model_architecture("slim_lm", "stlm_ffn_lora_all_wide")
+def stlm_ffn_lora_all_wide(args):
+    """D 8, H 640, F 1650; FFN tied over all layers but the first; LoRA rank 64."""
+    stlm_preset(args, layers=8, width=640, ffn=1650, ffn_k=0, rank=64)
+
+
+@register_model_architecture("slim_lm", "stlm_ffn_lora_k1_wide")
+def stlm_ffn_lora_k1_wide(args):
+    """D 8, H 592, F 1527; FFN tied from k=1; LoRA rank 64."""
+    stlm_preset(args, layers=8, width=592, ffn=1527, ffn_k=1, rank=64)
+
+
+@register_model_architecture("slim_lm", "stlm_ffn_lora_k2_deep")
+def stlm_ffn_lora_k2_deep(args):
+    """D 12, H 512, F 1440; FFN tied from k=2; LoRA rank 64."""
+    stlm_preset(args, layers=12, width=512, ffn=1440, ffn_k=2, rank=64)
+
+
+@register_model_architecture("slim_lm", "stlm_attn_proj_long")
+def stlm_attn_proj_long(args):
+    """D 10, H 512, F 1320; attention projection tied over all layers but the first."""
+    stlm_preset(args, layers=10, width=512, ffn=1320, proj_k=0)

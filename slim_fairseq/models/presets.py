@@ -3,7 +3,11 @@ command line left unset (:func:`fill`), then calls its model's base preset. Dime
 derives from its width (FFN, heads, the Subformer's middle and SAFE widths, ...) follow a width
 given on the command line (:func:`width_of`, :func:`scaled`), so overriding
 ``--encoder-embed-dim``/``--decoder-embed-dim`` gives a proportionally smaller (or larger)
-model; ``slim-fairseq-help ARCH --decoder-embed-dim N`` shows what it yields."""
+model; ``slim-fairseq-help ARCH --decoder-embed-dim N`` shows what it yields.
+
+Heads: :func:`heads_for` (width // 64, lowered until it divides) where the paper's heads are 64
+channels wide; :func:`scaled_heads` where the paper fixes a head count at its own width (the
+STLM block's 16 heads at 528). docs/DESIGN.md, "Presets", says why both stay."""
 from slim_fairseq.modules.attention import heads_for  # noqa: F401  (the presets' head rule)
 
 

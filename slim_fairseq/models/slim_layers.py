@@ -12,6 +12,7 @@ identity as the layer's activation.
 layer with its own forward: no residual and no norm, so fairseq's residual forward does not
 apply.
 """
+import copy
 import math
 
 import torch.nn as nn
@@ -22,25 +23,26 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
-from slim_fairseq.modules.activations import activation_function
+from slim_fairseq.models import resolve
+from slim_fairseq.modules.activations import PLUGIN_ONLY, activation_function
 from slim_fairseq.modules.attention import build_attention
 from slim_fairseq.modules.dropout import slim_dropouts
-from slim_fairseq.modules.gated_attention import tc_ratio_for
 from slim_fairseq.modules.glu import GLUProjection, build_linear, glu_hidden_dim
 from slim_fairseq.modules.rmsnorm import RMSNorm
 from slim_fairseq.modules.skipless import init_skipless_feed_forward
 from slim_fairseq.modules.tc_autograd import rebuildable_relu
 from slim_fairseq.modules.tensor_chain import TensorChainLinear
+from slim_fairseq.specs import NormSpec
 
-def build_norm(cfg, dim):
+
+def build_norm(spec: NormSpec, dim):
     """The norm ``--norm`` selects at width ``dim``: fairseq's LayerNorm, RMSNorm (weight only,
     ``--rms-norm-eps``), or None (``none``)."""
-    kind = getattr(cfg, "norm", "layernorm") or "layernorm"
-    if kind == "rmsnorm":
-        return RMSNorm(dim, eps=getattr(cfg, "rms_norm_eps", 1e-6))
-    if kind == "none":
+    if spec.kind == "rmsnorm":
+        return RMSNorm(dim, eps=spec.eps)
+    if spec.kind == "none":
         return None
-    return LayerNorm(dim, export=getattr(cfg, "export", False))
+    return LayerNorm(dim, export=spec.export)
 
 
 class _Identity(nn.Module):
@@ -55,43 +57,36 @@ def _identity(x):
 
 
 class _SlimLayerMixin:
-    """Options read before fairseq's constructor runs the ``build_*`` hooks; the feed-forward
-    hooks; the norm swap."""
+    """The layer's spec, read before fairseq's constructor runs the ``build_*`` hooks; the
+    feed-forward hooks; the norm swap."""
 
-    def _read_options(self, cfg):
-        # build_* hooks run inside the base constructor: read the options first
-        activation = getattr(cfg, "activation_fn", "relu") or "relu"
-        object.__setattr__(self, "_ffn_glu", bool(getattr(cfg, "ffn_glu", False)))
-        object.__setattr__(self, "_ffn_activation", activation)
-        object.__setattr__(self, "_ffn_tc", (tc_ratio_for(cfg, "tc_ff"),
-                                             int(getattr(cfg, "tc_length", 2) or 2),
-                                             int(getattr(cfg, "tc_min_bond", 0) or 0)))
-        object.__setattr__(self, "_glu_hidden", getattr(cfg, "glu_hidden", "two-thirds") or "two-thirds")
-        object.__setattr__(self, "_linear_bias", bool(getattr(cfg, "linear_bias", True)))
-
-    def _construct(self, cfg, construct):
-        """Run fairseq's constructor; an activation fairseq does not know is set afterwards."""
-        if self._ffn_activation != "silu":
-            construct()
-        else:  # an activation fairseq's layer cannot look up
-            cfg.activation_fn = "relu"
-            try:
-                construct()
-            finally:
-                cfg.activation_fn = self._ffn_activation
-            self.activation_fn = activation_function(self._ffn_activation)
+    def _construct(self, cfg, side, construct):
+        """Run fairseq's constructor ``construct(cfg)`` for a layer of ``side``. fairseq looks
+        the activation up by name and knows no silu: it gets a copy of ``cfg`` that names relu,
+        and the activation is set afterwards (``cfg`` itself is not changed)."""
+        self.spec = resolve.layer(cfg, side)  # the build_* hooks read it
+        activation = self.spec.ffn.activation
+        if activation not in PLUGIN_ONLY:
+            construct(cfg)
+        else:
+            fairseq_cfg = copy.copy(cfg)
+            fairseq_cfg.activation_fn = "relu"
+            construct(fairseq_cfg)
+            if getattr(self, "cfg", None) is fairseq_cfg:
+                self.cfg = cfg
+            self.activation_fn = activation_function(activation)
         slim_dropouts(self)  # one-byte dropout masks on the CPU
-        if self._ffn_glu:
+        if self.spec.ffn.glu:
             self.activation_fn = _identity  # the GLU projection applies its own activation
         self._lean_ffn()
-        self._swap_norms(cfg)
+        self._swap_norms()
 
-    def _swap_norms(self, cfg):
-        if (getattr(cfg, "norm", "layernorm") or "layernorm") == "layernorm":
+    def _swap_norms(self):
+        if self.spec.norm.kind == "layernorm":
             return
         for name in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
             if getattr(self, name, None) is not None:
-                setattr(self, name, build_norm(cfg, self.embed_dim) or _Identity())
+                setattr(self, name, build_norm(self.spec.norm, self.embed_dim) or _Identity())
 
     def _lean_ffn(self):
         """A ReLU feed-forward of two Tensor Chains keeps fc1's input for backward, not the
@@ -103,24 +98,21 @@ class _SlimLayerMixin:
             self.activation_fn = rebuildable_relu
 
     def build_fc1(self, input_dim, output_dim, q_noise, qn_block_size):
-        tc_ff, tc_length, tc_min_bond = self._ffn_tc
-        if self._ffn_glu:
-            return GLUProjection(input_dim, glu_hidden_dim(output_dim, self._glu_hidden),
-                                 activation=self._ffn_activation, tc_ratio=tc_ff,
-                                 tc_length=tc_length, tc_min_bond=tc_min_bond,
-                                 bias=self._linear_bias)
-        if tc_ff or not self._linear_bias:
-            return build_linear(input_dim, output_dim, tc_ff, tc_length, bias=self._linear_bias,
-                                tc_min_bond=tc_min_bond)
+        ffn = self.spec.ffn
+        if ffn.glu:
+            return GLUProjection(input_dim, glu_hidden_dim(output_dim, ffn.glu_hidden),
+                                 activation=ffn.activation, chain=ffn.chain, bias=ffn.bias)
+        if ffn.chain.ratio or not ffn.bias:
+            return build_linear(input_dim, output_dim, ffn.chain, bias=ffn.bias)
         return super().build_fc1(input_dim, output_dim, q_noise, qn_block_size)
 
     def build_fc2(self, input_dim, output_dim, q_noise, qn_block_size):
-        tc_ff, tc_length, tc_min_bond = self._ffn_tc
-        if self._ffn_glu:
-            input_dim = glu_hidden_dim(input_dim, self._glu_hidden)
-        if self._ffn_glu or tc_ff or not self._linear_bias:
-            return build_linear(input_dim, output_dim, tc_ff, tc_length, bias=self._linear_bias,
-                                rebuild_input=self._ffn_glu, tc_min_bond=tc_min_bond)
+        ffn = self.spec.ffn
+        if ffn.glu:
+            input_dim = glu_hidden_dim(input_dim, ffn.glu_hidden)
+        if ffn.glu or ffn.chain.ratio or not ffn.bias:
+            return build_linear(input_dim, output_dim, ffn.chain, bias=ffn.bias,
+                                rebuild_input=ffn.glu)
         return super().build_fc2(input_dim, output_dim, q_noise, qn_block_size)
 
 
@@ -134,12 +126,12 @@ class SlimEncoderLayer(_SlimLayerMixin, TransformerEncoderLayerBase):
     """fairseq's encoder layer with the plugin's self-attention, feed-forward and norms."""
 
     def __init__(self, cfg, return_fc=False):
-        self._read_options(cfg)
-        self._construct(cfg, lambda: TransformerEncoderLayerBase.__init__(self, cfg, return_fc=return_fc))
+        self._construct(cfg, "encoder", lambda layer_cfg: TransformerEncoderLayerBase.__init__(
+            self, layer_cfg, return_fc=return_fc))
 
     def build_self_attention(self, embed_dim, cfg):
-        return build_attention(cfg, embed_dim, cfg.encoder.attention_heads, role="encoder_self",
-                               dropout=cfg.attention_dropout,
+        return build_attention(self.spec.self_attn, embed_dim, cfg.encoder.attention_heads,
+                               role="encoder_self", dropout=cfg.attention_dropout,
                                **_attention_kwargs(self, cfg.encoder.xformers_att_config))
 
 
@@ -147,9 +139,8 @@ class SlimDecoderLayer(_SlimLayerMixin, TransformerDecoderLayerBase):
     """fairseq's decoder layer with the plugin's self-/cross-attention, feed-forward and norms."""
 
     def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
-        self._read_options(cfg)
-        self._construct(cfg, lambda: TransformerDecoderLayerBase.__init__(
-            self, cfg, no_encoder_attn=no_encoder_attn, add_bias_kv=add_bias_kv,
+        self._construct(cfg, "decoder", lambda layer_cfg: TransformerDecoderLayerBase.__init__(
+            self, layer_cfg, no_encoder_attn=no_encoder_attn, add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn))
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
@@ -157,11 +148,15 @@ class SlimDecoderLayer(_SlimLayerMixin, TransformerDecoderLayerBase):
         kwargs.update(add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
         if cfg.cross_self_attention:
             kwargs["self_attention"] = False
-        return build_attention(cfg, embed_dim, cfg.decoder.attention_heads, role="decoder_self",
-                               dropout=cfg.attention_dropout, **kwargs)
+        return build_attention(self.spec.self_attn, embed_dim, cfg.decoder.attention_heads,
+                               role="decoder_self", dropout=cfg.attention_dropout, **kwargs)
 
     def build_encoder_attention(self, embed_dim, cfg):
-        return build_attention(cfg, embed_dim, cfg.decoder.attention_heads, role="cross",
+        """fairseq's hook; also called by the sandwich stack for a middle layer's
+        cross-attention at the model width, whose spec is resolved at that width."""
+        spec = (self.spec.cross_attn if embed_dim == self.embed_dim
+                else resolve.attention(cfg, "cross", embed_dim, cfg.decoder.attention_heads))
+        return build_attention(spec, embed_dim, cfg.decoder.attention_heads, role="cross",
                                dropout=cfg.attention_dropout, kdim=cfg.encoder.embed_dim,
                                vdim=cfg.encoder.embed_dim,
                                **_attention_kwargs(self, cfg.encoder.xformers_att_config))
@@ -182,11 +177,11 @@ class SkiplessDecoderLayer(SlimDecoderLayer):
         super().__init__(cfg, no_encoder_attn=True, add_bias_kv=add_bias_kv,
                          add_zero_attn=add_zero_attn)
         self.self_attn_layer_norm = self.final_layer_norm = None
-        self.parallel = getattr(cfg, "skipless_layout", "serial") == "parallel"
-        self.mlp_branch_scale = float(getattr(cfg, "mlp_branch_scale", 1.0))
+        self.parallel = self.spec.skipless == "parallel"
+        self.mlp_branch_scale = self.spec.mlp_branch_scale
         # parallel sum of two unit-variance branches, rescaled to unit variance at init
         self.parallel_output_scale = 1.0 / math.sqrt(1.0 + self.mlp_branch_scale ** 2)
-        init_skipless_feed_forward(self.fc1, self.fc2, self._ffn_activation)
+        init_skipless_feed_forward(self.fc1, self.fc2, self.spec.ffn.activation)
 
     def feed_forward(self, x):
         x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))

@@ -19,17 +19,15 @@ import copy
 from dataclasses import dataclass
 from typing import Tuple
 
-from fairseq.models.transformer import TransformerConfig
-
 from slim_fairseq.modules.attention import attention_head_dim, heads_for
-from slim_fairseq.modules.gated_attention import CROSS_GATES, GATES, SAME_UNDER_NO_PATT, check_gate
+from slim_fairseq.modules.gated_attention import (CROSS_GATE_WHY, CROSS_GATES, GATES,
+                                                  SAME_UNDER_NO_PATT)
 from slim_fairseq.modules.glu import GLU_ACTIVATIONS, GLU_HIDDEN_RULES
 from slim_fairseq.modules.hsoftpos import hsoftpos_dims
-from slim_fairseq.modules.sandwich import validate_sandwich
 from slim_fairseq.modules.shaped_attention import REMOVABLE
 from slim_fairseq.modules.tensor_chain_policy import BACKWARD_MODES as TC_BACKWARD_MODES
 from slim_fairseq.modules.tensor_chain_policy import FORWARD_MODES as TC_FORWARD_MODES
-from slim_fairseq.modules.weight_tying import parse_tie_option, validate_tying
+from slim_fairseq.modules.weight_tying import parse_tie_option, tied_layer_range
 from slim_fairseq.option_errors import OptionError, option_error
 
 MODELS = ("slim_transformer", "slim_lm")
@@ -300,7 +298,8 @@ def _flag(dest):
     return "--" + dest.replace("_", "-")
 
 
-def _check_value(option, value):
+def check_value(option, value):
+    """The rule of ``option``'s kind (a choice, a ratio, a length, ...) on one value."""
     allowed = {
         "nonneg": "an integer >= 0" if option.kind is int else "a number >= 0",
         "positive": "a number > 0",
@@ -311,7 +310,7 @@ def _check_value(option, value):
     check = option.check
     if check == "choice" and value not in option.choices:
         if option.dest == "cross_attn_gate" and value in GATES:
-            check_gate(value, "cross")
+            raise option_error(option.flag, value, CROSS_GATE_WHY, allowed[check])
         raise option_error(option.flag, value, "not one of the choices", allowed[check])
     if check == "nonneg" and value < 0:
         raise option_error(option.flag, value, "negative", allowed[check])
@@ -369,13 +368,14 @@ def _validate(args, model):
     for option in OPTIONS:
         value = getattr(args, option.dest, option.default)
         if option.check not in ("", "tie"):
-            _check_value(option, value)
+            check_value(option, value)
         if model not in option.models() and _is_set(args, option):
             raise option_error(option.flag, value, f"not available in {model}: {option.why_only}",
                                "drop it")
     for side in _sides(args, model):
         validate_tying(args, getattr(args, f"{side}_layers"))
     _check_feed_forward(args)
+    _check_fairseq_extras(args)
     _check_tensor_chains(args)
     _check_embeddings(args, model)
     _check_sandwich(args, model)
@@ -398,18 +398,28 @@ def _check_feed_forward(args):
     if args.glu_hidden != "two-thirds" and not args.ffn_glu:
         raise _off("--glu-hidden", args.glu_hidden, "the GLU feed-forward",
                    "add --ffn-glu, or drop --glu-hidden")
+
+
+def _check_fairseq_extras(args):
+    """fairseq's quant noise and xformers attention act on fairseq's own linears and attention,
+    which the techniques replace."""
+    custom = [flag for flag, on in (
+        ("--ffn-glu", args.ffn_glu), ("--tc-ff/--tc-patt/--tc-layer",
+                                      args.tc_ff or args.tc_patt or args.tc_layer),
+        ("--self-attn-gate", args.self_attn_gate != "none"),
+        ("--cross-attn-gate", getattr(args, "cross_attn_gate", "none") != "none"),
+        ("--no-patt", args.no_patt), ("--skipless-layout", args.skipless_layout != "none"),
+        ("--kv-heads", args.kv_heads), ("--head-dim", args.head_dim),
+        ("--rope-theta", args.rope_theta), ("--no-linear-bias", not args.linear_bias)) if on]
     noise = getattr(args, "quant_noise_pq", 0) or 0
-    if noise:
-        custom = [flag for flag, on in (
-            ("--ffn-glu", args.ffn_glu), ("--tc-ff/--tc-patt/--tc-layer",
-                                          args.tc_ff or args.tc_patt or args.tc_layer),
-            ("--self-attn-gate", args.self_attn_gate != "none"),
-            ("--cross-attn-gate", getattr(args, "cross_attn_gate", "none") != "none"),
-            ("--no-patt", args.no_patt), ("--skipless-layout", args.skipless_layout != "none"))
-            if on]
-        if custom:
-            raise option_error("--quant-noise-pq", noise, "acts on fairseq's dense linears, which "
-                               f"{custom[0]} replaces or bypasses", "0 with " + custom[0])
+    if noise and custom:
+        raise option_error("--quant-noise-pq", noise, "acts on fairseq's dense linears, which "
+                           f"{custom[0]} replaces or bypasses", "0 with " + custom[0])
+    for side in ("encoder", "decoder"):
+        xformers = getattr(args, f"{side}_xformers_att_config", None)
+        if xformers and custom:
+            raise option_error(f"--{side}-xformers-att-config", None, "configures fairseq's own "
+                               f"attention, which {custom[0]} replaces", "drop it with " + custom[0])
 
 
 def _check_tensor_chains(args):
@@ -523,12 +533,52 @@ def check_adaptive_cutoffs(args, vocab):
                            allowed=None if first + 1 < vocab else "a larger dictionary")
 
 
-def _check_sandwich(args, model):
-    if args.sandwich:
-        cfg = TransformerConfig.from_namespace(args)
-        for side in _sides(args, model):
-            validate_sandwich(cfg, side)
+_SHARDED_BACKENDS = ("fully_sharded",)
+_DATA_PARALLEL_WITH_BROKEN_CHECKPOINTING = ("pytorch_ddp", "c10d")
+
+
+def validate_tying(args, num_layers):
+    """STLM tying against a stack of ``num_layers`` layers (docs/TECHNIQUES.md#tying-schemes):
+    each tied range ``1+K .. D-K-1`` holds two layers or more, LoRA adapts a tied FFN, and the
+    distributed set-up keeps shared Parameters right
+    (docs/TECHNIQUES.md#distributed-training-with-shared-weights)."""
+    ffn_k = parse_tie_option(args.tie_ffn, "--tie-ffn")
+    proj_k = parse_tie_option(args.tie_attn_proj, "--tie-attn-proj")
+    for k, flag in ((ffn_k, "--tie-ffn"), (proj_k, "--tie-attn-proj")):
+        if k is not None and len(tied_layer_range(k, num_layers)) < 2:
+            if num_layers < 3:
+                raise option_error(flag, k, f"needs at least 3 layers, the model has {num_layers}",
+                                   "none, or 3 layers or more")
+            raise option_error(flag, k, f"too large for {num_layers} layers (layers 1+K..D-K-1 "
+                               "must hold at least 2 layers)", f"K <= {(num_layers - 3) // 2}")
+    rank, alpha = args.ffn_lora_rank, args.ffn_lora_alpha
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise option_error("--ffn-lora-rank", rank, "not a rank", "an integer >= 0")
+    if rank > 0 and ffn_k is None:
+        raise option_error("--ffn-lora-rank", rank, "LoRA adapts shared FFN weights, and "
+                           "--tie-ffn is off", "--tie-ffn K, or --ffn-lora-rank 0")
+    if alpha is not None and rank == 0:
+        raise option_error("--ffn-lora-alpha", alpha, "scales a LoRA adapter, and --ffn-lora-rank "
+                           "is 0", "--ffn-lora-rank R, or drop --ffn-lora-alpha")
+    if alpha is not None and float(alpha) <= 0:
+        raise option_error("--ffn-lora-alpha", alpha, "not positive", "a number > 0")
+    if ffn_k is None and proj_k is None:
         return
+    if args.sandwich:
+        raise option_error("--tie-ffn" if ffn_k is not None else "--tie-attn-proj",
+                           ffn_k if ffn_k is not None else proj_k, "cannot be combined with "
+                           "--sandwich (it already shares the middle layers)", "none with --sandwich")
+    backend = getattr(args, "ddp_backend", "")
+    if backend in _SHARDED_BACKENDS:
+        raise option_error("--ddp-backend", backend, "cannot hold weights shared across layers "
+                           "(--tie-ffn/--tie-attn-proj)", "legacy_ddp|pytorch_ddp")
+    if (getattr(args, "checkpoint_activations", False) and backend in _DATA_PARALLEL_WITH_BROKEN_CHECKPOINTING
+            and (getattr(args, "distributed_world_size", 1) or 1) > 1):
+        raise option_error("--ddp-backend", backend, "with --checkpoint-activations gives wrong "
+                           "gradients for shared layers (--tie-ffn/--tie-attn-proj)", "legacy_ddp")
+
+
+def _check_sandwich(args, model):
     if not args.sandwich:
         for dest in ("sandwich_dim", "sandwich_ffn_dim", "sandwich_heads"):
             if getattr(args, dest):
@@ -538,6 +588,44 @@ def _check_sandwich(args, model):
             raise _off("--sandwich-cross-norm", args.sandwich_cross_norm, "the sandwich's wider "
                        "middle", "add --sandwich with a --sandwich-dim wider than the model, or "
                        "drop it")
+        return
+    for side in _sides(args, model):
+        _check_sandwich_side(args, side)
+
+
+def _check_sandwich_side(args, side):
+    """What the sandwich stack of ``side`` cannot honour (docs/TECHNIQUES.md#sandwich-sharing)."""
+    layers, model_dim = getattr(args, f"{side}_layers"), getattr(args, f"{side}_embed_dim")
+    middle_dim = args.sandwich_dim or model_dim
+    heads = args.sandwich_heads or heads_for(middle_dim)
+    if layers < 3:
+        raise option_error(f"--{side}-layers", layers, "too few for --sandwich (own first and "
+                           "last layer plus shared middle ones)", ">= 3")
+    if middle_dim % heads:
+        raise option_error("--sandwich-heads", heads, f"does not divide --sandwich-dim={middle_dim}",
+                           "a divisor of the middle width (0 = width // 64)")
+    layerdrop = getattr(args, f"{side}_layerdrop", 0.0)
+    if middle_dim != model_dim and layerdrop:
+        raise option_error(f"--{side}-layerdrop", layerdrop, "cannot be combined with "
+                           "--sandwich and --sandwich-dim != model width (dropping a boundary "
+                           "layer drops its width projection)", "0")
+    cross_norm = args.sandwich_cross_norm
+    if cross_norm != "layernorm" and side == "decoder" and middle_dim == model_dim:
+        raise option_error("--sandwich-cross-norm", cross_norm, "acts on the cross-attention of a "
+                           f"middle wider than the model, and --sandwich-dim={middle_dim} is the "
+                           "model width", "a wider --sandwich-dim, or drop --sandwich-cross-norm")
+    if middle_dim != model_dim and side == "decoder" and getattr(args, "cross_self_attention", False):
+        raise option_error("--cross-self-attention", None, "cannot be combined with --sandwich "
+                           "and --sandwich-dim != model width", "off")
+    backend = getattr(args, "ddp_backend", "pytorch_ddp")
+    if backend in _SHARDED_BACKENDS:
+        raise option_error("--ddp-backend", backend, "cannot hold the sandwich's shared "
+                           "middle-layer weights (one parameter in several FSDP units)",
+                           "legacy_ddp|no_c10d|pytorch_ddp|c10d")
+    if getattr(args, "checkpoint_activations", False) and backend in _DATA_PARALLEL_WITH_BROKEN_CHECKPOINTING:
+        raise option_error("--checkpoint-activations", None, f"with --sandwich under "
+                           f"--ddp-backend={backend} gives silently wrong gradients for the "
+                           "shared layers", "--ddp-backend legacy_ddp|no_c10d")
 
 
 def _check_attention(args, model):
@@ -667,7 +755,15 @@ def _check_skipless(args):
             raise option_error("--removed-weights", args.removed_weights, "the reduced form "
                                "drops a plain projection, which gates and --no-patt change",
                                "none with --self-attn-gate / --no-patt")
-        if args.removed_weights in ("k", "v") and args.kv_heads not in (0, args.decoder_attention_heads):
-            raise option_error("--removed-weights", args.removed_weights, f"W_{args.removed_weights.upper()}"
-                               f" is only square with as many key/value heads as heads (--kv-heads "
-                               f"{args.kv_heads})", "q with MQA/GQA")
+        removed, width = args.removed_weights, args.decoder_embed_dim
+        heads = args.decoder_attention_heads
+        head_dim = attention_head_dim(width, heads, args.head_dim, rope=bool(args.rope_theta))
+        kv = args.kv_heads or heads
+        out = (heads if removed == "q" else kv) * head_dim
+        if out != width:  # the reduced form replaces W by the identity: W must be square
+            changes = [{"--removed-weights": other} for other in REMOVABLE if other != removed]
+            changes += [{"--kv-heads": 0}] if args.kv_heads else []
+            changes += [{"--head-dim": 0}] if args.head_dim else []
+            raise option_error("--removed-weights", removed, f"W_{removed.upper()} is not square "
+                               f"here ({width} -> {out}: {heads if removed == 'q' else kv} heads "
+                               f"of {head_dim})", alternatives=changes)

@@ -7,6 +7,7 @@ freely; the decoder and its layers are also ``slim_lm``'s. Named architectures a
 only set defaults (``archs_*.py``). Extension points: docs/DESIGN.md.
 """
 import argparse
+import copy
 import math
 from typing import Dict, List, Optional
 
@@ -26,6 +27,7 @@ from fairseq.modules import AdaptiveSoftmax
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq import utils
 
+from slim_fairseq.models import resolve
 from slim_fairseq.models.slim_layers import (
     SkiplessDecoderLayer,
     SlimDecoderLayer,
@@ -42,17 +44,13 @@ from slim_fairseq.models.slim_options import (
 from slim_fairseq.modules.attention import mark_causal
 from slim_fairseq.modules.dropout import slim_dropouts
 from slim_fairseq.modules.initialization import bert_init_, gpt2_init_
-from slim_fairseq.modules.input_embedding import (
-    build_input_embedding,
-    build_token_table,
-    token_table_dim,
-)
+from slim_fairseq.modules.input_embedding import build_input_embedding, build_token_table
 from slim_fairseq.modules.safe import SAFEOutputProjection
-from slim_fairseq.modules.sandwich import build_layer_stack
+from slim_fairseq.modules.sandwich import SandwichCrossAttention, build_sandwich_stack
 from slim_fairseq.modules.skipless import init_skipless_table_
 from slim_fairseq.modules.tensor_chain import TensorChainLinear
 from slim_fairseq.modules.tensor_chain_policy import force_modes_
-from slim_fairseq.modules.weight_tying import apply_weight_tying, tying_enabled
+from slim_fairseq.modules.weight_tying import apply_weight_tying
 from slim_fairseq.option_errors import check_task, one_line_option_errors, option_error
 
 
@@ -66,30 +64,65 @@ def _wrap_layer(cfg, layer):
 
 def _swap_final_norm(module, cfg):
     """fairseq's final LayerNorm (pre-norm stacks) as ``--norm`` selects."""
-    if getattr(module, "layer_norm", None) is not None and getattr(cfg, "norm", "layernorm") != "layernorm":
-        module.layer_norm = build_norm(cfg, module.layer_norm.normalized_shape[0]
+    spec = resolve.norm(cfg)
+    if getattr(module, "layer_norm", None) is not None and spec.kind != "layernorm":
+        module.layer_norm = build_norm(spec, module.layer_norm.normalized_shape[0]
                                        if hasattr(module.layer_norm, "normalized_shape")
                                        else module.layer_norm.weight.shape[0])
 
 
-class SlimTransformerEncoder(TransformerEncoderBase):
+def _without_layers(cfg, side):
+    """A copy of ``cfg`` whose ``side`` has no layers, for fairseq's encoder and decoder
+    constructors: the plugin builds the layer stack itself (``build_layers``), and ``cfg`` is
+    not changed."""
+    fairseq_cfg = copy.copy(cfg)
+    sub = copy.copy(getattr(cfg, side))
+    sub.layers = 0
+    setattr(fairseq_cfg, side, sub)
+    return fairseq_cfg
+
+
+class _LayerStackMixin:
+    """The layer stack of an encoder or decoder, built by the plugin (fairseq's constructor gets
+    a copy of the config with no layers): ``build_layer(cfg)`` for each layer, or the sandwich
+    stack (``--sandwich``) whose middle layers are built from a copy of ``cfg`` at the
+    middle's width."""
+
+    def build_layers(self, cfg, side):
+        spec = resolve.sandwich(cfg, side)
+        if spec is None:
+            return [self.build_layer(cfg) for _ in range(getattr(cfg, side).layers)]
+        middle_cfg = resolve.middle_layer_cfg(cfg, side, spec)
+        first, middle = self.build_layer(cfg), []
+        for _ in range(spec.layers - 2):
+            layer = self.build_layer(middle_cfg)
+            if spec.wider and getattr(layer, "encoder_attn", None) is not None:
+                # a wider middle attends to the encoder at the model width
+                layer.encoder_attn = SandwichCrossAttention.around(
+                    layer.build_encoder_attention(spec.model_dim, cfg), spec)
+            middle.append(layer)
+        return build_sandwich_stack(spec, first, middle, self.build_layer(cfg))
+
+
+class SlimTransformerEncoder(_LayerStackMixin, TransformerEncoderBase):
     """Encoder whose input embedding and layer stack come from the options.
 
     ``embed_tokens`` is the token table; it is wrapped by :func:`build_input_embedding`.
     """
 
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
-        input_embedding = build_input_embedding(cfg, embed_tokens, "encoder")
-        num_layers, cfg.encoder.layers = cfg.encoder.layers, 0
-        try:
-            super().__init__(cfg, dictionary, input_embedding, return_fc=return_fc)
-        finally:
-            cfg.encoder.layers = num_layers
+        input_embedding = build_input_embedding(resolve.embedding(cfg, "encoder"), embed_tokens)
+        super().__init__(_without_layers(cfg, "encoder"), dictionary, input_embedding,
+                         return_fc=return_fc)
+        self.cfg = cfg
         self.embed_positions = None  # positions live in the input embedding
         slim_dropouts(self, ("dropout_module",))
         _swap_final_norm(self, cfg)
-        self.layers.extend(build_layer_stack(cfg, "encoder", self.build_encoder_layer))
+        self.layers.extend(self.build_layers(cfg, "encoder"))
         self.num_layers = len(self.layers)
+
+    def build_layer(self, cfg):
+        return self.build_encoder_layer(cfg)
 
     def build_encoder_layer(self, cfg):
         return _wrap_layer(cfg, SlimEncoderLayer(cfg, return_fc=self.return_fc))
@@ -110,26 +143,26 @@ class SlimTransformerEncoder(TransformerEncoderBase):
         return self.max_source_positions
 
 
-class SlimTransformerDecoder(TransformerDecoderBase):
+class SlimTransformerDecoder(_LayerStackMixin, TransformerDecoderBase):
     """Decoder whose input embedding, layer stack and output projection come from the options."""
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
-        input_embedding = build_input_embedding(cfg, embed_tokens, "decoder")
-        num_layers, cfg.decoder.layers = cfg.decoder.layers, 0
-        try:
-            super().__init__(cfg, dictionary, input_embedding, no_encoder_attn=no_encoder_attn,
-                             output_projection=output_projection)
-        finally:
-            cfg.decoder.layers = num_layers
+        input_embedding = build_input_embedding(resolve.embedding(cfg, "decoder"), embed_tokens)
+        self.no_encoder_attn = no_encoder_attn
+        super().__init__(_without_layers(cfg, "decoder"), dictionary, input_embedding,
+                         no_encoder_attn=no_encoder_attn, output_projection=output_projection)
+        self.cfg = cfg
         self.embed_positions = None  # positions live in the input embedding
         slim_dropouts(self, ("dropout_module",))
         _swap_final_norm(self, cfg)
-        self.layers.extend(build_layer_stack(
-            cfg, "decoder", lambda layer_cfg: self.build_decoder_layer(layer_cfg, no_encoder_attn)))
+        self.layers.extend(self.build_layers(cfg, "decoder"))
         self.num_layers = len(self.layers)
 
+    def build_layer(self, cfg):
+        return self.build_decoder_layer(cfg, self.no_encoder_attn)
+
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        if getattr(cfg, "skipless_layout", "none") not in (None, "none"):
+        if cfg.skipless_layout != "none":
             return _wrap_layer(cfg, SkiplessDecoderLayer(cfg))
         return _wrap_layer(cfg, SlimDecoderLayer(cfg, no_encoder_attn))
 
@@ -148,15 +181,16 @@ class SlimTransformerDecoder(TransformerDecoderBase):
                 dropout=cfg.adaptive_softmax_dropout,
                 adaptive_inputs=table if cfg.tie_adaptive_weights else None,
                 factor=cfg.adaptive_softmax_factor, tie_proj=cfg.tie_adaptive_proj)
-        elif getattr(cfg, "safe_embed_dim", 0):
-            self.output_projection = SAFEOutputProjection.from_cfg(
-                cfg, table, self.output_embed_dim, vocab)
-        elif getattr(cfg, "tc_output", 0.0):
+        elif cfg.safe_embed_dim:
+            self.output_projection = SAFEOutputProjection.from_spec(
+                resolve.safe_output(cfg), table, self.output_embed_dim, vocab)
+        elif cfg.tc_output:
+            chain = resolve.chain(cfg, "tc_output")
             self.output_projection = TensorChainLinear(
-                self.output_embed_dim, vocab, ratio=cfg.tc_output, length=cfg.tc_length,
-                bias=getattr(cfg, "output_bias", False), min_bond=getattr(cfg, "tc_min_bond", 0))
+                self.output_embed_dim, vocab, ratio=chain.ratio, length=chain.length,
+                bias=cfg.output_bias, min_bond=chain.min_bond)
         else:
-            bias = getattr(cfg, "output_bias", False)
+            bias = cfg.output_bias
             if self.share_input_output_embed:
                 weight = getattr(table, "weight", None)
                 if not isinstance(weight, nn.Parameter) or weight.shape != (vocab, self.output_embed_dim):
@@ -257,9 +291,10 @@ def finish_build(model, cfg, stacks):
         # RMS 1 at the first block: the sqrt(d) scale, or rows that long under --no-scale-embedding
         row_norm = math.sqrt(cfg.decoder_embed_dim) / model.decoder.embed_scale
         init_skipless_table_(table, getattr(table, "padding_idx", None), row_norm)
-    if tying_enabled(cfg):  # STLM FFN / attention-projection tying + LoRA (arXiv:2405.14159)
+    tying = resolve.tying(cfg)
+    if tying.on:  # STLM FFN / attention-projection tying + LoRA (arXiv:2405.14159)
         for layers in stacks:
-            apply_weight_tying(layers, cfg)
+            apply_weight_tying(layers, tying)
     force_modes_(model, getattr(cfg, "tc_forward", "auto"), getattr(cfg, "tc_backward", "auto"))
     return model
 
@@ -344,7 +379,8 @@ class SlimTransformerModel(ContractOverridesMixin, TransformerModel):
     @classmethod
     def build_embedding(cls, args, dictionary, embed_dim, path=None):
         cfg = TransformerConfig.from_namespace(args)
-        table = build_token_table(cfg, dictionary, token_table_dim(cfg, embed_dim))
+        table = build_token_table(resolve.chain(cfg, "tc_emb"), dictionary,
+                                  resolve.token_table_dim(cfg, embed_dim))
         if path:
             if cfg.tc_emb or table.embedding_dim != embed_dim:
                 raise option_error("--encoder-embed-path/--decoder-embed-path", path, "needs the "

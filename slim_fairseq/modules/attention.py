@@ -35,12 +35,11 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
-from slim_fairseq.modules.gated_attention import (CROSS_GATES, GATES, check_gate, gated_projection,
-                                                  tc_ratio_for)
+from slim_fairseq.modules.gated_attention import gated_projection
 from slim_fairseq.modules.rope import RotaryEmbedding
-from slim_fairseq.modules.shaped_attention import REMOVABLE, shaped_mixing
+from slim_fairseq.modules.shaped_attention import shaped_mixing
 from slim_fairseq.modules.tensor_chain import TensorChainLinear, built_together
-from slim_fairseq.option_errors import option_error
+from slim_fairseq.specs import PLAIN_ATTENTION, AttentionSpec
 
 ROLES = ("encoder_self", "decoder_self", "cross")
 _CAUSAL = "_slim_causal_mask"
@@ -87,56 +86,32 @@ class SlimMultiheadAttention(nn.Module):
     """Attention with the options of the module docstring; fairseq's ``MultiheadAttention``'s
     constructor arguments, ``forward`` and incremental state."""
 
-    def __init__(self, embed_dim, num_heads, kdim=None, vdim=None, dropout=0.0, bias=True,
-                 self_attention=False, encoder_decoder_attention=False, *, gate="none",
-                 no_patt=False, tc_ratio=0.0, tc_length=2, tc_min_bond=0, kv_heads=0,
-                 head_dim=0, rope_theta=0.0, shaped=False, removed=None, out_proj=True):
+    def __init__(self, embed_dim, num_heads, kdim=None, vdim=None, dropout=0.0,
+                 self_attention=False, encoder_decoder_attention=False, *,
+                 spec: AttentionSpec = PLAIN_ATTENTION):
         super().__init__()
-        if gate not in GATES:
-            raise option_error("--self-attn-gate", gate, "not a gate", "|".join(GATES))
-        if encoder_decoder_attention and gate not in CROSS_GATES:
-            check_gate(gate, "cross")
-        removed = None if removed in (None, "", "none") else removed
-        if removed is not None and removed not in REMOVABLE:
-            raise option_error("--removed-weights", removed, "not a projection",
-                               "none|" + "|".join(REMOVABLE))
+        self.spec = spec
+        removed = None if spec.removed == "none" else spec.removed
         self.embed_dim = embed_dim
         self.kdim = kdim if kdim is not None else embed_dim
         self.vdim = vdim if vdim is not None else embed_dim
         self.qkv_same_dim = self.kdim == embed_dim and self.vdim == embed_dim
         self.num_heads = num_heads
-        self.kv_heads = int(kv_heads or num_heads)
-        if num_heads % self.kv_heads:
-            raise option_error("--kv-heads", self.kv_heads, f"does not divide the {num_heads} "
-                               "query heads", "0 (as many as the heads) or a divisor of the heads")
-        self.head_dim = int(head_dim or embed_dim // num_heads)
+        self.kv_heads = spec.kv_heads or num_heads
+        self.head_dim = spec.head_dim or embed_dim // num_heads
         self.scaling = self.head_dim ** -0.5
         self.q_width = num_heads * self.head_dim
         self.kv_width = self.kv_heads * self.head_dim
         self.self_attention = self_attention
         self.encoder_decoder_attention = encoder_decoder_attention
         self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
-        self.gate, self.no_patt, self.tc_ratio = gate, bool(no_patt), float(tc_ratio or 0.0)
-        self.removed, self.shaped = removed, bool(shaped)
+        self.gate, self.no_patt, self.tc_ratio = spec.gate, spec.no_patt, spec.chain.ratio
+        self.removed, self.shaped = removed, spec.shaped
         self.beam_size = 1
         self.onnx_trace = False
 
         in_dims = {"q": embed_dim, "k": self.kdim, "v": self.vdim}
         out_dims = {"q": self.q_width, "k": self.kv_width, "v": self.kv_width}
-        if self.no_patt and set(in_dims.values()) | set(out_dims.values()) != {embed_dim}:
-            raise option_error("--no-patt", None, "needs every input and head width to equal "
-                               f"the model width {embed_dim}", "--kv-heads 0 and --head-dim 0")
-        if removed is not None and in_dims[removed] != out_dims[removed]:
-            raise option_error("--removed-weights", removed,
-                               f"W_{removed.upper()} is not square here ({in_dims[removed]} -> "
-                               f"{out_dims[removed]}: --kv-heads or --head-dim)",
-                               "q, or k|v with as many key/value heads as heads")
-        if gate != "none" and out_dims[gate[0]] != in_dims[gate[2]]:
-            raise option_error("--cross-attn-gate" if encoder_decoder_attention
-                               else "--self-attn-gate", gate,
-                               f"sigmoid(W_{gate[0].upper()} {gate[0]}) is {out_dims[gate[0]]} "
-                               f"wide but {gate[2]} is {in_dims[gate[2]]} wide (--kv-heads, "
-                               "--head-dim)", "qgv or qgk, or --kv-heads 0 and --head-dim 0")
         # fairseq's registration order (k, v, q, out) and init: xavier_uniform, gain 1/sqrt(2)
         # for the input projections when queries, keys and values have the model width
         gain = 2 ** -0.5 if self.qkv_same_dim else 1.0
@@ -145,13 +120,14 @@ class SlimMultiheadAttention(nn.Module):
                 proj = None
             elif self.tc_ratio:
                 proj = TensorChainLinear(
-                    in_dims[name], out_dims[name], ratio=self.tc_ratio, length=tc_length,
-                    bias=bias, min_bond=tc_min_bond,
+                    in_dims[name], out_dims[name], ratio=self.tc_ratio, length=spec.chain.length,
+                    bias=spec.bias, min_bond=spec.chain.min_bond,
                     init_std=gain * (2.0 / (in_dims[name] + out_dims[name])) ** 0.5)
             else:
-                proj = nn.Linear(in_dims[name], out_dims[name], bias=bias)
+                proj = nn.Linear(in_dims[name], out_dims[name], bias=spec.bias)
             setattr(self, name + "_proj", proj)
-        self.out_proj = nn.Linear(self.q_width, embed_dim, bias=bias) if out_proj else None
+        self.out_proj = (nn.Linear(self.q_width, embed_dim, bias=spec.bias) if spec.out_proj
+                         else None)
         for proj in (self.k_proj, self.v_proj, self.q_proj):
             if isinstance(proj, nn.Linear):
                 nn.init.xavier_uniform_(proj.weight, gain=gain)
@@ -159,7 +135,7 @@ class SlimMultiheadAttention(nn.Module):
             nn.init.xavier_uniform_(self.out_proj.weight)
             if self.out_proj.bias is not None:
                 nn.init.zeros_(self.out_proj.bias)
-        self.rope = RotaryEmbedding(self.head_dim, rope_theta) if rope_theta else None
+        self.rope = RotaryEmbedding(self.head_dim, spec.rope_theta) if spec.rope_theta else None
         if self.shaped:
             self.alpha = nn.Parameter(torch.ones(num_heads))
             self.beta = nn.Parameter(torch.ones(num_heads))
@@ -391,56 +367,26 @@ class SlimMultiheadAttention(nn.Module):
         return attn, weights
 
 
-def is_plain(gate="none", no_patt=False, tc_ratio=0.0, kv_heads=0, head_dim=0, bias=True,
-             rope_theta=0.0, shaped=False, removed=None, out_proj=True, embed_dim=0,
-             num_heads=1, **_):
-    """Whether no technique is on, so that fairseq's own ``MultiheadAttention`` is built."""
-    return (gate == "none" and not no_patt and not tc_ratio and bias and not rope_theta
-            and not shaped and removed in (None, "", "none") and out_proj
-            and (not kv_heads or kv_heads == num_heads)
-            and (not head_dim or head_dim * num_heads == embed_dim))
-
-
-def build_attention(cfg, embed_dim, num_heads, *, role, dropout, kdim=None, vdim=None, **kwargs):
-    """Attention block for ``role`` in {"encoder_self", "decoder_self", "cross"} configured by the
-    model's options (gates, ``--no-patt``, ``--tc-patt``/``--tc-layer``, ``--kv-heads``,
-    ``--head-dim``, ``--rope-theta`` (self-attention only), ``--linear-bias``, and, in a skipless
-    decoder, shaped attention with ``--removed-weights``/``--keep-attn-out-proj``): fairseq's
-    ``MultiheadAttention`` when none is on (with fairseq's extra keyword arguments: q_noise,
-    qn_block_size, xformers_att_config, add_bias_kv, add_zero_attn), else
-    :class:`SlimMultiheadAttention`."""
+def build_attention(spec: AttentionSpec, embed_dim, num_heads, *, role, dropout, kdim=None,
+                    vdim=None, **kwargs):
+    """Attention block for ``role`` in {"encoder_self", "decoder_self", "cross"} with the
+    techniques of ``spec``: fairseq's ``MultiheadAttention`` when none is on (with fairseq's
+    extra keyword arguments: q_noise, qn_block_size, xformers_att_config, add_bias_kv,
+    add_zero_attn), else :class:`SlimMultiheadAttention`."""
     if role not in ROLES:
         raise ValueError(f"role={role!r}: not an attention role; allowed: {'|'.join(ROLES)}")
-    cross = role == "cross"
-    gate = getattr(cfg, "cross_attn_gate" if cross else "self_attn_gate", "none") or "none"
-    check_gate(gate, role)
-    if cross:
+    if role == "cross":
         kwargs.setdefault("encoder_decoder_attention", True)
     else:
         kwargs.setdefault("self_attention", True)
-    shaped = role == "decoder_self" and getattr(cfg, "skipless_layout", "none") not in (None, "none")
-    removed = getattr(cfg, "removed_weights", "none") if shaped else "none"
-    options = dict(
-        gate=gate, no_patt=bool(getattr(cfg, "no_patt", False)),
-        tc_ratio=tc_ratio_for(cfg, "tc_patt"), tc_length=int(getattr(cfg, "tc_length", 2) or 2),
-        tc_min_bond=int(getattr(cfg, "tc_min_bond", 0) or 0),
-        kv_heads=int(getattr(cfg, "kv_heads", 0) or 0),
-        head_dim=attention_head_dim(embed_dim, num_heads, int(getattr(cfg, "head_dim", 0) or 0),
-                                    rope=bool(getattr(cfg, "rope_theta", 0.0))),
-        rope_theta=0.0 if cross else float(getattr(cfg, "rope_theta", 0.0) or 0.0),
-        shaped=shaped, removed=removed,
-        out_proj=not shaped or removed in (None, "none") or bool(getattr(cfg, "keep_attn_out_proj", False)))
-    bias = kwargs.pop("bias", bool(getattr(cfg, "linear_bias", True)))
-    if is_plain(bias=bias, embed_dim=embed_dim, num_heads=num_heads, **options):
+    if spec.plain:
         return MultiheadAttention(embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout,
-                                  bias=bias, **kwargs)
+                                  **kwargs)
     fairseq_only = [name for name in ("q_noise", "add_bias_kv", "add_zero_attn", "xformers_att_config")
                     if kwargs.pop(name, None)]
     kwargs.pop("qn_block_size", None)
     if fairseq_only:
-        raise option_error("--xformers-att-config" if "xformers_att_config" in fairseq_only
-                           else "--quant-noise-pq", None, "works with fairseq's plain attention "
-                           "only", "no gates, --no-patt, --tc-patt, --kv-heads, --head-dim, "
-                           "--rope-theta, --no-linear-bias or skipless blocks with it")
+        raise ValueError(f"{fairseq_only[0]}: an argument of fairseq's MultiheadAttention, which "
+                         "this spec does not build; allowed: a plain spec with it")
     return SlimMultiheadAttention(embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout,
-                                  bias=bias, **kwargs, **options)
+                                  spec=spec, **kwargs)

@@ -16,7 +16,6 @@ import torch.nn as nn
 from slim_fairseq.modules.tc_autograd import (forward_autocast, refuse_double_backward,
                                               remember_autocast)
 from slim_fairseq.modules.tensor_chain import TensorChainLinear
-from slim_fairseq.option_errors import option_error
 
 GATES = ("none", "qgv", "kgv", "vgq", "vgk", "qgk", "kgq")
 # in cross-attention Q comes from the target and K, V from the source: only gates whose two
@@ -27,19 +26,6 @@ CROSS_GATE_WHY = ("gates one sequence with the other position by position, which
 # with identity projections (--no-patt) a self-attention's q, k and v are all its input x, so a
 # gate is decided by what it gates: these names are the same model as the one they map to
 SAME_UNDER_NO_PATT = {"kgv": "qgv", "kgq": "vgq", "qgk": "vgk"}
-ROLES = ("encoder_self", "decoder_self", "cross")
-
-
-def check_gate(gate, role):
-    """One-line ValueError for a gate that is unknown, or not allowed in cross-attention."""
-    if role not in ROLES:
-        raise ValueError(f"role={role!r}: not an attention role; allowed: {'|'.join(ROLES)}")
-    if role == "cross":
-        if gate not in CROSS_GATES:
-            problem = CROSS_GATE_WHY if gate in GATES else "not a gate"
-            raise option_error("--cross-attn-gate", gate, problem, "|".join(CROSS_GATES))
-    elif gate not in GATES:
-        raise option_error("--self-attn-gate", gate, "not a gate", "|".join(GATES))
 
 
 class GatedLinear(torch.autograd.Function):
@@ -88,11 +74,3 @@ def gated_projection(proj, x, gate):
         if isinstance(proj, TensorChainLinear) and not proj.use_contraction(rows):
             return GatedLinear.apply(x, gate, proj.full_weight(), proj.bias)
     return proj(x * gate)
-
-
-def tc_ratio_for(cfg, place):
-    """Ratio of one TC placement; ``tc_layer`` covers ff and patt unless the place is set."""
-    specific = float(getattr(cfg, place, 0.0) or 0.0)
-    return specific or float(getattr(cfg, "tc_layer", 0.0) or 0.0)
-
-

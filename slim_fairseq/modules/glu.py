@@ -24,7 +24,7 @@ from slim_fairseq.modules.tc_autograd import (chain_backward, forward_autocast, 
 from slim_fairseq.modules.tc_contraction import contract_input
 from slim_fairseq.modules.tensor_chain import TensorChainLinear, built_together
 from slim_fairseq.modules.tensor_chain_policy import BackwardModeMixin
-from slim_fairseq.option_errors import option_error
+from slim_fairseq.specs import DENSE, ChainSpec
 
 # the activations a GLU gate takes (``--activation-fn`` under ``--ffn-glu``): SwiGLU, GEGLU, ReGLU
 GLU_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
@@ -153,18 +153,19 @@ def glu_hidden_dim(ffn_dim, rule="two-thirds"):
     = floor(2f/3), the parameters of a plain FFN of width f (1365 for 2048; Anthe); ``full`` = f
     (STLM, LLaMA-style shapes)."""
     if rule not in GLU_HIDDEN_RULES:
-        raise option_error("--glu-hidden", rule, "not a rule", "|".join(GLU_HIDDEN_RULES))
+        raise ValueError(f"rule={rule!r}: no GLU hidden width of that name; allowed: "
+                         + "|".join(GLU_HIDDEN_RULES))
     return ffn_dim if rule == "full" else (2 * ffn_dim) // 3
 
 
-def build_linear(in_features, out_features, tc_ratio=0.0, tc_length=2, bias=True,
-                 rebuild_input=False, tc_min_bond=0):
-    """Dense ``nn.Linear`` or a Tensor-Chain layer with parameter ratio ``tc_ratio``
+def build_linear(in_features, out_features, chain: ChainSpec = DENSE, bias=True,
+                 rebuild_input=False):
+    """Dense ``nn.Linear`` or the Tensor-Chain layer ``chain`` describes
     (docs/TECHNIQUES.md#tensor-chain). ``rebuild_input``: a dense layer is a
     :class:`RebuildingLinear` (a GLU's fc2)."""
-    if tc_ratio:
-        return TensorChainLinear(in_features, out_features, ratio=tc_ratio, length=tc_length,
-                                 bias=bias, min_bond=tc_min_bond)
+    if chain.ratio:
+        return TensorChainLinear(in_features, out_features, ratio=chain.ratio,
+                                 length=chain.length, bias=bias, min_bond=chain.min_bond)
     return (RebuildingLinear if rebuild_input else nn.Linear)(in_features, out_features, bias=bias)
 
 
@@ -172,19 +173,17 @@ class GLUProjection(BackwardModeMixin, nn.Module):
     """``act(w1 x) * w3 x`` (biases unless ``bias=False``); activation silu (SwiGLU, the Anthe
     reference code and STLM), gelu (GEGLU, the Anthe paper's text) or relu (ReGLU)."""
 
-    def __init__(self, in_features, hidden_features, activation="silu", tc_ratio=0.0,
-                 tc_length=2, tc_min_bond=0, bias=True):
+    def __init__(self, in_features, hidden_features, activation="silu",
+                 chain: ChainSpec = DENSE, bias=True):
         super().__init__()
         if activation not in GLU_ACTIVATIONS:
-            raise option_error("--activation-fn", activation, "not a GLU gate activation "
-                               "(--ffn-glu)", "|".join(GLU_ACTIVATIONS))
+            raise ValueError(f"activation={activation!r}: no gated form in this module; "
+                             "allowed: " + "|".join(GLU_ACTIVATIONS))
         self.in_features = in_features
         self.out_features = hidden_features
         self.activation = activation
-        self.w1 = build_linear(in_features, hidden_features, tc_ratio, tc_length, bias=bias,
-                               tc_min_bond=tc_min_bond)
-        self.w3 = build_linear(in_features, hidden_features, tc_ratio, tc_length, bias=bias,
-                               tc_min_bond=tc_min_bond)
+        self.w1 = build_linear(in_features, hidden_features, chain, bias=bias)
+        self.w3 = build_linear(in_features, hidden_features, chain, bias=bias)
 
     def extra_repr(self):
         return f"activation={self.activation}"

@@ -83,9 +83,9 @@ class HSoftPOSEmbedding(nn.Module):
         super().__init__()
         self.d_sp, self.n_sp, self.d_emb = hsoftpos_dims(model_dim, levels, min_token_dim)
         if table.embedding_dim != self.d_emb:
-            raise ValueError(f"--hsoftpos-levels={levels}: at width {model_dim} the token table "
-                             f"must be {self.d_emb} wide, and it is {table.embedding_dim}; allowed: "
-                             f"a table of width {self.d_emb}")
+            raise ValueError(f"table={table.embedding_dim} wide: {levels} levels at width "
+                             f"{model_dim} read a token table {self.d_emb} wide; allowed: a table "
+                             f"of width {self.d_emb}")
         self.table = table
         self.levels = levels
         self.embedding_dim = model_dim
@@ -105,20 +105,12 @@ class HSoftPOSEmbedding(nn.Module):
         for w in self.softpos:
             nn.init.orthogonal_(w)
 
-    @staticmethod
-    def token_dim(cfg, model_dim):
-        """Width d_emb of the token table H-SoftPOS needs for model width ``model_dim``."""
-        return hsoftpos_dims(model_dim, cfg.hsoftpos_levels,
-                             getattr(cfg, "hsoftpos_min_token_dim", 0) or 0)[2]
-
     @classmethod
-    def from_cfg(cls, cfg, table, side):
-        """For ``side`` (:class:`~slim_fairseq.modules.input_embedding.Side`) of the model."""
-        return cls(table, side.model_dim, cfg.hsoftpos_levels, table.padding_idx,
-                   side.max_positions, learned_pos=side.learned_pos,
-                   scale=not cfg.no_scale_embedding,
-                   min_token_dim=getattr(cfg, "hsoftpos_min_token_dim", 0) or 0,
-                   positions=not getattr(cfg, "no_token_positional_embeddings", False))
+    def from_spec(cls, spec, table):
+        """For the side :class:`~slim_fairseq.specs.EmbeddingSpec` describes."""
+        return cls(table, spec.model_dim, spec.hsoftpos_levels, table.padding_idx,
+                   spec.max_positions, learned_pos=spec.learned_pos, scale=spec.scale,
+                   min_token_dim=spec.hsoftpos_min_token_dim, positions=spec.positions)
 
     @property
     def weight(self):

@@ -6,67 +6,42 @@ With an incremental state ``tokens`` is the whole prefix and only the last posit
 returned. Dropout is applied by the caller.
 """
 import math
-from typing import NamedTuple
 
 import torch.nn as nn
 from fairseq.modules import PositionalEmbedding
 from fairseq.models.transformer import Embedding as FairseqEmbedding
 
-from slim_fairseq.modules.hsoftpos import HSoftPOSEmbedding
+from slim_fairseq.modules.hsoftpos import HSoftPOSEmbedding, hsoftpos_dims
 from slim_fairseq.modules.safe import SAFEInputEmbedding
 from slim_fairseq.modules.tensor_chain import TensorChainEmbedding
+from slim_fairseq.specs import ChainSpec, EmbeddingSpec
 
 
-class Side(NamedTuple):
-    """What an input embedding needs to know of the encoder or decoder it feeds."""
-
-    model_dim: int
-    max_positions: int
-    learned_pos: bool
-    normalize_before: bool
-    causal: bool
-
-
-def side_config(cfg, side):
-    """:class:`Side` of ``side`` ("encoder" or "decoder") of a TransformerConfig."""
-    if side == "encoder":
-        sub, max_positions = cfg.encoder, cfg.max_source_positions
-    elif side == "decoder":
-        sub, max_positions = cfg.decoder, cfg.max_target_positions
-    else:
-        raise ValueError(f"side={side!r}: not a side of the model; allowed: encoder|decoder")
-    return Side(sub.embed_dim, max_positions, bool(sub.learned_pos), bool(sub.normalize_before),
-                side == "decoder")
+def token_table_dim(spec: EmbeddingSpec):
+    """Width of the token table the input embedding of ``spec`` needs."""
+    if spec.hsoftpos_levels:
+        return hsoftpos_dims(spec.model_dim, spec.hsoftpos_levels, spec.hsoftpos_min_token_dim)[2]
+    if spec.safe_dim:
+        return spec.safe_dim
+    return spec.model_dim
 
 
-def token_table_dim(cfg, model_dim):
-    """Width of the token table a technique needs for a model of width ``model_dim``."""
-    if getattr(cfg, "hsoftpos_levels", 0):
-        return HSoftPOSEmbedding.token_dim(cfg, model_dim)
-    if getattr(cfg, "safe_embed_dim", 0):
-        return SAFEInputEmbedding.token_dim(cfg, model_dim)
-    return model_dim
-
-
-def build_token_table(cfg, dictionary, dim):
-    """The token table: fairseq's Embedding, or a Tensor-Chain embedding with ``--tc-emb`` (Anthe, arXiv:2305.10991;
-    docs/TECHNIQUES.md#tensor-chain)."""
-    if getattr(cfg, "tc_emb", 0.0):
-        return TensorChainEmbedding(len(dictionary), dim, dictionary.pad(),
-                                    ratio=cfg.tc_emb, length=cfg.tc_length,
-                                    min_bond=getattr(cfg, "tc_min_bond", 0))
+def build_token_table(chain: ChainSpec, dictionary, dim):
+    """The token table: fairseq's Embedding, or a Tensor-Chain embedding (``--tc-emb``; Anthe,
+    arXiv:2305.10991; docs/TECHNIQUES.md#tensor-chain)."""
+    if chain.ratio:
+        return TensorChainEmbedding(len(dictionary), dim, dictionary.pad(), ratio=chain.ratio,
+                                    length=chain.length, min_bond=chain.min_bond)
     return FairseqEmbedding(len(dictionary), dim, dictionary.pad())
 
 
-def build_input_embedding(cfg, table, side):
-    """Wrap ``table`` into the input embedding selected by the options (standard, H-SoftPOS,
-    SAFE) for ``side`` ("encoder" or "decoder")."""
-    settings = side_config(cfg, side)
-    if getattr(cfg, "hsoftpos_levels", 0):
-        return HSoftPOSEmbedding.from_cfg(cfg, table, settings)
-    if getattr(cfg, "safe_embed_dim", 0):
-        return SAFEInputEmbedding.from_cfg(cfg, table, settings)
-    return StandardInputEmbedding.from_cfg(cfg, table, settings)
+def build_input_embedding(spec: EmbeddingSpec, table):
+    """Wrap ``table`` into the input embedding ``spec`` selects (standard, H-SoftPOS, SAFE)."""
+    if spec.hsoftpos_levels:
+        return HSoftPOSEmbedding.from_spec(spec, table)
+    if spec.safe_dim:
+        return SAFEInputEmbedding.from_spec(spec, table)
+    return StandardInputEmbedding.from_spec(spec, table)
 
 
 class StandardInputEmbedding(nn.Module):
@@ -90,13 +65,10 @@ class StandardInputEmbedding(nn.Module):
                                 if positions else None)
 
     @classmethod
-    def from_cfg(cls, cfg, table, side):
-        """For ``side`` (:class:`Side`) of the model."""
+    def from_spec(cls, spec: EmbeddingSpec, table):
         # fairseq scales by sqrt(model width) (the encoder's table always has the model width)
-        return cls(table, side.model_dim, table.padding_idx, side.max_positions,
-                   learned_pos=side.learned_pos,
-                   scale=not cfg.no_scale_embedding,
-                   positions=not cfg.no_token_positional_embeddings)
+        return cls(table, spec.model_dim, table.padding_idx, spec.max_positions,
+                   learned_pos=spec.learned_pos, scale=spec.scale, positions=spec.positions)
 
     @property
     def weight(self):

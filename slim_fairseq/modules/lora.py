@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from slim_fairseq.option_errors import option_error
 
 
 class LoRALinear(nn.Module):
@@ -32,12 +31,11 @@ class LoRALinear(nn.Module):
         super().__init__()
         weight = getattr(shared, "weight", None)
         if not isinstance(weight, nn.Parameter) or weight.dim() != 2:
-            raise ValueError(
-                f"--ffn-lora-rank={rank}: LoRA needs dense linear layers, got "
-                f"{type(shared).__name__}; allowed: 0 with Tensor-Chain feed-forwards"
-            )
+            raise ValueError(f"shared={type(shared).__name__}: no dense 2-D weight to adapt; "
+                             "allowed: an nn.Linear or a module with such a weight")
         if rank < 1:
-            raise option_error("--ffn-lora-rank", rank, "an adapter needs a rank", "an integer >= 1")
+            raise ValueError(f"rank={rank}: an adapter has at least one rank; allowed: an "
+                             "integer >= 1")
         self.out_features, self.in_features = weight.shape
         self.weight = weight
         self.bias: Optional[nn.Parameter] = getattr(shared, "bias", None)

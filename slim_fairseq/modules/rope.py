@@ -31,8 +31,8 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, theta: float = 10000.0):
         super().__init__()
         if head_dim <= 0 or head_dim % 2 != 0:
-            raise ValueError(f"--head-dim={head_dim}: RoPE rotates pairs of channels; allowed: "
-                             "an even number > 0")
+            raise ValueError(f"head_dim={head_dim}: no whole number of channel pairs to rotate; "
+                             "allowed: an even number > 0")
         self.head_dim = head_dim
         self.theta = float(theta)
         self._tables = {}  # (dtype, device) -> (cos, signed sin), each (length, head_dim)

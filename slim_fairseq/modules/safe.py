@@ -28,7 +28,6 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from slim_fairseq.modules.activations import activation_function
 from slim_fairseq.modules.attention import heads_for
-from slim_fairseq.option_errors import option_error
 
 
 def safe_attention_heads(embed_dim: int) -> int:
@@ -50,9 +49,8 @@ class SAFEInputEmbedding(nn.Module):
                  scale=True, positions=True, attention_heads=0):
         super().__init__()
         if not isinstance(table, nn.Embedding):
-            raise option_error("--safe-embed-dim", table.embedding_dim if hasattr(table, "embedding_dim")
-                               else None, f"needs a plain token table, got {type(table).__name__}",
-                               "no --adaptive-input or --tc-emb with it")
+            raise ValueError(f"table={type(table).__name__}: SAFE reads a plain token table; "
+                             "allowed: an nn.Embedding")
         self.table = table
         self.padding_idx = table.padding_idx
         self.num_embeddings = table.num_embeddings
@@ -67,8 +65,8 @@ class SAFEInputEmbedding(nn.Module):
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         heads = attention_heads or safe_attention_heads(token_dim)
         if token_dim % heads:
-            raise ValueError(f"--safe-embed-dim={token_dim}: not divisible by the SAFE attention "
-                             f"heads ({heads}); allowed: a multiple of {heads}")
+            raise ValueError(f"attention_heads={heads}: does not divide the table width "
+                             f"{token_dim}; allowed: a divisor of {token_dim} (0 = width // 64)")
         self.self_attn = MultiheadAttention(token_dim, heads, dropout=attention_dropout,
                                             self_attention=True)
         self.self_attn_layer_norm = LayerNorm(token_dim)
@@ -77,21 +75,12 @@ class SAFEInputEmbedding(nn.Module):
         self.output_layer_norm = LayerNorm(model_dim)
 
     @classmethod
-    def from_cfg(cls, cfg, table, side):
-        """For ``side`` (:class:`~slim_fairseq.modules.input_embedding.Side`) of the model."""
-        return cls(
-            table, side.model_dim, causal=side.causal,
-            dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
-            max_positions=side.max_positions, learned_pos=side.learned_pos,
-            normalize_before=side.normalize_before,
-            scale=not getattr(cfg, "no_scale_embedding", False),
-            positions=not getattr(cfg, "no_token_positional_embeddings", False),
-        )
-
-    @staticmethod
-    def token_dim(cfg, model_dim):
-        """Width d_e of the token table (``--safe-embed-dim``)."""
-        return cfg.safe_embed_dim
+    def from_spec(cls, spec, table):
+        """For the side :class:`~slim_fairseq.specs.EmbeddingSpec` describes."""
+        return cls(table, spec.model_dim, causal=spec.causal, dropout=spec.dropout,
+                   attention_dropout=spec.attention_dropout, max_positions=spec.max_positions,
+                   learned_pos=spec.learned_pos, normalize_before=spec.normalize_before,
+                   scale=spec.scale, positions=spec.positions)
 
     @property
     def weight(self):
@@ -154,21 +143,21 @@ class SAFEOutputProjection(nn.Module):
     def __init__(self, table, model_dim, mlp=False, activation="relu"):
         super().__init__()
         if not isinstance(table, nn.Embedding):
-            raise ValueError(f"--safe-embed-dim: the tied output needs a plain token table, not "
-                             f"{type(table).__name__}; allowed: no --adaptive-input or --tc-emb "
-                             "with it")
+            raise ValueError(f"table={type(table).__name__}: the tied output reads a plain token "
+                             "table; allowed: an nn.Embedding")
         self.table = table
         self.proj = nn.Linear(model_dim, table.embedding_dim)
         self.activation_fn = activation_function(activation) if mlp else None
 
     @classmethod
-    def from_cfg(cls, cfg, table, model_dim, vocab_size):
+    def from_spec(cls, spec, table, model_dim, vocab_size):
+        """With the :class:`~slim_fairseq.specs.SAFEOutputSpec` ``spec``, tied to the decoder's
+        table of ``vocab_size`` types."""
         if table.num_embeddings != vocab_size:
-            raise ValueError(f"--safe-embed-dim: the tied output needs the decoder's own table "
-                             f"of {vocab_size} types, and it has {table.num_embeddings}; allowed: "
-                             "the target dictionary's table")
-        return cls(table, model_dim, mlp=(getattr(cfg, "safe_output", "linear") == "mlp"),
-                   activation=getattr(cfg, "activation_fn", "relu") or "relu")
+            raise ValueError(f"table={table.num_embeddings} types: the tied output needs the "
+                             f"decoder's own table of {vocab_size} types; allowed: the target "
+                             "dictionary's table")
+        return cls(table, model_dim, mlp=spec.mlp, activation=spec.activation)
 
     @property
     def weight(self):

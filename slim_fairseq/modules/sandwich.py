@@ -16,8 +16,7 @@ Every middle layer is a separate module object holding the same Parameter object
 depth keeps its own incremental state (fairseq keys the state by module instance) and beam
 reordering visits each depth once. The reference shared one module object and decoded wrongly.
 """
-import copy
-from typing import Callable, List
+from typing import List
 
 import torch.nn as nn
 from torch import Tensor
@@ -25,68 +24,9 @@ from torch import Tensor
 from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
-from slim_fairseq.modules.attention import heads_for
-from slim_fairseq.option_errors import option_error
+from slim_fairseq.specs import SandwichSpec
 
 SANDWICH_PROJECTION_DROPOUT = 0.05
-_DATA_PARALLEL_WITH_BROKEN_CHECKPOINTING = ("pytorch_ddp", "c10d")
-_SHARDED_BACKENDS = ("fully_sharded",)
-
-
-def sandwich_dims(cfg, side):
-    """(layers, d_m, f_m, d_s, f_s, middle heads) of one side, with the options' 0 = default."""
-    sub = cfg.encoder if side == "encoder" else cfg.decoder
-    model_dim, model_ffn = sub.embed_dim, sub.ffn_embed_dim
-    middle_dim = getattr(cfg, "sandwich_dim", 0) or model_dim
-    middle_ffn = getattr(cfg, "sandwich_ffn_dim", 0) or model_ffn
-    middle_heads = getattr(cfg, "sandwich_heads", 0) or heads_for(middle_dim)
-    return sub.layers, model_dim, model_ffn, middle_dim, middle_ffn, middle_heads
-
-
-def validate_sandwich(cfg, side):
-    """One-line errors for option combinations the sandwich stack cannot honour."""
-    layers, model_dim, _, middle_dim, _, heads = sandwich_dims(cfg, side)
-    if layers < 3:
-        raise option_error(f"--{side}-layers", layers, "too few for --sandwich (own first and "
-                           "last layer plus shared middle ones)", ">= 3")
-    if middle_dim % heads:
-        raise option_error("--sandwich-heads", heads, f"does not divide --sandwich-dim={middle_dim}",
-                           "a divisor of the middle width (0 = width // 64)")
-    sub = cfg.encoder if side == "encoder" else cfg.decoder
-    if middle_dim != model_dim and getattr(sub, "layerdrop", 0.0):
-        raise option_error(f"--{side}-layerdrop", sub.layerdrop, "cannot be combined with "
-                           "--sandwich and --sandwich-dim != model width (dropping a boundary "
-                           "layer drops its width projection)", "0")
-    cross_norm = getattr(cfg, "sandwich_cross_norm", "layernorm")
-    if cross_norm != "layernorm" and side == "decoder" and middle_dim == model_dim:
-        raise option_error("--sandwich-cross-norm", cross_norm, "acts on the cross-attention of a "
-                           f"middle wider than the model, and --sandwich-dim={middle_dim} is the "
-                           "model width", "a wider --sandwich-dim, or drop --sandwich-cross-norm")
-    if middle_dim != model_dim and side == "decoder" and getattr(cfg, "cross_self_attention", False):
-        raise option_error("--cross-self-attention", None, "cannot be combined with --sandwich "
-                           "and --sandwich-dim != model width", "off")
-    backend = getattr(cfg, "ddp_backend", "pytorch_ddp")
-    if backend in _SHARDED_BACKENDS:
-        raise option_error("--ddp-backend", backend, "cannot hold the sandwich's shared "
-                           "middle-layer weights (one parameter in several FSDP units)",
-                           "legacy_ddp|no_c10d|pytorch_ddp|c10d")
-    if getattr(cfg, "checkpoint_activations", False) and backend in _DATA_PARALLEL_WITH_BROKEN_CHECKPOINTING:
-        raise option_error("--checkpoint-activations", None, f"with --sandwich under "
-                           f"--ddp-backend={backend} gives silently wrong gradients for the "
-                           "shared layers", "--ddp-backend legacy_ddp|no_c10d")
-
-
-def middle_layer_cfg(cfg, side):
-    """Copy of ``cfg`` whose ``side`` has the middle width, FFN width and heads."""
-    _, _, _, middle_dim, middle_ffn, heads = sandwich_dims(cfg, side)
-    mid = copy.deepcopy(cfg)
-    sub = mid.encoder if side == "encoder" else mid.decoder
-    sub.embed_dim, sub.ffn_embed_dim, sub.attention_heads = middle_dim, middle_ffn, heads
-    if side == "decoder":
-        # the d_s-wide cross-attention the layer builds is replaced by SandwichCrossAttention;
-        # let it read d_s-wide keys so that width checks of gated attention pass meanwhile
-        mid.encoder.embed_dim = middle_dim
-    return mid
 
 
 def _is_norm(module):
@@ -171,6 +111,12 @@ class SandwichCrossAttention(nn.Module):
     path adds a unit-scale vector to every middle position from the first update on, while the
     attention is still near uniform over the source (docs/TECHNIQUES.md#sandwich-sharing)."""
 
+    @classmethod
+    def around(cls, attention: nn.Module, spec: SandwichSpec):
+        """The path around ``attention`` (built at the model width) for the sandwich ``spec``."""
+        return cls(attention, spec.middle_dim, spec.model_dim, spec.export,
+                   output_norm=(spec.cross_norm == "layernorm"))
+
     def __init__(self, attention: nn.Module, middle_dim: int, model_dim: int, export=False,
                  output_norm=True):
         super().__init__()
@@ -195,53 +141,38 @@ class SandwichCrossAttention(nn.Module):
         return self.attention._set_input_buffer(incremental_state, buffer)
 
 
-def _build_middle_layers(cfg, side, make_layer, count) -> List[nn.Module]:
-    """``count`` middle layers: separate module objects, attention/FFN Parameters shared with
-    the first of them, LayerNorms per layer."""
-    _, model_dim, _, middle_dim, _, _ = sandwich_dims(cfg, side)
-    mid_cfg = middle_layer_cfg(cfg, side)
-    export = getattr(cfg, "export", False)
-    cross_norm = getattr(cfg, "sandwich_cross_norm", "layernorm")
-    layers = []
-    for depth in range(count):
-        layer = make_layer(mid_cfg)
-        projected_cross = getattr(layer, "encoder_attn", None) is not None and middle_dim != model_dim
+def _share_middle_layers(middle: List[nn.Module]):
+    """Make the middle layers hold the first one's attention/FFN Parameters (LayerNorms stay
+    per layer); a model-width cross-attention path (:class:`SandwichCrossAttention`) is shared
+    whole, its LayerNorms too."""
+    template = middle[0]
+    projected_cross = isinstance(getattr(template, "encoder_attn", None), SandwichCrossAttention)
+    for layer in middle[1:]:
         if projected_cross:
-            layer.encoder_attn = SandwichCrossAttention(
-                layer.build_encoder_attention(model_dim, cfg), middle_dim, model_dim, export,
-                output_norm=(cross_norm == "layernorm"))
-        if depth > 0:
-            template = layers[0]
-            if projected_cross:
-                # the cross-attention path (projections, their LayerNorms, attention) is shared whole
-                tie_parameters_(layer.encoder_attn, template.encoder_attn)
+            tie_parameters_(layer.encoder_attn, template.encoder_attn)
 
-            def keep_own(name, module, projected_cross=projected_cross):
-                if projected_cross and (name == "encoder_attn" or name.startswith("encoder_attn.")):
-                    return True  # tied above
-                return _is_norm(module)
+        def keep_own(name, module):
+            if projected_cross and (name == "encoder_attn" or name.startswith("encoder_attn.")):
+                return True  # tied above
+            return _is_norm(module)
 
-            tie_parameters_(layer, template, keep_own=keep_own)
-        layers.append(layer)
-    return layers
+        tie_parameters_(layer, template, keep_own=keep_own)
 
 
-def build_layer_stack(cfg, side: str, make_layer: Callable[[object], nn.Module]) -> List[nn.Module]:
-    """Layers of one side: plain (``cfg.sandwich`` off) or the sandwich stack (docs/TECHNIQUES.md#sandwich-sharing)."""
-    if side not in ("encoder", "decoder"):
-        raise ValueError(f"side={side!r}: not a side of the model; allowed: encoder|decoder")
-    if not getattr(cfg, "sandwich", False):
-        layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
-        return [make_layer(cfg) for _ in range(layers)]
-    validate_sandwich(cfg, side)
-    layers, model_dim, _, middle_dim, _, _ = sandwich_dims(cfg, side)
-    export = getattr(cfg, "export", False)
-    first = make_layer(cfg)
-    middle = _build_middle_layers(cfg, side, make_layer, layers - 2)
-    last = make_layer(cfg)
-    if middle_dim != model_dim:
-        first = SandwichBoundaryLayer(first, SandwichProjection(model_dim, middle_dim, export),
-                                      project_after=True)
-        last = SandwichBoundaryLayer(last, SandwichProjection(middle_dim, model_dim, export),
-                                     project_after=False)
-    return [first] + middle + [last]
+def build_sandwich_stack(spec: SandwichSpec, first: nn.Module, middle: List[nn.Module],
+                         last: nn.Module) -> List[nn.Module]:
+    """The sandwich stack of one side (docs/TECHNIQUES.md#sandwich-sharing) from its layers:
+    ``first`` and ``last`` at the model width, the ``layers - 2`` ``middle`` ones at the
+    middle's (a wider middle's decoder layers with a :class:`SandwichCrossAttention` as their
+    ``encoder_attn``), which come to share one set of weights; a wider middle gets its width
+    projections folded into the first and last layer."""
+    if len(middle) != spec.layers - 2:
+        raise ValueError(f"middle={len(middle)} layers: a sandwich of {spec.layers} layers has "
+                         f"{spec.layers - 2} middle layers; allowed: that many")
+    _share_middle_layers(list(middle))
+    if spec.wider:
+        first = SandwichBoundaryLayer(first, SandwichProjection(spec.model_dim, spec.middle_dim,
+                                                                spec.export), project_after=True)
+        last = SandwichBoundaryLayer(last, SandwichProjection(spec.middle_dim, spec.model_dim,
+                                                              spec.export), project_after=False)
+    return [first] + list(middle) + [last]

@@ -20,7 +20,6 @@ from slim_fairseq.modules.tc_contraction import (  # noqa: F401  (the chain's ar
     contract_input, contract_pair, contract_pair_rows, first_core_first, materialise,
     materialise_pairs, row_block)
 from slim_fairseq.modules.tensor_chain_policy import BackwardModeMixin
-from slim_fairseq.option_errors import option_error
 
 
 def prime_factors(n):
@@ -125,7 +124,8 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
                  init_std=None, forward_mode="auto", min_bond=0):
         super().__init__()
         if length < 2:
-            raise option_error("--tc-length", length, "too short for a chain", "an integer >= 2")
+            raise ValueError(f"length={length}: a chain has two cores or more; allowed: an "
+                             "integer >= 2")
         if (ratio is None) == (bond is None):
             raise ValueError(f"ratio={ratio}, bond={bond}: a chain needs exactly one of them; "
                              "allowed: a parameter ratio or a bond")
@@ -353,7 +353,8 @@ class TensorChainEmbedding(nn.Module):
                  bond=None, min_bond=0):
         super().__init__()
         if length < 2:
-            raise option_error("--tc-length", length, "too short for a chain", "an integer >= 2")
+            raise ValueError(f"length={length}: a chain has two cores or more; allowed: an "
+                             "integer >= 2")
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.padding_idx = padding_idx

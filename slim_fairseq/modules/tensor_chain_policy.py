@@ -192,9 +192,11 @@ def force_modes_(model, forward_mode="auto", backward_mode="auto"):
     """``--tc-forward`` / ``--tc-backward`` on every Tensor-Chain layer of ``model`` and every GLU
     whose projections are chains (dense layers keep their memory savings)."""
     if forward_mode not in FORWARD_MODES:
-        raise ValueError(f"--tc-forward={forward_mode}: not a mode; allowed: " + "|".join(FORWARD_MODES))
+        raise ValueError(f"forward_mode={forward_mode!r}: no forward of that name; allowed: "
+                         + "|".join(FORWARD_MODES))
     if backward_mode not in BACKWARD_MODES:
-        raise ValueError(f"--tc-backward={backward_mode}: not a mode; allowed: " + "|".join(BACKWARD_MODES))
+        raise ValueError(f"backward_mode={backward_mode!r}: no backward of that name; allowed: "
+                         + "|".join(BACKWARD_MODES))
     for module in model.modules():
         if is_chain(module):
             module.forward_mode = forward_mode

@@ -24,13 +24,9 @@ from torch import nn
 
 from slim_fairseq.modules.lora import LoRALinear
 from slim_fairseq.option_errors import option_error
+from slim_fairseq.specs import TyingSpec
 
 TIE_ALLOWED = "none or an integer K >= 0"
-
-
-def _option(cfg, name, default=None):
-    value = getattr(cfg, name, None)
-    return default if value is None else value
 
 
 def parse_tie_option(value, flag: str) -> Optional[int]:
@@ -55,58 +51,6 @@ def tied_layer_range(k: Optional[int], num_layers: int) -> List[int]:
     if k is None:
         return []
     return list(range(1 + k, num_layers - k))
-
-
-def validate_tying(cfg, num_layers: int):
-    """Check the tying options against the layer count; one-line error otherwise.
-
-    Returns ``(ffn_k, attn_proj_k, lora_rank, lora_alpha)`` with ks as int or None.
-    """
-    ffn_k = parse_tie_option(_option(cfg, "tie_ffn"), "--tie-ffn")
-    proj_k = parse_tie_option(_option(cfg, "tie_attn_proj"), "--tie-attn-proj")
-    for k, flag in ((ffn_k, "--tie-ffn"), (proj_k, "--tie-attn-proj")):
-        if k is not None and len(tied_layer_range(k, num_layers)) < 2:
-            if num_layers < 3:
-                raise option_error(flag, k, f"needs at least 3 layers, the model has {num_layers}",
-                                   "none, or 3 layers or more")
-            raise option_error(flag, k, f"too large for {num_layers} layers (layers 1+K..D-K-1 "
-                               "must hold at least 2 layers)", f"K <= {(num_layers - 3) // 2}")
-    rank = _option(cfg, "ffn_lora_rank", 0)
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise option_error("--ffn-lora-rank", rank, "not a rank", "an integer >= 0")
-    alpha = _option(cfg, "ffn_lora_alpha", None)
-    if rank > 0 and ffn_k is None:
-        raise option_error("--ffn-lora-rank", rank, "LoRA adapts shared FFN weights, and "
-                           "--tie-ffn is off", "--tie-ffn K, or --ffn-lora-rank 0")
-    if alpha is not None and rank == 0:
-        raise option_error("--ffn-lora-alpha", alpha, "scales a LoRA adapter, and --ffn-lora-rank "
-                           "is 0", "--ffn-lora-rank R, or drop --ffn-lora-alpha")
-    if alpha is not None and float(alpha) <= 0:
-        raise option_error("--ffn-lora-alpha", alpha, "not positive", "a number > 0")
-    alpha = float(alpha) if alpha is not None else float(rank)
-    if (ffn_k is not None or proj_k is not None) and _option(cfg, "sandwich", False):
-        raise option_error("--tie-ffn" if ffn_k is not None else "--tie-attn-proj",
-                           ffn_k if ffn_k is not None else proj_k, "cannot be combined with "
-                           "--sandwich (it already shares the middle layers)", "none with --sandwich")
-    if ffn_k is not None or proj_k is not None:
-        _check_training_setup(cfg)
-    return ffn_k, proj_k, rank, alpha
-
-
-def _check_training_setup(cfg):
-    """Reject distributed set-ups that mishandle shared Parameters (docs/TECHNIQUES.md#distributed-training-with-shared-weights)."""
-    backend = _option(cfg, "ddp_backend", "")
-    if backend == "fully_sharded":
-        raise option_error("--ddp-backend", backend, "cannot hold weights shared across layers "
-                           "(--tie-ffn/--tie-attn-proj)", "legacy_ddp|pytorch_ddp")
-    world = _option(cfg, "distributed_world_size", 1)
-    if (
-        _option(cfg, "checkpoint_activations", False)
-        and backend in ("pytorch_ddp", "c10d")
-        and world > 1
-    ):
-        raise option_error("--ddp-backend", backend, "with --checkpoint-activations gives wrong "
-                           "gradients for shared layers (--tie-ffn/--tie-attn-proj)", "legacy_ddp")
 
 
 # ----------------------------------------------------------------------------------------
@@ -173,19 +117,20 @@ def share_parameters(source: nn.Module, target: nn.Module):
 
 def apply_weight_tying(
     layers,
-    cfg,
+    spec: TyingSpec,
     ffn_linears: Callable[[nn.Module], Dict[str, nn.Module]] = default_ffn_linears,
     attn_out_proj: Callable[[nn.Module], nn.Module] = default_attn_out_proj,
 ) -> Dict[str, List[int]]:
     """Tie FFN / attention-projection Parameters over the interior layers and add LoRA.
 
-    A no-op when every option is off. Returns ``{"ffn": [...], "attn_proj": [...],
-    "lora": [...]}`` with the 0-based layer indices each scheme covers.
+    A no-op when every scheme is off. Returns ``{"ffn": [...], "attn_proj": [...],
+    "lora": [...]}`` with the 0-based layer indices each scheme covers. The options were
+    checked against the layer count before (``slim_options.validate_tying``).
     """
     layers = list(layers)
-    ffn_k, proj_k, rank, alpha = validate_tying(cfg, len(layers))
-    ffn_range = tied_layer_range(ffn_k, len(layers))
-    proj_range = tied_layer_range(proj_k, len(layers))
+    rank, alpha = spec.lora_rank, spec.lora_alpha
+    ffn_range = tied_layer_range(spec.ffn, len(layers))
+    proj_range = tied_layer_range(spec.attn_proj, len(layers))
 
     if ffn_range:
         owner = ffn_linears(layers[ffn_range[0]])
@@ -207,11 +152,3 @@ def apply_weight_tying(
             share_parameters(owner_proj, attn_out_proj(layers[index]))
 
     return {"ffn": ffn_range, "attn_proj": proj_range, "lora": ffn_range if rank > 0 else []}
-
-
-def tying_enabled(cfg) -> bool:
-    """True when any tying option is on (callers may skip :func:`apply_weight_tying`)."""
-    return (
-        parse_tie_option(_option(cfg, "tie_ffn"), "--tie-ffn") is not None
-        or parse_tie_option(_option(cfg, "tie_attn_proj"), "--tie-attn-proj") is not None
-    )
