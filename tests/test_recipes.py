@@ -1129,9 +1129,13 @@ def test_comparison_waits_for_both_runs_and_names_the_one_that_failed(tmp_path):
     """compare_on_bundled_ende (examples/common.sh) runs the two models in parallel: when one
     fails, the script still waits for the other (no run is left going on its own), then exits
     non-zero naming the failed one."""
+    from helpers import ende_data_bin
     script = EXAMPLES / "translation" / "subformer_vs_transformer.sh"
+    # the tests' small binarization of the bundled corpus stands in for the whole one
+    bin_dir = fixtures.install_fake_tools(tmp_path / "fake" / "bin", sys.executable)
     proc = run(script, str(tmp_path), "--max-update", "2", "--max-tokens", "512",
-               "--subformer-lr", "not-a-rate", cwd=tmp_path, expect_ok=False)
+               "--subformer-lr", "not-a-rate", cwd=tmp_path, expect_ok=False,
+               env={"PYTHON": str(bin_dir / "python"), "FAKE_BINARIZED": ende_data_bin()})
     assert proc.returncode != 0
     assert f"subformer failed: see the logs under {tmp_path}/subformer" in proc.stderr
     assert (tmp_path / "transformer" / "generate.log").stat().st_size > 0  # the other one finished
