@@ -49,7 +49,7 @@ def stlm_preset(args, layers, width, ffn, ffn_k=None, rank=0, proj_k=None, untie
 @register_model_architecture("slim_lm", "stlm_tied")
 def stlm_base(args):
     """Report baseline: D 8, H 528, F 1361, 16 q heads / 4 kv heads, tied in/out, no sharing."""
-    stlm_preset(args, 8, 528, 1361)
+    stlm_preset(args, layers=8, width=528, ffn=1361)
 
 
 # one function per row of the table in docs/TECHNIQUES.md#stlm-presets-and-parameter-counts
