@@ -219,3 +219,17 @@ def test_a_training_run_prints_no_warning_of_fairseq_itself(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings_printed = [line for line in proc.stderr.splitlines() if "Warning" in line]
     assert not warnings_printed, warnings_printed
+
+
+def test_stand_ins_replace_unused_libraries_and_raise_if_called():
+    """The tests' fairseq gets tests/stand_ins for scikit-learn and scipy.stats (tests and the
+    processes they start), and a call into one fails instead of passing on a fake."""
+    import sklearn.metrics
+    from scipy.stats import pearsonr
+
+    stand_ins = os.path.join(REPO, "tests", "stand_ins")
+    assert sklearn.metrics.__file__.startswith(stand_ins)
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == stand_ins
+    for call in (sklearn.metrics.f1_score, pearsonr):
+        with pytest.raises(RuntimeError, match="a stand-in of the test suite"):
+            call([1], [1])
