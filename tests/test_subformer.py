@@ -584,3 +584,21 @@ def test_narrower_presets_of_every_family_build_and_shrink():
         ratio = small_count / big_count
         assert ratio < 0.2, (arch, big_count, small_count)
         assert ARCH_MODEL_REGISTRY[arch]
+
+
+def test_safe_decoder_steps_equal_its_full_pass_in_float64():
+    """Step by step, the decoder's SAFE embedding gives its full pass to float64 rounding: one
+    softmax in the model's dtype both ways (fairseq's attention runs a step's softmax in
+    float32, 1e-7 off in float64, which the combination test's float64 re-check took for a bug
+    once a skipless GLU stack amplified it)."""
+    from slim_fairseq.modules.safe import SAFEInputEmbedding
+    torch.manual_seed(0)
+    table = nn.Embedding(50, 16, padding_idx=1)
+    embedding = SAFEInputEmbedding(table, 32, causal=True, max_positions=64).double().eval()
+    tokens = torch.randint(2, 50, (2, 7))
+    with torch.no_grad():
+        full = embedding(tokens)
+        state = {}
+        steps = torch.cat([embedding(tokens[:, :t + 1], incremental_state=state)
+                           for t in range(tokens.size(1))], dim=1)
+    assert (full - steps).abs().max().item() < 1e-12

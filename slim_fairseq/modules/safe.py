@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq import utils
-from fairseq.modules import LayerNorm, MultiheadAttention, PositionalEmbedding
+from fairseq.modules import LayerNorm, PositionalEmbedding
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from slim_fairseq.modules.activations import activation_function
-from slim_fairseq.modules.attention import heads_for
+from slim_fairseq.modules.attention import SlimMultiheadAttention, heads_for
 
 
 def safe_attention_heads(embed_dim: int) -> int:
@@ -67,8 +67,11 @@ class SAFEInputEmbedding(nn.Module):
         if token_dim % heads:
             raise ValueError(f"attention_heads={heads}: does not divide the table width "
                              f"{token_dim}; allowed: a divisor of {token_dim} (0 = width // 64)")
-        self.self_attn = MultiheadAttention(token_dim, heads, dropout=attention_dropout,
-                                            self_attention=True)
+        # the plugin's attention with no technique on: fairseq's parameters and init, and one
+        # softmax in the model's dtype in the full pass and in each step alike (fairseq's own
+        # runs a step's softmax in float32, which a float64 check cannot tell from a bug)
+        self.self_attn = SlimMultiheadAttention(token_dim, heads, dropout=attention_dropout,
+                                                self_attention=True)
         self.self_attn_layer_norm = LayerNorm(token_dim)
         self.fc1 = nn.Linear(token_dim, token_dim)
         self.fc2 = nn.Linear(token_dim, model_dim)
