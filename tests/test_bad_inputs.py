@@ -47,6 +47,12 @@ CLI = [
     (["--arch", "slim_lm", "--kv-heads", "2", "--quant-noise-pq", "0.1"], True,
      r"^--quant-noise-pq=0.1: acts on fairseq's dense linears, which --kv-heads replaces or "
      r"bypasses; allowed: 0 with --kv-heads$"),
+    # SAFE's output path is its token table: an untied projection would be ignored
+    (["--arch", "stlm_tied", "--decoder-embed-dim", "64", "--decoder-layers", "2",
+      "--safe-embed-dim", "16", "--no-share-decoder-input-output-embed"], True,
+     r"^--no-share-decoder-input-output-embed: SAFE's output path \(--safe-embed-dim\) is tied "
+     r"to its token table, so there is no separate projection to untie; allowed: drop it with "
+     r"--safe-embed-dim$"),
     # WikiText-103's cutoffs on a dictionary of 2,000 types: found when the model is built
     (["--arch", "subformer_lm_wiki103_83m", "--decoder-embed-dim", "64", "--decoder-layers", "3",
       "--criterion", "adaptive_loss"], True,

@@ -156,6 +156,12 @@ def _parse(arch, options, lm):
         *archs[arch].contract_overrides(arch), *argv_of(options)])
 
 
+def _options(args):
+    """The parsed options, without the parser's notes of which flags were written."""
+    from slim_fairseq.models.slim_options import FLAG_NOTES
+    return {k: v for k, v in vars(args).items() if k not in FLAG_NOTES}
+
+
 def _build(args):
     from fairseq import tasks
     task = tasks.setup_task(args)
@@ -216,7 +222,7 @@ def run_case(seed, tmp_path):
         return "refused"
     except Exception as error:  # noqa: BLE001 -- anything else is a traceback for the user
         raise AssertionError(f"{where}\n{type(error).__name__}: {error}") from error
-    parsed = dict(vars(args))  # before the build adds its own fields
+    parsed = _options(args)  # before the build adds its own fields
     try:
         task, model = _build(args)
     except Exception as error:  # noqa: BLE001 -- accepted at parse time, it must build
@@ -235,7 +241,7 @@ def run_case(seed, tmp_path):
                 other_args = _parse(arch, options[:i] + options[i + 1:], lm)
             except (ValueError, SystemExit):
                 continue  # the option is what made the rest valid: it does something
-            if vars(other_args) == parsed or flag in MAY_CHANGE_NOTHING:
+            if _options(other_args) == parsed or flag in MAY_CHANGE_NOTHING:
                 continue  # it restates what the model has without it
             if flag == "--share-decoder-input-output-embed" and (
                     getattr(args, "share_all_embeddings", False) or args.safe_embed_dim):

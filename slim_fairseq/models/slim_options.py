@@ -211,7 +211,8 @@ FAIRSEQ_READINGS = (
      "--ffn-glu the gate's (" + "|".join(GLU_ACTIVATIONS) + "); the plugin adds silu to fairseq's "
      "choices"),
     ("--no-share-decoder-input-output-embed", "tied as the preset says", "unties the vocabulary "
-     "projection of a preset that ties it (stlm_tied and the STLM rows)"),
+     "projection of a preset that ties it (stlm_tied and the STLM rows); refused with "
+     "--safe-embed-dim, whose output path is tied to its token table"),
     ("--no-decoder-normalize-before", "slim_lm: pre-norm; slim_transformer: post-norm", "post-norm "
      "decoder layers; slim_lm is pre-norm by default, as fairseq's base_lm_architecture makes it"),
 )
@@ -261,6 +262,19 @@ def add_slim_args(parser):
             group.add_argument(option.flag, type=kind, metavar=option.metavar, help=help_text)
 
 
+# attributes the parser adds to note that a flag was written (not options of the model)
+FLAG_NOTES = ("untie_output_given",)
+
+
+class _Untie(argparse._StoreFalseAction):
+    """``--no-share-decoder-input-output-embed``: store_false, and the flag noted, so that a
+    model which cannot untie the projection (SAFE) refuses it instead of ignoring it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        setattr(namespace, FLAG_NOTES[0], True)
+
+
 def extend_fairseq_args(parser):
     """fairseq options with the plugin's reading in every model: ``--activation-fn`` also takes
     silu (the GLU gate's default), and ``--share-decoder-input-output-embed`` a ``--no-`` form."""
@@ -270,7 +284,7 @@ def extend_fairseq_args(parser):
             action.help = ("the feed-forward's activation (under --ffn-glu: the gate's; default "
                            "relu, silu under --ffn-glu): " + "|".join(ACTIVATIONS))
     if "--share-decoder-input-output-embed" in parser._option_string_actions:
-        parser.add_argument("--no-share-decoder-input-output-embed", action="store_false",
+        parser.add_argument("--no-share-decoder-input-output-embed", action=_Untie,
                             dest="share_decoder_input_output_embed",
                             help="separate vocabulary projection (for presets that tie it)")
     if "--decoder-normalize-before" in parser._option_string_actions:
@@ -460,6 +474,10 @@ def _check_embeddings(args, model):
                            "projection (H-SoftPOS's is narrower than the model, a Tensor Chain's "
                            "is never built)", "untied embeddings (--no-share-decoder-input-output-"
                            "embed, no --share-all-embeddings), or drop it")
+    if args.safe_embed_dim and getattr(args, FLAG_NOTES[0], False):
+        raise option_error("--no-share-decoder-input-output-embed", None, "SAFE's output path "
+                           "(--safe-embed-dim) is tied to its token table, so there is no "
+                           "separate projection to untie", "drop it with --safe-embed-dim")
     if args.hsoftpos_min_token_dim and not args.hsoftpos_levels:
         raise _off("--hsoftpos-min-token-dim", args.hsoftpos_min_token_dim, "H-SoftPOS",
                    "--hsoftpos-levels L >= 1, or --hsoftpos-min-token-dim 0")
