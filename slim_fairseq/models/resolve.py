@@ -117,17 +117,25 @@ def safe_output(cfg):
     return SAFEOutputSpec(mlp=cfg.safe_output == "mlp", activation=cfg.activation_fn or "relu")
 
 
+def sandwich_middle(options, model_dim):
+    """(width, heads) of the sandwich middle of a side ``model_dim`` wide: ``--sandwich-dim``
+    and ``--sandwich-heads``, at 0 the model's width and :func:`heads_for` the middle width.
+    ``options``: the parsed options or a config carrying them."""
+    middle_dim = options.sandwich_dim or model_dim
+    return middle_dim, options.sandwich_heads or heads_for(middle_dim)
+
+
 def sandwich(cfg, side):
     """The sandwich stack of ``side``, or None without ``--sandwich``: options at 0 take the
     model's width, FFN width and :func:`heads_for` the middle width."""
     if not cfg.sandwich:
         return None
     sub = _side(cfg, side)
-    middle_dim = cfg.sandwich_dim or sub.embed_dim
+    middle_dim, middle_heads = sandwich_middle(cfg, sub.embed_dim)
     return SandwichSpec(layers=sub.layers, model_dim=sub.embed_dim, middle_dim=middle_dim,
                         middle_ffn=cfg.sandwich_ffn_dim or sub.ffn_embed_dim,
-                        middle_heads=cfg.sandwich_heads or heads_for(middle_dim),
-                        cross_norm=cfg.sandwich_cross_norm, export=bool(cfg.export))
+                        middle_heads=middle_heads, cross_norm=cfg.sandwich_cross_norm,
+                        export=bool(cfg.export))
 
 
 def middle_layer_cfg(cfg, side, spec):

@@ -24,7 +24,6 @@ from fairseq.models.transformer_lm import (
 from fairseq.modules import AdaptiveInput
 
 from slim_fairseq.checkpoint_upgrade import upgrade_state_dict
-from slim_fairseq.models import resolve
 from slim_fairseq.models.slim_options import (
     add_slim_args,
     check_adaptive_cutoffs,
@@ -36,8 +35,8 @@ from slim_fairseq.models.slim_transformer import (
     ContractOverridesMixin,
     SlimTransformerDecoder,
     finish_build,
+    token_table,
 )
-from slim_fairseq.modules.input_embedding import build_token_table
 from slim_fairseq.option_errors import check_task, one_line_option_errors, option_error
 
 
@@ -111,9 +110,7 @@ class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
                 options.eval_str_list(args.adaptive_input_cutoff, type=int),
                 args.quant_noise_pq, args.quant_noise_pq_block_size)
         else:
-            cfg = TransformerConfig.from_namespace(args)
-            table = build_token_table(resolve.chain(cfg, "tc_emb"), dictionary,
-                                      resolve.token_table_dim(cfg, args.decoder_input_dim))
+            table = token_table(args, dictionary, args.decoder_input_dim)
         if args.tie_adaptive_weights and (
                 args.adaptive_input_factor != args.adaptive_softmax_factor
                 or args.adaptive_softmax_cutoff != args.adaptive_input_cutoff

@@ -19,7 +19,8 @@ import copy
 from dataclasses import dataclass
 from typing import Tuple
 
-from slim_fairseq.modules.attention import attention_head_dim, heads_for
+from slim_fairseq.models.resolve import sandwich_middle
+from slim_fairseq.modules.attention import attention_head_dim
 from slim_fairseq.modules.gated_attention import (CROSS_GATE_WHY, CROSS_GATES, GATES,
                                                   SAME_UNDER_NO_PATT)
 from slim_fairseq.modules.glu import GLU_ACTIVATIONS, GLU_HIDDEN_RULES
@@ -614,8 +615,7 @@ def _check_sandwich(args, model):
 def _check_sandwich_side(args, side):
     """What the sandwich stack of ``side`` cannot honour (docs/TECHNIQUES.md#sandwich-sharing)."""
     layers, model_dim = getattr(args, f"{side}_layers"), getattr(args, f"{side}_embed_dim")
-    middle_dim = args.sandwich_dim or model_dim
-    heads = args.sandwich_heads or heads_for(middle_dim)
+    middle_dim, heads = sandwich_middle(args, model_dim)
     if layers < 3:
         raise option_error(f"--{side}-layers", layers, "too few for --sandwich (own first and "
                            "last layer plus shared middle ones)", ">= 3")
@@ -653,8 +653,7 @@ def _check_attention(args, model):
         if heads < 1 or width % heads:
             raise option_error(f"--{side}-attention-heads", heads, f"does not divide "
                                f"--{side}-embed-dim={width}", f"a divisor of {width}")
-        middle = args.sandwich_heads or heads_for(args.sandwich_dim or width)
-        all_heads = [heads] + ([middle] if args.sandwich else [])
+        all_heads = [heads] + ([sandwich_middle(args, width)[1]] if args.sandwich else [])
         for count in all_heads:
             if kv and count % kv:
                 raise option_error("--kv-heads", kv, f"does not divide the {count} query heads",
@@ -684,9 +683,9 @@ def _attentions(args, model):
         width, heads = getattr(args, f"{side}_embed_dim"), getattr(args, f"{side}_attention_heads")
         out.append(("--self-attn-gate", "self", f"--{side}-attention-heads", width, heads, width))
         if args.sandwich:
-            middle = args.sandwich_dim or width
-            out.append(("--self-attn-gate", "self", "--sandwich-heads", middle,
-                        args.sandwich_heads or heads_for(middle), middle))
+            middle, middle_heads = sandwich_middle(args, width)
+            out.append(("--self-attn-gate", "self", "--sandwich-heads", middle, middle_heads,
+                        middle))
     if model == "slim_transformer":
         out.append(("--cross-attn-gate", "cross", "--decoder-attention-heads",
                     args.decoder_embed_dim, args.decoder_attention_heads, args.encoder_embed_dim))

@@ -174,7 +174,6 @@ class SlimTransformerDecoder(_LayerStackMixin, TransformerDecoderBase):
         table = embed_tokens.table if hasattr(embed_tokens, "table") else embed_tokens
         vocab = len(dictionary)
         if cfg.adaptive_softmax_cutoff is not None:
-            check_adaptive_cutoffs(cfg, vocab)
             self.adaptive_softmax = AdaptiveSoftmax(
                 vocab, self.output_embed_dim,
                 utils.eval_str_list(cfg.adaptive_softmax_cutoff, type=int),
@@ -277,6 +276,14 @@ class SlimTransformerDecoder(_LayerStackMixin, TransformerDecoderBase):
         return self.max_target_positions
 
 
+def token_table(args, dictionary, model_dim):
+    """The token table for an input embedding at ``model_dim`` with the options of ``args``:
+    its width (the model's, H-SoftPOS's d_emb or SAFE's d_e) and its Tensor Chain resolved."""
+    cfg = TransformerConfig.from_namespace(args)
+    return build_token_table(resolve.chain(cfg, "tc_emb"), dictionary,
+                             resolve.token_table_dim(cfg, model_dim))
+
+
 def finish_build(model, cfg, stacks):
     """Post-build steps shared by the encoder-decoder model and the LM, in this order: the
     whole-model init (``--bert-init``, ``--init-std``; skipless token tables), weight tying
@@ -373,16 +380,15 @@ class SlimTransformerModel(ContractOverridesMixin, TransformerModel):
         slim_transformer_base(args)
         with one_line_option_errors():
             cls.check_args(args, task)
+            check_adaptive_cutoffs(args, len(task.target_dictionary))
             model = super().build_model(args, task)
             return finish_build(model, args, [model.encoder.layers, model.decoder.layers])
 
     @classmethod
     def build_embedding(cls, args, dictionary, embed_dim, path=None):
-        cfg = TransformerConfig.from_namespace(args)
-        table = build_token_table(resolve.chain(cfg, "tc_emb"), dictionary,
-                                  resolve.token_table_dim(cfg, embed_dim))
+        table = token_table(args, dictionary, embed_dim)
         if path:
-            if cfg.tc_emb or table.embedding_dim != embed_dim:
+            if args.tc_emb or table.embedding_dim != embed_dim:
                 raise option_error("--encoder-embed-path/--decoder-embed-path", path, "needs the "
                                    "standard dense embedding of the model width", "no "
                                    "--hsoftpos-levels, --safe-embed-dim or --tc-emb with it")
