@@ -47,6 +47,12 @@ CLI = [
     (["--arch", "slim_lm", "--kv-heads", "2", "--quant-noise-pq", "0.1"], True,
      r"^--quant-noise-pq=0.1: acts on fairseq's dense linears, which --kv-heads replaces or "
      r"bypasses; allowed: 0 with --kv-heads$"),
+    # the translation models check the target dictionary against the cutoffs too
+    (["--arch", "slim_transformer", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+      "--encoder-layers", "1", "--decoder-layers", "1", "--adaptive-softmax-cutoff", "5000,9000",
+      "--criterion", "adaptive_loss"], False,
+     r"^--adaptive-softmax-cutoff=5000,9000: cutoffs must increase and stay within the "
+     r"dictionary's 1,128 types; allowed: --adaptive-softmax-cutoff 84,253$"),
     # SAFE's output path is its token table: an untied projection would be ignored
     (["--arch", "stlm_tied", "--decoder-embed-dim", "64", "--decoder-layers", "2",
       "--safe-embed-dim", "16", "--no-share-decoder-input-output-embed"], True,

@@ -537,6 +537,8 @@ def check_adaptive_cutoffs(args, vocab):
              if on and getattr(args, flag[2:].replace("-", "_"), None)]
     for flag in flags:
         value = getattr(args, flag[2:].replace("-", "_"))
+        if isinstance(value, (list, tuple)):  # fairseq's translation parser gives a list
+            value = ",".join(str(c) for c in value)
         try:
             cutoffs = [int(c) for c in str(value).split(",")]
         except ValueError:
