@@ -974,3 +974,24 @@ def test_quality_sweep_resumes(tmp_path):
     assert {p: p.stat().st_mtime for p in out.glob("runs/*/train.log")} == logs
     with pytest.raises(SystemExit):
         quality.main(argv[:2] + ["--dim", "0"])
+
+
+def test_attention_flops_count_every_query_head_of_grouped_attention():
+    """Fused attention with fewer key/value heads than query heads (GQA) counts the FLOPs of the
+    same attention with key and value repeated per query head: torch's own formula refused such
+    shapes on CUDA, and no formula counted the CPU's kernel."""
+    from torch.utils.flop_counter import FlopCounterMode
+    q = torch.randn(2, 8, 16, 32)
+    k, v = torch.randn(2, 2, 16, 32), torch.randn(2, 2, 16, 32)
+
+    def forward_flops(fn, mapping=None):
+        counter = FlopCounterMode(display=False, custom_mapping=mapping or {})
+        with counter:
+            fn()
+        return counter.get_total_flops()
+
+    fused = forward_flops(lambda: torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=True), measure.attention_flop_formulas())
+    k4, v4 = k.repeat_interleave(4, 1), v.repeat_interleave(4, 1)
+    explicit = forward_flops(lambda: torch.softmax(q @ k4.transpose(-1, -2), -1) @ v4)
+    assert fused == explicit == 2 * (2 * 8 * 16 * 16 * 32 * 2)

@@ -119,12 +119,45 @@ def loss_backward(entry, sample, device, dtype):
     loss.backward()
 
 
+def attention_flop_formulas():
+    """FLOP formulas for torch's fused attention kernels that accept grouped key/value heads.
+
+    A kernel run with ``enable_gqa`` attends every query head, so its FLOPs are those of key and
+    value tensors widened to the query's heads. torch 2.11's own formula refuses such shapes
+    (an AssertionError that ended the benchmark on CUDA), and no torch release counts the CPU's
+    fused kernel, so a CPU count left attention out. Shapes are (batch, heads, length, width).
+    """
+    from torch.utils import flop_counter
+
+    def widen(query_shape, shape):
+        return (shape[0], query_shape[1], *shape[2:])
+
+    def forward(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+        return flop_counter.sdpa_flop_count(
+            query_shape, widen(query_shape, key_shape), widen(query_shape, value_shape))
+
+    def backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+        return flop_counter.sdpa_backward_flop_count(
+            grad_out_shape, query_shape, widen(query_shape, key_shape), widen(query_shape, value_shape))
+
+    aten = torch.ops.aten
+    kernels = ["_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+               "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"]
+    formulas = {}
+    for name in kernels:
+        for op, formula in ((name, forward), (f"{name}_backward", backward)):
+            if hasattr(aten, op):
+                formulas[getattr(aten, op)] = formula
+    return formulas
+
+
 def count_batch_flops(entry, batches, device, dtype):
     """FLOPs of forward + backward of every batch (the optimizer step is not counted)."""
     from torch.utils.flop_counter import FlopCounterMode
     entry.model.train()
+    formulas = attention_flop_formulas()
     for index, sample in enumerate(batches):
-        counter = FlopCounterMode(display=False)
+        counter = FlopCounterMode(display=False, custom_mapping=formulas)
         with counter:
             loss_backward(entry, sample, device, dtype)
         entry.model.zero_grad(set_to_none=True)
