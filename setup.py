@@ -16,6 +16,7 @@ setup(
     entry_points={"console_scripts": [
         "slim-fairseq-user-dir = slim_fairseq_user_dir:main",
         "slim-fairseq-help = slim_fairseq.arch_help:main",
+        "slim-fairseq-export-hf = slim_fairseq.export_hf.cli:main",
     ]},
     license="MIT",
 )

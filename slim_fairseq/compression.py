@@ -183,7 +183,14 @@ def _model_name(arch):
     return next((name for name, registered in MODEL_REGISTRY.items() if registered is cls), None)
 
 
-def _build_checkpoint_model(cfg, state):
+def load_checkpoint(path, data=None):
+    """``(cfg, state)`` of a fairseq checkpoint read the way fairseq reads it (old layouts
+    upgraded, weights-only unpickling); ``data`` overrides its data directory."""
+    state = _load_state(path, data)
+    return _model_cfg(state), state
+
+
+def build_checkpoint_model(cfg, state):
     """:func:`_build_task_and_model` of a checkpoint, a missing dictionary as a one-line error."""
     try:
         return _build_task_and_model(cfg, state)
@@ -343,8 +350,7 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
     if not any(ratios.values()):
         raise CompressionError("--tc-*: nothing to compress; allowed: at least one of --tc-ff, "
                                "--tc-patt, --tc-layer, --tc-emb, --tc-output above 0")
-    state = _load_state(path, data)
-    cfg = _model_cfg(state)
+    cfg, state = load_checkpoint(path, data)
     arch = _arch_of(cfg.model)
     model_name = _model_name(arch)
     if model_name not in SLIM_OF:
@@ -360,7 +366,7 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
             "--decoder-normalize-before")
     if log:
         log(f"loading {path} (arch {arch})")
-    task, dense = _build_checkpoint_model(cfg, state)
+    task, dense = build_checkpoint_model(cfg, state)
     slim_name = SLIM_OF[model_name]
     slim_cfg = _namespace(cfg.model)
     slim_cfg.arch = slim_cfg._name = slim_name
@@ -471,14 +477,32 @@ def _plain_fairseq(cfg, state, dense_cfg, dense, model_name):
     return plain_cfg, plain.eval()
 
 
+def densify(cfg, state, model):
+    """``(model config, model)``: the dense counterpart of ``model`` (built from checkpoint
+    ``state`` with config ``cfg``), every Tensor Chain materialised and every ``--tc-*`` 0, in
+    eval mode. Its outputs are the chains' up to float rounding (the callers check them)."""
+    dense_cfg = without_tensor_chains(_namespace(cfg.model))
+    _, dense = _build_task_and_model(cfg, state, model_cfg=copy.deepcopy(dense_cfg))
+    try:
+        dense.load_state_dict(dense_state_dict(model), strict=True)
+    except RuntimeError as exc:
+        raise CompressionError(f"CHECKPOINT: the dense model does not take the exported tensors "
+                               f"({_one_line(exc)[:300]}); allowed: none (a defect of the plugin: "
+                               "report it with the command)")
+    left = [name for name, module in dense.named_modules() if is_tensor_chain(module)]
+    if left:
+        raise CompressionError(f"{', '.join(left[:5])}: Tensor Chains left after the export; "
+                               "allowed: none (a defect of the plugin: report it with the command)")
+    return dense_cfg, dense.eval()
+
+
 def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None):
     """Materialise every Tensor Chain of a plugin checkpoint and set its ``--tc-*`` options to 0
     (see the module docstring). ``plain_fairseq``: write fairseq's own ``transformer`` /
     ``transformer_lm`` instead (refused when the model uses another technique of the plugin),
     which fairseq loads without ``--user-dir``. Returns ``(model, exported_model)``, both in
     eval mode."""
-    state = _load_state(path, data)
-    cfg = _model_cfg(state)
+    cfg, state = load_checkpoint(path, data)
     arch = _arch_of(cfg.model)
     model_name = _model_name(arch)
     if model_name not in SLIM_OF.values():
@@ -492,19 +516,8 @@ def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None)
     places = [p for p in TC_PLACES if getattr(cfg.model, p, 0.0)]
     if log:
         log(f"loading {path} (arch {arch}, Tensor Chains: {', '.join(places) or 'none'})")
-    task, model = _build_checkpoint_model(cfg, state)
-    dense_cfg = without_tensor_chains(_namespace(cfg.model))
-    _, dense = _build_task_and_model(cfg, state, model_cfg=copy.deepcopy(dense_cfg))
-    try:
-        dense.load_state_dict(dense_state_dict(model), strict=True)
-    except RuntimeError as exc:
-        raise CompressionError(f"CHECKPOINT: the dense model does not take the exported tensors "
-                               f"({_one_line(exc)[:300]}); allowed: none (a defect of the plugin: "
-                               "report it with the command)")
-    left = [name for name, module in dense.named_modules() if is_tensor_chain(module)]
-    if left:
-        raise CompressionError(f"{', '.join(left[:5])}: Tensor Chains left after the export; "
-                               "allowed: none (a defect of the plugin: report it with the command)")
+    task, model = build_checkpoint_model(cfg, state)
+    dense_cfg, dense = densify(cfg, state, model)
     if plain_fairseq:
         dense_cfg, dense = _plain_fairseq(cfg, state, dense_cfg, dense, model_name)
     gap = output_gap(model, dense.eval(), len(task.source_dictionary))

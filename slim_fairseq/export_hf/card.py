@@ -1,0 +1,72 @@
+"""The model card (``README.md``) written with an export: where the model comes from, its
+parameters in fairseq and in the export, the self-check's measured gap, how it was trained
+(what the checkpoint says), and how to load it."""
+import os
+
+TASKS = {"AutoModelForCausalLM": "text-generation", "AutoModelForSeq2SeqLM": "translation"}
+
+
+def _training(src):
+    state, cfg = src.state, src.cfg
+    history = (state.get("optimizer_history") or [{}])[-1]
+    lines = []
+    updates = history.get("num_updates")
+    if updates is not None:
+        lines.append(f"- updates: {updates:,}")
+    for label, section, key in (("optimizer", "optimizer", "_name"), ("learning rate",
+                                "optimization", "lr"), ("criterion", "criterion", "_name"),
+                                ("max tokens per batch", "dataset", "max_tokens"),
+                                ("data", "task", "data")):
+        holder = cfg.get(section) if hasattr(cfg, "get") else None
+        value = holder.get(key) if holder is not None and hasattr(holder, "get") else None
+        if value not in (None, ""):
+            if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+                value = ", ".join(str(v) for v in value)
+            lines.append(f"- {label}: {value}")
+    return lines
+
+
+def write(out_dir, src, layout, result, tokenizer_kind, counts, flags):
+    """Write ``out_dir/README.md``. ``counts``: {"fairseq": n, "dense": n or None,
+    "export": n, "file": n}; ``flags``: the fairseq-train model options of the source."""
+    task = TASKS[layout.AUTO]
+    auto = layout.AUTO
+    lines = ["---", "library_name: transformers", f"pipeline_tag: {task}",
+             "tags:", "- fairseq", "- slim_fairseq", "---", "",
+             f"# {os.path.basename(os.path.abspath(out_dir.rstrip(os.sep)))}", "",
+             f"`{layout.CLASS}` exported by `slim-fairseq-export-hf` from the fairseq checkpoint "
+             f"`{os.path.basename(src.path)}` (architecture `{src.arch}`, model "
+             f"`{src.model_name}`).", "", "## Source", "",
+             "fairseq-train model options: `" + " ".join(flags) + "`", ""]
+    if src.densified:
+        lines += ["Its Tensor Chains were materialised into dense weights before the export.", ""]
+    lines += ["## Parameters", "",
+              f"- fairseq: {counts['fairseq']:,}"
+              + (" (with Tensor Chains)" if counts.get("dense") else "")]
+    if counts.get("dense"):
+        lines.append(f"- dense, before the mapping: {counts['dense']:,}")
+    lines += [f"- transformers ({layout.CLASS}): {counts['export']:,}; in model.safetensors: "
+              f"{counts['file']:,}", "",
+              "Weights that fairseq shares (STLM's tied feed-forwards and attention projections, "
+              "a sandwich's middle layers) are written once per layer; a LoRA adapter is folded "
+              "into its weight.", "", "## Check", "",
+              f"On the first {result.sentences} samples of the `{result.split}` split "
+              f"({result.tokens:,} tokens), the largest difference between fairseq's and this "
+              f"model's log-probabilities was {result.gap:.2e} nats (float32); the export "
+              "refuses more than 1e-4.", "", "## Training", ""]
+    lines += _training(src) or ["(the checkpoint records nothing)"]
+    lines += ["", "## Use", "", f"Tokenizer: {tokenizer_kind} (the ids fairseq reads for the "
+              "same text).", "", "```python",
+              f"from transformers import AutoTokenizer, {auto}, pipeline",
+              'tokenizer = AutoTokenizer.from_pretrained("PATH")',
+              f'model = {auto}.from_pretrained("PATH")']
+    if task == "text-generation":
+        lines += ['print(pipeline("text-generation", model=model, tokenizer=tokenizer)'
+                  '("the house", max_new_tokens=10, do_sample=False))']
+    else:
+        lines += ['batch = tokenizer(["The house is small ."], return_tensors="pt")',
+                  "print(tokenizer.batch_decode(model.generate(**batch, num_beams=5), "
+                  "skip_special_tokens=True))"]
+    lines += ["```", ""]
+    with open(os.path.join(out_dir, "README.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))

@@ -1,0 +1,177 @@
+"""``export``: a fairseq checkpoint to a transformers folder that scores as fairseq does.
+
+Order: OUT_DIR and the tokenizer options are checked, the checkpoint is loaded (Tensor Chains
+materialised), a layout is chosen or the model refused in one line (:mod:`.support`), then the
+folder is written next to OUT_DIR under a temporary name, checked (:mod:`.check`) and only then
+renamed to OUT_DIR. Any failure removes the temporary folder: OUT_DIR is never left half
+written, and an existing OUT_DIR is replaced only with ``force``.
+"""
+import dataclasses
+import logging
+import os
+import shutil
+import tempfile
+
+
+from slim_fairseq import compression
+from slim_fairseq.export_hf import card, check, source, support, tokenizer
+from slim_fairseq.option_errors import option_error
+
+
+@dataclasses.dataclass
+class ExportResult:
+    out_dir: str
+    hf_class: str
+    tokenizer: str
+    gap: float
+    counts: dict
+
+
+def _inside(path, folder):
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_out_dir(out_dir, inputs, force):
+    """Refuse an OUT_DIR that holds or is inside an input, or (without ``force``) a non-empty
+    one; returns its absolute path."""
+    out = os.path.abspath(out_dir)
+    for given in inputs:
+        if given and (_inside(given, out) or _inside(out, given)):
+            raise option_error("OUT_DIR", out_dir, f"holds or lies inside the input {given}, "
+                               "which the export must not overwrite", "a directory apart from "
+                               "the checkpoint, the data and the tokenizer files")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise option_error("OUT_DIR", out_dir, "is a file", "a new or empty directory")
+    if os.path.isdir(out) and os.listdir(out) and not force:
+        raise option_error("OUT_DIR", out_dir, "exists and is not empty", "a new or empty "
+                           "directory, or --force to replace it")
+    return out
+
+
+def _quiet_transformers():
+    import transformers
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def instantiate(layout, config, weights):
+    """The transformers model of ``config`` holding exactly ``weights`` (float32, eval)."""
+    import transformers
+    config.dtype = "float32"
+    model = getattr(transformers, layout.CLASS)(config).float().eval()
+    expected = set(model.state_dict())
+    missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or extra:
+        raise option_error("CHECKPOINT", None, f"the {layout.CLASS} mapping does not fit the "
+                           f"class (missing {missing[:3]}, unexpected {extra[:3]})", "none (a "
+                           "defect of the export: report it with the command)")
+    model.load_state_dict({k: v.contiguous() for k, v in weights.items()}, strict=True)
+    return model
+
+
+def generation_config(src, layout):
+    """fairseq's greedy search as transformers' defaults: never the padding symbol; a
+    translation's first step not ``</s>`` (fairseq's min_len 1)."""
+    from transformers import GenerationConfig
+    d = src.dictionary
+    values = dict(bos_token_id=d.eos() if src.lm else d.bos(), eos_token_id=d.eos(),
+                  pad_token_id=d.pad(), suppress_tokens=[d.pad()], do_sample=False, num_beams=1)
+    if not src.lm:
+        values.update(decoder_start_token_id=d.eos(), min_new_tokens=1)
+    return GenerationConfig(**values)
+
+
+def _file_parameters(model):
+    seen, total = set(), 0
+    for tensor in model.state_dict().values():
+        key = (tensor.data_ptr(), tensor.numel())
+        if key not in seen:
+            seen.add(key)
+            total += tensor.numel()
+    return total
+
+
+def _flags(src):
+    try:
+        return compression.model_flags(src.args, src.model_name)[2:]
+    except Exception:  # the card's list of options is informative only
+        return [f"--arch {src.arch}"]
+
+
+def export(checkpoint, data, out_dir, bpe=None, bpe_codes=None, sentencepiece_model=None,
+           gpt2_encoder_json=None, gpt2_vocab_bpe=None, tokenizer_name=None, force=False,
+           sentences=16, log=None):
+    """Export ``checkpoint`` (its dictionaries in ``data``) to ``out_dir``; see the module
+    docstring. Returns an :class:`ExportResult`."""
+    say = log or (lambda message: None)
+    options = dict(bpe=bpe, bpe_codes=bpe_codes, sentencepiece_model=sentencepiece_model,
+                   gpt2_encoder_json=gpt2_encoder_json, gpt2_vocab_bpe=gpt2_vocab_bpe,
+                   tokenizer=tokenizer_name)
+    if not os.path.isfile(checkpoint):
+        raise option_error("CHECKPOINT", checkpoint, "does not exist", "a checkpoint file "
+                           "written by fairseq-train")
+    if data and not os.path.isdir(data):
+        raise option_error("DATA_DIR", data, "does not exist", "the data-bin the model was "
+                           "trained on")
+    out = check_out_dir(out_dir, [checkpoint, data, bpe_codes, sentencepiece_model,
+                                  gpt2_encoder_json, gpt2_vocab_bpe], force)
+    tokenizer.kind_of(options)
+    say(f"loading {checkpoint}")
+    src = source.load(checkpoint, data)
+    layout = support.choose(src)
+    kind = tokenizer.check(src, options)
+    say(f"{src.arch} -> {layout.CLASS}, tokenizer: {kind}")
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.partial-", dir=parent)
+    try:
+        _quiet_transformers()
+        reader = source.Reader(src.model)
+        config, weights = layout.build(src, reader)
+        left = reader.left()
+        if left:
+            raise option_error("CHECKPOINT", checkpoint, f"{len(left)} of its tensors have no "
+                               f"place in {layout.CLASS} ({', '.join(left[:3])})", "none (a "
+                               "defect of the export: report it with the command)")
+        model = instantiate(layout, config, weights)
+        model.generation_config = generation_config(src, layout)
+        model.save_pretrained(work)
+        max_length = int(getattr(config, "max_position_embeddings", 1024))
+        tokenizer.write(work, src, options, max_length)
+        result = check.run(src, layout, work, sentences)
+        say(f"self-check: largest log-prob gap {result.gap:.2e} nats on {result.sentences} "
+            f"{result.split} samples ({result.tokens} tokens)")
+        if not result.gap <= check.GAP_LIMIT:
+            raise option_error("CHECKPOINT", checkpoint, f"the export's log-probabilities differ "
+                               f"from fairseq's by {result.gap:.2e} nats (over "
+                               f"{check.GAP_LIMIT:g}), nothing written", "none (a defect of the "
+                               "export: report it with the command)")
+        counts = {"fairseq": src.parameters(),
+                  "dense": src.parameters(src.model) if src.densified else None,
+                  "export": sum(p.numel() for p in model.parameters()),
+                  "file": _file_parameters(model)}
+        card.write(work, src, layout, result, kind, counts, _flags(src))
+        _move_into_place(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    say(f"wrote {out}: {layout.CLASS}, {counts['fairseq']:,} parameters in fairseq, "
+        f"{counts['export']:,} in the export")
+    return ExportResult(out_dir=out, hf_class=layout.CLASS, tokenizer=kind, gap=result.gap,
+                        counts=counts)
+
+
+def _move_into_place(work, out):
+    """Rename ``work`` to ``out``; an existing ``out`` (allowed by ``force``) is removed only
+    after the new folder is complete."""
+    old = None
+    if os.path.exists(out):
+        old = out + ".replaced-" + os.path.basename(work)
+        os.rename(out, old)
+    os.rename(work, out)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+

@@ -1,0 +1,76 @@
+"""What the layouts share: the shape of an attention block, and the copy of a fairseq layer
+into the classes that keep fairseq's own names inside a layer (XGLM, OPT, FSMT, M2M100:
+``self_attn.{q,k,v,out}_proj``, ``self_attn_layer_norm``, ``encoder_attn``, ``fc1``, ``fc2``,
+``final_layer_norm``)."""
+import torch
+
+from slim_fairseq.option_errors import option_error
+
+# transformers' LayerNorm in these classes: torch's default eps
+LAYER_NORM_EPS = 1e-5
+
+
+def attention_shape(attention):
+    """``(heads, key/value heads, head width)`` of fairseq's or the plugin's attention."""
+    heads = attention.num_heads
+    return heads, getattr(attention, "kv_heads", heads), attention.head_dim
+
+
+def _linear(reader, src, dst, out):
+    weight, bias = reader.linear(src)
+    out[f"{dst}.weight"] = weight
+    # a class with biases everywhere takes a bias-free layer (--no-linear-bias) as zero biases
+    out[f"{dst}.bias"] = bias if bias is not None else torch.zeros(weight.size(0))
+
+
+def _layer_norm(reader, src, dst, out):
+    weight, bias, eps = reader.norm(src)
+    if bias is None or abs(eps - LAYER_NORM_EPS) > 1e-12:
+        raise option_error("--norm", "rmsnorm" if bias is None else "layernorm",
+                           f"{src} is not a LayerNorm of eps {LAYER_NORM_EPS}, the norm of "
+                           "these classes", "--norm layernorm")
+    out[f"{dst}.weight"], out[f"{dst}.bias"] = weight, bias
+
+
+def copy_layer(reader, src, dst, out, cross=False):
+    """Copy fairseq layer ``src`` (a state-dict prefix) to ``dst`` in ``out``."""
+    for attention in ("self_attn",) + (("encoder_attn",) if cross else ()):
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            _linear(reader, f"{src}.{attention}.{proj}", f"{dst}.{attention}.{proj}", out)
+        _layer_norm(reader, f"{src}.{attention}_layer_norm", f"{dst}.{attention}_layer_norm", out)
+    _linear(reader, f"{src}.fc1", f"{dst}.fc1", out)
+    _linear(reader, f"{src}.fc2", f"{dst}.fc2", out)
+    _layer_norm(reader, f"{src}.final_layer_norm", f"{dst}.final_layer_norm", out)
+
+
+def copy_norm(reader, src, dst, out):
+    _layer_norm(reader, src, dst, out)
+
+
+def shared(reader, first, *others):
+    """Read ``first`` and the names in ``others`` that hold the very same parameter (a tied
+    table); returns the tensor."""
+    tensor = reader.take(first)
+    for name in others:
+        if reader.has(name):
+            reader.take(name)
+    return tensor
+
+
+def same_parameter(model, a, b):
+    """Whether state-dict names ``a`` and ``b`` of ``model`` are one parameter (tied)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    return a in params and b in params and params[a] is params[b]
+
+
+def layer_widths(layer):
+    """``(width, FFN width, heads)`` of a fairseq-style layer."""
+    heads, _, _ = attention_shape(layer.self_attn)
+    fc1 = layer.fc1
+    hidden = fc1.out_features if hasattr(fc1, "out_features") else fc1.weight.size(0)
+    return layer.embed_dim, hidden, heads
+
+
+def activation_of(src):
+    from slim_fairseq.export_hf.source import activation_name
+    return activation_name(src.args)

@@ -1,0 +1,134 @@
+"""Which transformers class a model goes to, and the one-line refusal of what no class holds
+(README, "Use your model outside fairseq"; docs/DESIGN.md, "Export to transformers").
+
+The refusals come before anything is written or transformers is imported. Each names the
+option and what to train with instead; the techniques that change the block's computation
+(Anthe's gates, H-SoftPOS, SAFE, a sandwich middle of another width, adaptive input and softmax,
+skipless blocks with shaped attention) have no counterpart in any class.
+"""
+from slim_fairseq.models import resolve
+from slim_fairseq.option_errors import option_error
+
+# (option, whether it is on, what no class has, what to train with instead)
+NO_CLASS = (
+    ("self_attn_gate", lambda v: v not in (None, "none"), "--self-attn-gate",
+     "Anthe's gated attention (sigmoid(W x) * W' y) is in no transformers class",
+     "--self-attn-gate none"),
+    ("cross_attn_gate", lambda v: v not in (None, "none"), "--cross-attn-gate",
+     "Anthe's gated attention (sigmoid(W x) * W' y) is in no transformers class",
+     "--cross-attn-gate none"),
+    ("no_patt", bool, "--no-patt",
+     "attention without the projections W_Q, W_K, W_V is in no transformers class",
+     "the projections (no --no-patt)"),
+    ("hsoftpos_levels", bool, "--hsoftpos-levels",
+     "H-SoftPOS embeddings (convolutions over neighbouring tokens) are in no transformers class",
+     "--hsoftpos-levels 0"),
+    ("safe_embed_dim", bool, "--safe-embed-dim",
+     "SAFE's factorised embeddings (an attention inside the embedding) are in no transformers "
+     "class", "--safe-embed-dim 0"),
+    ("output_bias", bool, "--output-bias",
+     "no class here has a bias on the vocabulary projection", "no --output-bias"),
+    ("adaptive_input", bool, "--adaptive-input",
+     "an adaptive input (one table per frequency band) is in no class here",
+     "one token table (no --adaptive-input)"),
+    ("adaptive_softmax_cutoff", lambda v: bool(v), "--adaptive-softmax-cutoff",
+     "an adaptive softmax is in no class here", "one output projection (no "
+     "--adaptive-softmax-cutoff)"),
+    ("skipless_layout", lambda v: v not in (None, "none"), "--skipless-layout",
+     "blocks without skips or norms, with shaped attention, are in no transformers class",
+     "--skipless-layout none"),
+    ("layernorm_embedding", bool, "--layernorm-embedding",
+     "no class here normalises the embedding before the first layer",
+     "no --layernorm-embedding"),
+    ("norm", lambda v: v == "none", "--norm",
+     "every class here normalises its blocks", "--norm layernorm|rmsnorm"),
+    ("cross_self_attention", bool, "--cross-self-attention",
+     "no class here attends to source and target in one attention",
+     "no --cross-self-attention"),
+    ("no_cross_attention", bool, "--no-cross-attention",
+     "a decoder without encoder attention is in no sequence-to-sequence class here",
+     "no --no-cross-attention"),
+    ("character_embeddings", bool, "--character-embeddings",
+     "character embeddings are in no class here", "no --character-embeddings"),
+)
+
+
+
+def _shown(value):
+    return None if value is True else value
+
+
+def check_no_class(src):
+    """Refuse the first option of ``src`` that no class holds."""
+    args = src.args
+    for name, on, flag, problem, allowed in NO_CLASS:
+        value = getattr(args, name, None)
+        if value is not None and on(value):
+            raise option_error(flag, _shown(value), problem, allowed)
+    if getattr(args, "sandwich", False):
+        sides = ("decoder",) if src.lm else ("encoder", "decoder")
+        for side in sides:
+            width = getattr(args, f"{side}_embed_dim")
+            heads = getattr(args, f"{side}_attention_heads")
+            ffn = getattr(args, f"{side}_ffn_embed_dim")
+            middle_dim, middle_heads = resolve.sandwich_middle(args, width)
+            middle_ffn = args.sandwich_ffn_dim or ffn
+            for flag, value, own in (("--sandwich-dim", middle_dim, width),
+                                     ("--sandwich-ffn-dim", middle_ffn, ffn),
+                                     ("--sandwich-heads", middle_heads, heads)):
+                if value != own:
+                    raise option_error(flag, getattr(args, flag[2:].replace("-", "_")) or value,
+                                 f"a sandwich middle of another shape than the {side}'s layers "
+                                 f"({value} where they have {own}) fits no class, whose layers "
+                                 "are all alike", f"--sandwich-dim 0 --sandwich-ffn-dim 0 "
+                                 f"--sandwich-heads {heads} (the middle at the model's shape, "
+                                 "its layers copied)")
+
+
+def choose(src):
+    """The layout module (:mod:`.llama`, :mod:`.xglm`, :mod:`.opt`, :mod:`.fsmt`,
+    :mod:`.m2m100`) that holds ``src``, or a one-line refusal."""
+    from slim_fairseq.export_hf import fsmt, llama, m2m100, opt, xglm
+    check_no_class(src)
+    args = src.args
+    if src.lm:
+        if args.norm == "rmsnorm" or float(args.rope_theta or 0) or args.ffn_glu:
+            llama.check(src)
+            return llama
+        _no_grouped_heads(src, "a LayerNorm language model (XGLM, OPT)", "decoder")
+        if xglm.fits(src):
+            return xglm
+        opt.check(src)
+        return opt
+    for flag, on, allowed in (("--norm", args.norm == "rmsnorm", "--norm layernorm"),
+                              ("--rope-theta", float(args.rope_theta or 0), "--rope-theta 0"),
+                              ("--ffn-glu", args.ffn_glu, "no --ffn-glu")):
+        if on:
+            value = getattr(args, flag[2:].replace("-", "_"))
+            raise option_error(flag, _shown(value), "no sequence-to-sequence class here (FSMT, "
+                         "M2M100) has RMSNorm, RoPE or a GLU feed-forward", allowed)
+    _no_grouped_heads(src, "a sequence-to-sequence model (FSMT, M2M100)", "encoder", "decoder")
+    if bool(args.encoder_normalize_before) != bool(args.decoder_normalize_before):
+        raise option_error("--decoder-normalize-before" if args.decoder_normalize_before else
+                     "--encoder-normalize-before", None, "the encoder and the decoder normalise "
+                     "at different places, and FSMT and M2M100 have one rule for both",
+                     "both pre-norm (--encoder-normalize-before --decoder-normalize-before) or "
+                     "both post-norm")
+    if args.decoder_normalize_before:
+        m2m100.check(src)
+        return m2m100
+    fsmt.check(src)
+    return fsmt
+
+
+def _no_grouped_heads(src, what, *sides):
+    from slim_fairseq.export_hf.layers import attention_shape
+    for side in sides:
+        layer = getattr(src.model, side).layers[0]
+        heads, kv_heads, head_dim = attention_shape(layer.self_attn)
+        if kv_heads != heads:
+            raise option_error("--kv-heads", src.args.kv_heads, f"{what} has as many key/value heads "
+                         "as query heads", "--kv-heads 0")
+        if heads * head_dim != getattr(src.args, f"{side}_embed_dim"):
+            raise option_error("--head-dim", src.args.head_dim or head_dim, f"{what} has heads of "
+                         "width / heads channels", "--head-dim 0")
