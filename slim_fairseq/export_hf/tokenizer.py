@@ -120,8 +120,11 @@ def build_fast(kind, dictionary, options, lm):
         tokenizer.decoder = decoders.WordPiece(prefix="\x00", cleanup=False)
     elif kind == "gpt2":
         pieces, merges = _gpt2_files(options, dictionary)
-        vocab = {symbol: index for symbol, index in _symbols(dictionary).items()}
-        vocab.update({token: dictionary.index(gpt2_id) for token, gpt2_id in pieces.items()})
+        vocab = {token: dictionary.index(gpt2_id) for token, gpt2_id in pieces.items()}
+        ids = set(pieces.values())
+        # the specials and padding symbols of the dictionary, each id once
+        vocab.update({symbol: index for symbol, index in _symbols(dictionary).items()
+                      if symbol not in ids and symbol not in vocab})
         tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = decoders.ByteLevel()
