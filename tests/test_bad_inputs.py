@@ -301,3 +301,71 @@ def test_every_error_of_the_plugin_is_one_line_naming_what_is_allowed():
     assert len(found) > 100  # the scan sees the plugin's raises
     bad = [f"{where} {func}: {problem}" for where, func, problem in found if problem]
     assert not bad, "\n".join(bad)
+
+
+# ------------------------------------------------------- slim-fairseq-export-hf (transformers)
+
+# (arch, language model?, options after the tiny widths, export options, the line's pattern,
+# (arch, options) of what the line allows, which must export)
+EXPORT_HF = [
+    ("slim_lm", True, ["--self-attn-gate", "qgv"], {},
+     r"^--self-attn-gate=qgv: Anthe's gated attention .* is in no transformers class; allowed: "
+     r"--self-attn-gate none$", ("slim_lm", [])),
+    ("slim_lm", True, ["--hsoftpos-levels", "2"], {},
+     r"^--hsoftpos-levels=2: H-SoftPOS embeddings .*; allowed: --hsoftpos-levels 0$",
+     ("slim_lm", [])),
+    ("slim_lm", True, ["--safe-embed-dim", "16"], {},
+     r"^--safe-embed-dim=16: SAFE's factorised embeddings .*; allowed: --safe-embed-dim 0$",
+     ("slim_lm", [])),
+    ("slim_lm", True, ["--output-bias"], {},
+     r"^--output-bias: no class here has a bias on the vocabulary projection; allowed: no "
+     r"--output-bias$", ("slim_lm", [])),
+    ("slim_lm", True, ["--adaptive-input", "--adaptive-input-cutoff", "100,400",
+                       "--adaptive-input-factor", "2"], {},
+     r"^--adaptive-input: an adaptive input .*; allowed: one token table", ("slim_lm", [])),
+    ("skipless_lm", True, [], {},
+     r"^--skipless-layout=serial: blocks without skips or norms, with shaped attention, .*; "
+     r"allowed: --skipless-layout none$", ("slim_lm", [])),
+    ("slim_lm", True, ["--sandwich", "--decoder-layers", "3", "--sandwich-dim", "64"], {},
+     r"^--sandwich-dim=64: a sandwich middle of another shape than the decoder's layers .*; "
+     r"allowed: --sandwich-dim 0 --sandwich-ffn-dim 0 --sandwich-heads 4",
+     ("slim_lm", ["--sandwich", "--decoder-layers", "3", "--sandwich-heads", "4"])),
+    ("slim_lm", True, ["--norm", "rmsnorm"], {},
+     r"^--ffn-glu: Llama's layout, the one class with RMSNorm, RoPE or a GLU, needs all of "
+     r"--norm rmsnorm .*; allowed: --ffn-glu$", ("stlm_tied", [])),
+    ("slim_lm", True, ["--kv-heads", "2"], {},
+     r"^--kv-heads=2: a LayerNorm language model \(XGLM, OPT\) has as many key/value heads as "
+     r"query heads; allowed: --kv-heads 0$", ("slim_lm", [])),
+    ("slim_lm", True, [], {"bpe": "subword_nmt", "tokenizer_name": "moses", "bpe_codes": "{codes}"},
+     r"^--bpe=subword_nmt: FSMT's tokenizer .* where a language model starts with it; allowed: "
+     r"--bpe gpt2\|sentencepiece, or none", ("slim_lm", [])),
+    ("slim_transformer", False, ["--encoder-normalize-before", "--decoder-normalize-before"], {},
+     r"^--share-all-embeddings: missing: M2M100, the pre-norm class, has one table .*; allowed: "
+     r"--share-all-embeddings \(a joined dictionary\), or post-norm \(FSMT\)$",
+     ("slim_transformer", ["--encoder-normalize-before", "--decoder-normalize-before",
+                           "--share-all-embeddings"])),
+    ("slim_transformer", False, ["--ffn-glu"], {},
+     r"^--ffn-glu: no sequence-to-sequence class here .*; allowed: no --ffn-glu$",
+     ("slim_transformer", [])),
+]
+
+
+@pytest.mark.parametrize("arch, lm, argv, options, pattern, fix", EXPORT_HF,
+                         ids=[f"{c[0]} {' '.join(c[2])} {c[3]}" for c in EXPORT_HF])
+def test_export_hf_refusal_is_one_line_and_its_advice_exports(arch, lm, argv, options, pattern,
+                                                              fix, tmp_path_factory):
+    from hf_export_fixtures import codes, data_of, exported, tiny_checkpoint, tokenizer_options
+    from slim_fairseq.export_hf import export
+    from slim_fairseq.option_errors import OptionError
+    folder = tmp_path_factory.getbasetemp() / "export_hf_refusals"
+    folder.mkdir(exist_ok=True)
+    path = tiny_checkpoint(folder, arch, argv, lm)
+    options = {k: codes() if v == "{codes}" else v for k, v in options.items()}
+    out = folder / (os.path.basename(path) + "-hf")
+    with pytest.raises(OptionError) as caught:
+        export(path, data_of(lm), str(out), **dict(tokenizer_options(lm), **options))
+    message = str(caught.value)
+    assert "\n" not in message and re.search(pattern, message), message
+    assert not out.exists()
+    _, result = exported(folder, fix[0], fix[1], lm)
+    assert result.gap <= 1e-5

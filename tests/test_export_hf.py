@@ -276,6 +276,13 @@ def test_gpt2_bpe_ids_equal_fairseqs(folder):
         ids = dictionary.encode_line(fairseq_bpe.encode(text), add_if_not_exist=False,
                                      append_eos=False).tolist()
         assert 3 not in ids and hf(text)["input_ids"] == [dictionary.eos()] + ids, text
+    # a piece the dictionary lacks would be <unk> in fairseq: refused
+    from slim_fairseq.export_hf import tokenizer
+    from slim_fairseq.option_errors import OptionError
+    partial = _dictionary(list(str(i) for i in encoder.values())[:-1])
+    with pytest.raises(OptionError, match=r"^--gpt2-encoder-json=.*: 1 of its pieces are not in "
+                                          r"the dictionary .*; allowed: the dictionary of every"):
+        tokenizer.check(argparse.Namespace(lm=True, dictionary=partial), options)
 
 
 def test_sentencepiece_ids_equal_fairseqs(folder):
