@@ -175,6 +175,9 @@ def test_autotokenizer_gives_fairseq_ids(name, folder, trained):
             ids = task.source_dictionary.encode_line(bpe.encode(moses.encode(text)),
                                                      add_if_not_exist=False).tolist()
         assert tokenizer(text)["input_ids"] == ids, text
+        if lm and 3 not in ids:  # the words back, as fairseq's dictionary.string gives them
+            assert tokenizer.decode(ids, skip_special_tokens=True) == \
+                task.target_dictionary.string(torch.tensor(ids[1:]))
 
 
 def test_every_stlm_preset_leaves_with_equal_log_probs(folder):
@@ -205,6 +208,7 @@ def test_card_states_the_gap_and_both_parameter_counts(folder, trained):
     card = open(os.path.join(result.out_dir, "README.md"), encoding="utf-8").read()
     assert f"{fairseq_params:,}" in card and f"{hf_params:,}" in card
     assert f"{result.gap:.2e} nats" in card and "- updates: 4" in card
+    assert card.splitlines()[8] == "# trained-hf"
     config = json.load(open(os.path.join(result.out_dir, "config.json"), encoding="utf-8"))
     assert config["dtype"] == "float32" and config["bos_token_id"] == 2 == config["eos_token_id"]
     assert config["pad_token_id"] == 1 and config["head_dim"] == 16

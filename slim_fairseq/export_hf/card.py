@@ -26,14 +26,15 @@ def _training(src):
     return lines
 
 
-def write(out_dir, src, layout, result, tokenizer_kind, counts, flags):
-    """Write ``out_dir/README.md``. ``counts``: {"fairseq": n, "dense": n or None,
-    "export": n, "file": n}; ``flags``: the fairseq-train model options of the source."""
+def write(out_dir, name, src, layout, result, tokenizer_kind, counts, flags):
+    """Write ``out_dir/README.md`` of the model called ``name``. ``counts``: {"fairseq": n,
+    "dense": n or None, "export": n, "file": n}; ``flags``: the fairseq-train model options of
+    the source."""
     task = TASKS[layout.AUTO]
     auto = layout.AUTO
     lines = ["---", "library_name: transformers", f"pipeline_tag: {task}",
              "tags:", "- fairseq", "- slim_fairseq", "---", "",
-             f"# {os.path.basename(os.path.abspath(out_dir.rstrip(os.sep)))}", "",
+             f"# {name}", "",
              f"`{layout.CLASS}` exported by `slim-fairseq-export-hf` from the fairseq checkpoint "
              f"`{os.path.basename(src.path)}` (architecture `{src.arch}`, model "
              f"`{src.model_name}`).", "", "## Source", "",

@@ -78,8 +78,9 @@ def generation_config(src, layout):
     d = src.dictionary
     values = dict(bos_token_id=d.eos() if src.lm else d.bos(), eos_token_id=d.eos(),
                   pad_token_id=d.pad(), suppress_tokens=[d.pad()], do_sample=False, num_beams=1)
-    if not src.lm:
-        values.update(decoder_start_token_id=d.eos(), min_new_tokens=1)
+    if not src.lm:  # and fairseq-generate's length limit (--max-len-b 200)
+        values.update(decoder_start_token_id=d.eos(), min_new_tokens=1,
+                      max_length=min(200, src.model.decoder.max_positions()))
     return GenerationConfig(**values)
 
 
@@ -152,7 +153,7 @@ def export(checkpoint, data, out_dir, bpe=None, bpe_codes=None, sentencepiece_mo
                   "dense": src.parameters(src.model) if src.densified else None,
                   "export": sum(p.numel() for p in model.parameters()),
                   "file": _file_parameters(model)}
-        card.write(work, src, layout, result, kind, counts, _flags(src))
+        card.write(work, os.path.basename(out), src, layout, result, kind, counts, _flags(src))
         _move_into_place(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)

@@ -116,8 +116,7 @@ def build_fast(kind, dictionary, options, lm):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     if kind == "words":
         tokenizer = Tokenizer(models.WordLevel(vocab=_symbols(dictionary), unk_token="<unk>"))
-        tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        tokenizer.decoder = decoders.WordPiece(prefix="\x00", cleanup=False)
+        tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # words joined by spaces
     elif kind == "gpt2":
         pieces, merges = _gpt2_files(options, dictionary)
         vocab = {token: dictionary.index(gpt2_id) for token, gpt2_id in pieces.items()}
