@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from helpers import BIN, REPO, load_script, run_cli, wikitext_data_bin
-from hf_export_fixtures import codes, data_of, exported, save_checkpoint, tiny_checkpoint
+from hf_export_fixtures import codes, data_of, exported, tiny_checkpoint
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -223,6 +223,39 @@ def test_opt_row_is_fairseqs_post_norm_lm(folder):
     _, result = exported(folder, *ROWS["opt"][:3])
     config = json.load(open(os.path.join(result.out_dir, "config.json"), encoding="utf-8"))
     assert config["do_layer_norm_before"] is False and config["word_embed_proj_dim"] == 16
+
+
+def test_llama_export_decodes_alike_in_ctranslate2(folder):
+    """CTranslate2's converter reads the exported Llama layout (grouped key/value heads; heads of
+    width / heads channels: CTranslate2 4.8.5 converts a model of another --head-dim but fails
+    to decode it); its greedy decoding (the padding symbol suppressed, as fairseq does) equals
+    transformers', which equals fairseq's above."""
+    import ctranslate2
+    from ctranslate2.converters import TransformersConverter
+    from transformers import AutoTokenizer
+    _, result = exported(folder, "stlm_tied", ["--kv-heads", "2"], True)
+    converted = TransformersConverter(result.out_dir).convert(str(folder / "stlm-ct2"))
+    generator = ctranslate2.Generator(converted, device="cpu")
+    tokenizer = AutoTokenizer.from_pretrained(result.out_dir, local_files_only=True)
+    hf_model = _hf(result, True)
+    for text in ["the house of the city", "in the north"]:
+        ids = tokenizer(text)["input_ids"]
+        expected = hf_model.generate(input_ids=torch.tensor([ids]), max_new_tokens=10)[0].tolist()
+        out = generator.generate_batch([tokenizer.convert_ids_to_tokens(ids)], max_length=10,
+                                       sampling_topk=1, include_prompt_in_result=False,
+                                       suppress_sequences=[["<pad>"]])
+        assert out[0].sequences_ids[0] == expected[len(ids):], text
+
+
+def test_decoding_benchmark_runs_the_three_alike(folder, capsys):
+    """scripts/bench_export_decoding.py (timings are for an idle machine; here only that it
+    runs and that fairseq, transformers and CTranslate2 give the same tokens)."""
+    path, result = exported(folder, "stlm_tied", ["--kv-heads", "2"], True)
+    code = load_script("bench_export_decoding").main(
+        [path, data_of(True), result.out_dir, "--ct2-dir", str(folder / "bench-ct2"),
+         "--tokens", "5", "--repeats", "1"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["same_tokens"] and len(report["outputs"]["ctranslate2"]) == 5
 
 
 # --------------------------------------------------------------- GPT-2 BPE and SentencePiece

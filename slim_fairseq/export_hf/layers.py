@@ -47,30 +47,7 @@ def copy_norm(reader, src, dst, out):
     _layer_norm(reader, src, dst, out)
 
 
-def shared(reader, first, *others):
-    """Read ``first`` and the names in ``others`` that hold the very same parameter (a tied
-    table); returns the tensor."""
-    tensor = reader.take(first)
-    for name in others:
-        if reader.has(name):
-            reader.take(name)
-    return tensor
-
-
 def same_parameter(model, a, b):
     """Whether state-dict names ``a`` and ``b`` of ``model`` are one parameter (tied)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     return a in params and b in params and params[a] is params[b]
-
-
-def layer_widths(layer):
-    """``(width, FFN width, heads)`` of a fairseq-style layer."""
-    heads, _, _ = attention_shape(layer.self_attn)
-    fc1 = layer.fc1
-    hidden = fc1.out_features if hasattr(fc1, "out_features") else fc1.weight.size(0)
-    return layer.embed_dim, hidden, heads
-
-
-def activation_of(src):
-    from slim_fairseq.export_hf.source import activation_name
-    return activation_name(src.args)

@@ -1,0 +1,66 @@
+"""Batch-1 greedy decoding of one language model three ways: fairseq (its SequenceGenerator,
+beam 1, what ``fairseq-generate``/the hub run), transformers' ``generate`` on the export of
+``slim-fairseq-export-hf``, and CTranslate2 on that export converted (Llama layout). The same
+prompt, the same number of new tokens (the padding symbol never chosen, as fairseq does); the
+tokens of the three are compared and each one's tokens/s reported with the ratios to fairseq."""
+import time
+
+import torch
+
+
+def _best(run, repeats):
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = run()
+        times.append(time.perf_counter() - start)
+    return min(times), out
+
+
+@torch.no_grad()
+def measure(checkpoint, data, hf_dir, prompt, tokens=64, repeats=3, ct2_dir=None):
+    """A dict: tokens/s of fairseq, transformers and (with ``ct2_dir``, converted if missing)
+    CTranslate2, the speed ratios to fairseq, and whether the greedy tokens agree."""
+    import os
+
+    from fairseq import checkpoint_utils
+    from fairseq.sequence_generator import SequenceGenerator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [checkpoint], arg_overrides={"data": data})
+    model = models[0].float().eval()
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True).eval()
+    ids = tokenizer(prompt)["input_ids"]
+    prompt_ids = torch.tensor([ids])
+    generator = SequenceGenerator([model], task.target_dictionary, beam_size=1, max_len_a=0,
+                                  max_len_b=len(ids) - 1 + tokens, min_len=len(ids) - 1 + tokens)
+    sample = {"net_input": {"src_tokens": prompt_ids, "src_lengths": torch.tensor([len(ids)])}}
+    seconds, hypos = _best(lambda: task.inference_step(generator, [model], sample), repeats)
+    results = {"tokens": tokens, "prompt_tokens": len(ids)}
+    outputs = {"fairseq": hypos[0][0]["tokens"].tolist()[len(ids) - 1:][:tokens]}
+    results["fairseq_tokens_per_s"] = tokens / seconds
+    seconds, out = _best(lambda: hf_model.generate(
+        input_ids=prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=tokens,
+        min_new_tokens=tokens), repeats)
+    outputs["transformers"] = out[0].tolist()[len(ids):]
+    results["transformers_tokens_per_s"] = tokens / seconds
+    if ct2_dir:
+        import ctranslate2
+        if not os.path.isdir(ct2_dir):
+            from ctranslate2.converters import TransformersConverter
+            TransformersConverter(hf_dir).convert(ct2_dir)
+        ct2 = ctranslate2.Generator(ct2_dir, device="cpu", intra_threads=torch.get_num_threads())
+        pieces = tokenizer.convert_ids_to_tokens(ids)
+        seconds, out = _best(lambda: ct2.generate_batch(
+            [pieces], max_length=tokens, min_length=tokens, sampling_topk=1,
+            include_prompt_in_result=False, suppress_sequences=[["<pad>"]]), repeats)
+        outputs["ctranslate2"] = out[0].sequences_ids[0]
+        results["ctranslate2_tokens_per_s"] = tokens / seconds
+    for name in ("transformers", "ctranslate2"):
+        if f"{name}_tokens_per_s" in results:
+            results[f"{name}_vs_fairseq"] = (results[f"{name}_tokens_per_s"]
+                                             / results["fairseq_tokens_per_s"])
+    results["same_tokens"] = all(o == outputs["fairseq"] for o in outputs.values())
+    results["outputs"] = outputs
+    return results
