@@ -387,6 +387,10 @@ def test_console_script_refuses_in_one_line(folder, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("slim-fairseq-export-hf: error: --self-attn-gate=qgv: ")
     assert "Traceback" not in "\n".join(err) and not out.exists()
+    path = tiny_checkpoint(folder, "slim_lm", [], True)
+    assert cli.main([path, data_of(True), str(out), "--check-sentences", "2"]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= set(os.listdir(out))
 
 
 def test_only_the_export_imports_transformers():
