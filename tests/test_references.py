@@ -7,7 +7,7 @@ from one, LoRA's B away from zero, shaped attention's W_Q away from zero, so tha
 value hides a term. The references follow the formulas of docs/TECHNIQUES.md; each names the
 paper, section and equation it is written from. ``scripts/mutation_check.py`` applies realistic
 one-line bugs to the modules and checks that these tests fail on each (docs/DESIGN.md,
-"Mutation check").
+"Tests of the maths").
 """
 import argparse
 import math
