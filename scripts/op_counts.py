@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Aten ops per training step and per decoding step of plugin models against fairseq's model of
 the same shape (default: 3 layers, width 128, 4 heads, FFN 512, a batch of 8 x 32 tokens), on
-the CPU: the count that stands for kernel launches in docs/GPU.md and tests/test_op_counts.py.
+the CPU: the count that stands for kernel launches in docs/GPU.md and tests/test_op_counts.py; with
+``--autocast`` the training step runs as ``fairseq-train --amp`` runs it.
 
     python scripts/op_counts.py --model stlm_tied --model skipless_lm --model anthe_base
+    python scripts/op_counts.py --autocast fp16    # the counts tests/test_op_counts.py holds
 
 prints a markdown table: ops of one step called from Python or autograd (``top``; torch's
 F.rms_norm counted as the one kernel it is on CUDA), all ops the profiler lists (``all``), and
@@ -14,11 +16,16 @@ import argparse
 
 from slim_fairseq_lab.benchmark import op_count
 
+AUTOCAST = {"fp16": "float16", "bf16": "bfloat16"}
+
 
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", default=[], metavar="ARCH",
                    help="a plugin architecture (repeatable); default: the ones tests/test_op_counts.py holds")
+    p.add_argument("--autocast", choices=sorted(AUTOCAST), default=None,
+                   help="count the training step's forward and loss under the CPU's autocast to "
+                        "this dtype (default: off, fp32)")
     defaults = op_count.OpShape()
     for name in ("dim", "layers", "heads", "ffn", "batch", "length", "decode_steps"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name),
@@ -28,9 +35,10 @@ def get_parser():
 
 def main(argv=None):
     args = get_parser().parse_args(argv)
+    import torch
     from slim_fairseq_lab import contract, specs
     from slim_fairseq_lab.gpu_check import prepare_data, task_argv
-    archs = args.model or ["stlm_tied", "skipless_lm", "slim_lm", "anthe_base", "slim_transformer"]
+    archs = args.model or list(op_count.FAMILIES)
     known = contract.plugin_archs()
     unknown = [a for a in archs if a not in known]
     if unknown:
@@ -44,7 +52,8 @@ def main(argv=None):
     def build(arch, overrides, lm):
         return contract.build(arch, overrides, task_argv(lm, data))
 
-    counts = op_count.compare(build, models, shape)
+    autocast = getattr(torch, AUTOCAST[args.autocast]) if args.autocast else None
+    counts = op_count.compare(build, models, shape, autocast=autocast)
     print(op_count.markdown(counts, models))
     return counts
 

@@ -24,8 +24,8 @@ from slim_fairseq.checkpoint_upgrade import upgrade_args
 
 class OptionError(ValueError, SystemExit):
     """A bad option value or combination; the message names the flag. ``alternatives``: the
-    changes of the command line the refusal proposes, as dicts {flag: value} (see
-    :func:`option_error`)."""
+    changes of the command line the refusal proposes, as dicts {flag: value}, value None for
+    "drop the flag" (see :func:`option_error`)."""
 
     def __init__(self, message, alternatives=()):
         super().__init__(message)
@@ -42,21 +42,26 @@ class OptionError(ValueError, SystemExit):
 
 
 def render_alternatives(alternatives):
-    """``allowed`` text of command-line changes: ``--a x|y, or --b 0 --c 1``."""
+    """``allowed`` text of command-line changes: ``--a x|y, or --b 0 --c 1, or drop --d``
+    (a value None drops the flag)."""
     single, parts = {}, []
     for change in alternatives:
-        if len(change) == 1:
+        if len(change) == 1 and None not in change.values():
             (flag, value), = change.items()
             single.setdefault(flag, []).append(str(value))
         else:
-            parts.append(" ".join(f"{flag} {value}" for flag, value in change.items()))
+            dropped = [flag for flag, value in change.items() if value is None]
+            words = (["drop " + " ".join(dropped)] if dropped else []) + [
+                f"{flag} {value}" for flag, value in change.items() if value is not None]
+            parts.append(" ".join(words))
     return ", or ".join([f"{flag} {'|'.join(values)}" for flag, values in single.items()] + parts)
 
 
 def option_error(flag, value, problem, allowed=None, alternatives=()):
     """The plugin's one option-error format: ``--flag=value: problem; allowed: allowed``
     (``value`` None or True: a flag without a value). ``alternatives``, changes of the command
-    line such as ``{"--kv-heads": 0}``, are what ``allowed`` says when it is None; a checker that
+    line such as ``{"--kv-heads": 0}`` (``{"--flag": None}``: drop it), are what ``allowed``
+    says when it is None; a checker that
     can try them keeps only those that pass (``slim_options.validate_slim_args``). Returns the
     :class:`OptionError` to raise."""
     shown = flag if value is None or value is True else f"{flag}={value}"

@@ -17,54 +17,57 @@ from helpers import BIN, REPO, ende_data_bin, parse_train_args, task_args, wikit
 
 EXAMPLES = os.path.join(REPO, "examples")
 
-# (command line after the data and task flags, language model?, the line's pattern)
+# (command line after the data and task flags, language model?, the line, exactly); every
+# refusal proposes changes of the command line (OptionError.alternatives), and the test tries each
 CLI = [
     (["--arch", "stlm_tied", "--encoder-embed-dim", "128", "--decoder-embed-dim", "128"], True,
-     r"^--encoder-embed-dim: an option of the encoder-decoder \(translation\) models, and "
-     r"stlm_tied is a language model .*; allowed: the --decoder-\* options with --task "
-     r"language_modeling, or an encoder-decoder arch"),
+     "--encoder-embed-dim: an option of the encoder-decoder (translation) models, and stlm_tied "
+     "is a language model (a decoder only, shaped by the --decoder-* options); allowed: drop "
+     "--encoder-embed-dim"),
     (["--arch", "stlm_tied", "--self-attn-gate", "qgv"], True,
-     r"^--self-attn-gate=qgv: sigmoid\(W_Q q\) is 512 wide but v is 528 wide \(16 query heads of "
-     r"32, 4 key/value heads\); allowed: --self-attn-gate none"),
+     "--self-attn-gate=qgv: sigmoid(W_Q q) is 512 wide but v is 528 wide (16 query heads of 32, "
+     "4 key/value heads); allowed: --self-attn-gate none, or --decoder-attention-heads 12"),
     (["--arch", "anthe_base", "--kv-heads", "1", "--cross-attn-gate", "vgk"], False,
-     r"^--cross-attn-gate=vgk: sigmoid\(W_V v\) is 64 wide but k is 512 wide .*; allowed: "
-     r"--cross-attn-gate none"),
+     "--cross-attn-gate=vgk: sigmoid(W_V v) is 64 wide but k is 512 wide (8 query heads of 64, "
+     "1 key/value head); allowed: --cross-attn-gate none, or --kv-heads 0, or "
+     "--decoder-attention-heads 1"),
     (["--arch", "anthe_base", "--kv-heads", "1", "--self-attn-gate", "kgv"], False,
-     r"^--self-attn-gate=kgv: sigmoid\(W_K k\) is 64 wide but v is 512 wide .*; allowed: "
-     r"--kv-heads 0$"),
+     "--self-attn-gate=kgv: sigmoid(W_K k) is 64 wide but v is 512 wide (8 query heads of 64, "
+     "1 key/value head); allowed: --kv-heads 0"),
     (["--arch", "slim_transformer", "--head-dim", "32", "--self-attn-gate", "qgv"], False,
-     r"^--self-attn-gate=qgv: sigmoid\(W_Q q\) is 256 wide but v is 512 wide .*--head-dim 0"),
+     "--self-attn-gate=qgv: sigmoid(W_Q q) is 256 wide but v is 512 wide (8 query heads of 32, "
+     "8 key/value heads); allowed: --self-attn-gate none, or --head-dim 0"),
     (["--arch", "subformer_lm_wiki103_83m", "--decoder-embed-dim", "64", "--decoder-layers", "3",
       "--adaptive-input-cutoff", "100,400", "--adaptive-softmax-cutoff", "100,400"], True,
-     r"^--criterion=cross_entropy: fairseq trains an adaptive softmax .*; allowed: "
-     r"--criterion adaptive_loss$"),
+     "--criterion=cross_entropy: fairseq trains an adaptive softmax (--adaptive-softmax-cutoff) "
+     "with adaptive_loss only; the others fail in backward; allowed: --criterion adaptive_loss"),
     # the reduced form replaces W_Q by the identity: a head width other than width/heads
     # makes it non-square
     (["--arch", "skipless_lm", "--decoder-embed-dim", "64", "--decoder-attention-heads", "4",
       "--decoder-layers", "2", "--head-dim", "8", "--removed-weights", "q"], True,
-     r"^--removed-weights=q: W_Q is not square here \(64 -> 32: 4 heads of 8\); allowed: "
-     r"--head-dim 0$"),
+     "--removed-weights=q: W_Q is not square here (64 -> 32: 4 heads of 8); allowed: "
+     "--head-dim 0"),
     (["--arch", "slim_lm", "--kv-heads", "2", "--quant-noise-pq", "0.1"], True,
-     r"^--quant-noise-pq=0.1: acts on fairseq's dense linears, which --kv-heads replaces or "
-     r"bypasses; allowed: 0 with --kv-heads$"),
+     "--quant-noise-pq=0.1: acts on fairseq's dense linears, which --kv-heads replaces or "
+     "bypasses; allowed: --quant-noise-pq 0"),
     # the translation models check the target dictionary against the cutoffs too
     (["--arch", "slim_transformer", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
       "--encoder-layers", "1", "--decoder-layers", "1", "--adaptive-softmax-cutoff", "5000,9000",
       "--criterion", "adaptive_loss"], False,
-     r"^--adaptive-softmax-cutoff=5000,9000: cutoffs must increase and stay within the "
-     r"dictionary's 1,128 types; allowed: --adaptive-softmax-cutoff 84,253$"),
+     "--adaptive-softmax-cutoff=5000,9000: cutoffs must increase and stay within the "
+     "dictionary's 1,128 types; allowed: --adaptive-softmax-cutoff 84,253"),
     # SAFE's output path is its token table: an untied projection would be ignored
     (["--arch", "stlm_tied", "--decoder-embed-dim", "64", "--decoder-layers", "2",
       "--safe-embed-dim", "16", "--no-share-decoder-input-output-embed"], True,
-     r"^--no-share-decoder-input-output-embed: SAFE's output path \(--safe-embed-dim\) is tied "
-     r"to its token table, so there is no separate projection to untie; allowed: drop it with "
-     r"--safe-embed-dim$"),
+     "--no-share-decoder-input-output-embed: SAFE's output path (--safe-embed-dim) is tied to its "
+     "token table, so there is no separate projection to untie; allowed: drop "
+     "--no-share-decoder-input-output-embed"),
     # WikiText-103's cutoffs on a dictionary of 2,000 types: found when the model is built
     (["--arch", "subformer_lm_wiki103_83m", "--decoder-embed-dim", "64", "--decoder-layers", "3",
       "--criterion", "adaptive_loss"], True,
-     r"^--adaptive-input-cutoff=20000,60000: cutoffs must increase and stay within the "
-     r"dictionary's 2,000 types; allowed: --adaptive-input-cutoff 149,448 "
-     r"--adaptive-softmax-cutoff 149,448$"),
+     "--adaptive-input-cutoff=20000,60000: cutoffs must increase and stay within the "
+     "dictionary's 2,000 types; allowed: --adaptive-input-cutoff 149,448 "
+     "--adaptive-softmax-cutoff 149,448"),
 ]
 
 
@@ -74,6 +77,7 @@ def _build(args):
 
 
 def _refusal(argv):
+    """(the refusal's line after ``PROG: error: ``, the changes it proposes)."""
     with pytest.raises(SystemExit) as caught:
         _build(parse_train_args(argv))
     code = caught.value.code
@@ -83,42 +87,82 @@ def _refusal(argv):
 
 
 def _with(argv, change):
+    """``argv`` with one proposed change made: each flag set to its value, or dropped (None)
+    with its value."""
     argv = list(argv)
     for flag, value in change.items():
-        if flag in argv:
-            argv[argv.index(flag) + 1] = str(value)
-        else:
+        if flag not in argv:
+            assert value is not None, f"{flag}: proposed to be dropped, but not given"
             argv += [flag, str(value)]
+            continue
+        at = argv.index(flag)
+        has_value = at + 1 < len(argv) and not argv[at + 1].startswith("--")
+        if value is None:
+            del argv[at:at + 1 + has_value]
+        else:
+            assert has_value, f"{flag}: takes no value, proposed {value}"
+            argv[at + 1] = str(value)
     return argv
 
 
-@pytest.mark.parametrize("argv, lm, pattern", CLI, ids=[" ".join(c[0]) for c in CLI])
-def test_cli_mistake_ends_in_one_line(argv, lm, pattern):
+def test_proposed_changes_are_made_on_the_command_line():
+    argv = ["--a", "1", "--b", "--c", "x"]
+    assert _with(argv, {"--a": 2, "--d": "y"}) == ["--a", "2", "--b", "--c", "x", "--d", "y"]
+    assert _with(argv, {"--a": None, "--b": None}) == ["--c", "x"]
+    with pytest.raises(AssertionError, match="not given"):
+        _with(argv, {"--d": None})
+
+
+@pytest.mark.parametrize("argv, lm, line", CLI, ids=[" ".join(c[0]) for c in CLI])
+def test_cli_mistake_ends_in_one_line(argv, lm, line):
+    """The exact line; the refusal proposes at least one change of the command line, its
+    ``allowed`` says exactly those changes, and each is accepted."""
+    from slim_fairseq.option_errors import render_alternatives
+
     full = task_args(lm) + ["--user-dir", os.path.join(REPO, "slim_fairseq"), "--cpu"] + argv
     message, alternatives = _refusal(full)
-    assert re.search(pattern, message), message
-    for change in alternatives:  # every change the refusal proposes is accepted
+    assert message == line
+    assert alternatives, f"proposes no change a test can try: {message}"
+    assert message.rsplit("; allowed: ", 1)[1] == render_alternatives(alternatives)
+    for change in alternatives:
         _build(parse_train_args(_with(full, change)))
 
 
-# slim-fairseq-help's arguments and the line they must end in
+# slim-fairseq-help's arguments, the line they must end in (exactly), what it proposes and the
+# arguments that follow the proposal (run, they must be answered)
 HELP = [
-    (["anthe_base", "--frob", "3"], r"^--frob 3: not options of SlimTransformerModel"),
-    (["anthe_base", "--encoder-layers", "x"], r"^--encoder-layers: invalid int value: 'x'"),
-    (["anthe_base", "--vocab", "x"], r"^--vocab=x: not a whole number"),
-    (["anthe_bse"], r"^--arch=anthe_bse: not an architecture; allowed: the closest: anthe_base"),
+    (["anthe_base", "--frob", "3"],
+     "--frob 3: not options of SlimTransformerModel; allowed: see slim-fairseq-help anthe_base",
+     "slim-fairseq-help anthe_base", ["anthe_base"]),
+    (["anthe_base", "--encoder-layers", "x"],
+     "--encoder-layers: invalid int value: 'x'; allowed: see slim-fairseq-help anthe_base",
+     "slim-fairseq-help anthe_base", ["anthe_base"]),
+    (["anthe_base", "--vocab", "x"],
+     "--vocab=x: not a whole number; allowed: a dictionary size of 4 or more (fairseq's 4 "
+     "special symbols included)", "4 or more", ["anthe_base", "--vocab", "4"]),
+    (["anthe_bse"],
+     "--arch=anthe_bse: not an architecture; allowed: the closest: anthe_base, anthe_base_nopatt, "
+     "bart_base; slim-fairseq-help --archs lists every architecture", "the closest: anthe_base",
+     ["anthe_base"]),
     (["subformer_lm_wiki103_83m", "--vocab", "2000"],
-     r"^--adaptive-input-cutoff=20000,60000: cutoffs must increase .* 2,000 types"),
+     "--adaptive-input-cutoff=20000,60000: cutoffs must increase and stay within the dictionary's "
+     "2,000 types; allowed: --adaptive-input-cutoff 149,448 --adaptive-softmax-cutoff 149,448",
+     "--adaptive-input-cutoff 149,448 --adaptive-softmax-cutoff 149,448",
+     ["subformer_lm_wiki103_83m", "--vocab", "2000", "--adaptive-input-cutoff", "149,448",
+      "--adaptive-softmax-cutoff", "149,448"]),
 ]
 
 
-@pytest.mark.parametrize("argv, pattern", HELP, ids=[" ".join(c[0]) for c in HELP])
-def test_help_mistake_ends_in_one_line(argv, pattern):
+@pytest.mark.parametrize("argv, line, proposed, fixed", HELP, ids=[" ".join(c[0]) for c in HELP])
+def test_help_mistake_ends_in_one_line(argv, line, proposed, fixed, capsys):
     proc = subprocess.run([os.path.join(BIN, "slim-fairseq-help"), *argv], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode != 0 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, \
         proc.stderr[-3000:]
-    assert re.search(pattern, proc.stderr.split(": error: ", 1)[1]), proc.stderr
+    assert proc.stderr.rstrip("\n").split(": error: ", 1)[1] == line
+    assert proposed in line.rsplit("; allowed: ", 1)[1]
+    from slim_fairseq.arch_help import main
+    assert main(fixed) == 0 and capsys.readouterr().out  # what it proposes is answered
 
 
 def test_help_counts_an_adaptive_preset_at_wikitext103s_vocabulary():

@@ -206,9 +206,15 @@ def test_arch_help_lists_model_options_and_preset_values():
 
 def test_a_training_run_prints_no_warning_of_fairseq_itself(tmp_path):
     """The warnings fairseq 0.12.3 triggers on every run (Hydra, autocast, pinned memory on a
-    CPU) are hidden once the plugin is loaded: a one-update run prints no warning at all."""
+    CPU) are hidden once the plugin is loaded: a one-update run prints no warning at all. The run
+    is a user's: fairseq imports the real scikit-learn and SciPy, not tests/stand_ins (the one
+    fairseq process of the suite that does)."""
+    from conftest import STAND_INS
     from helpers import wikitext_data_bin
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                        if p and p != STAND_INS)
+    env["PYTHONPROFILEIMPORTTIME"] = "1"  # the modules imported, on stderr
     proc = subprocess.run([os.path.join(BIN, "fairseq-train"), wikitext_data_bin(), "--user-dir",
                            USER_DIR, "--task", "language_modeling", "--arch", "stlm_tied",
                            "--decoder-embed-dim", "32", "--decoder-layers", "2", "--cpu",
@@ -217,7 +223,13 @@ def test_a_training_run_prints_no_warning_of_fairseq_itself(tmp_path):
                            "--save-dir", str(tmp_path), "--max-valid-steps", "1"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    warnings_printed = [line for line in proc.stderr.splitlines() if "Warning" in line]
+    imported = [line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:")]
+    # the stand-ins have no submodules: these are the real libraries'
+    assert "scipy.stats" in imported and "sklearn.utils" in imported
+    assert any(name.startswith("sklearn.metrics.") for name in imported)
+    warnings_printed = [line for line in proc.stderr.splitlines()
+                        if "Warning" in line and not line.startswith("import time:")]
     assert not warnings_printed, warnings_printed
 
 
@@ -225,11 +237,12 @@ def test_stand_ins_replace_unused_libraries_and_raise_if_called():
     """The tests' fairseq gets tests/stand_ins for scikit-learn and scipy.stats (tests and the
     processes they start), and a call into one fails instead of passing on a fake."""
     import sklearn.metrics
+    from scipy.optimize import linear_sum_assignment
     from scipy.stats import pearsonr
 
     stand_ins = os.path.join(REPO, "tests", "stand_ins")
     assert sklearn.metrics.__file__.startswith(stand_ins)
     assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == stand_ins
-    for call in (sklearn.metrics.f1_score, pearsonr):
+    for call in (sklearn.metrics.f1_score, pearsonr, linear_sum_assignment):
         with pytest.raises(RuntimeError, match="a stand-in of the test suite"):
             call([1], [1])

@@ -60,9 +60,8 @@ class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
         if given:
             raise option_error(given[0], None, f"an option of the encoder-decoder (translation) "
                                f"models, and {getattr(args, 'arch', 'slim_lm')} is a language model "
-                               "(a decoder only)", "the --decoder-* options with --task "
-                               "language_modeling, or an encoder-decoder arch (anthe_base, "
-                               "subformer_base, slim_transformer) with --task translation")
+                               "(a decoder only, shaped by the --decoder-* options)",
+                               alternatives=[{flag: None for flag in given}])
         set_slim_defaults(args)
         validate_slim_args(args, "slim_lm")
         check_task(True, getattr(args, "arch", "slim_lm"),

@@ -364,10 +364,20 @@ def validate_slim_args(args, model):
         raise error.with_alternatives(kept) from None
 
 
+# what dropping a flag of fairseq's parser undoes (the plugin's own flags take their default)
+_DROPPED = {"--no-share-decoder-input-output-embed": (FLAG_NOTES[0], False)}
+
+
 def _accepts(args, model, change):
-    """Whether ``args`` with the command-line ``change`` ({flag: value}) passes the checks."""
+    """Whether ``args`` with the command-line ``change`` ({flag: value}; None: the flag
+    dropped) passes the checks."""
     changed = copy.copy(args)
     for flag, value in change.items():
+        if value is None:
+            option = next((o for o in OPTIONS if flag in o.flags()), None)
+            dest, default = (option.dest, option.default) if option else _DROPPED[flag]
+            setattr(changed, dest, default)
+            continue
         dest = flag[2:].replace("-", "_")
         current = getattr(changed, dest, None)
         setattr(changed, dest, type(current)(value) if isinstance(current, (int, float))
@@ -429,7 +439,8 @@ def _check_fairseq_extras(args):
     noise = getattr(args, "quant_noise_pq", 0) or 0
     if noise and custom:
         raise option_error("--quant-noise-pq", noise, "acts on fairseq's dense linears, which "
-                           f"{custom[0]} replaces or bypasses", "0 with " + custom[0])
+                           f"{custom[0]} replaces or bypasses",
+                           alternatives=[{"--quant-noise-pq": 0}])
     for side in ("encoder", "decoder"):
         xformers = getattr(args, f"{side}_xformers_att_config", None)
         if xformers and custom:
@@ -478,7 +489,8 @@ def _check_embeddings(args, model):
     if args.safe_embed_dim and getattr(args, FLAG_NOTES[0], False):
         raise option_error("--no-share-decoder-input-output-embed", None, "SAFE's output path "
                            "(--safe-embed-dim) is tied to its token table, so there is no "
-                           "separate projection to untie", "drop it with --safe-embed-dim")
+                           "separate projection to untie",
+                           alternatives=[{"--no-share-decoder-input-output-embed": None}])
     if args.hsoftpos_min_token_dim and not args.hsoftpos_levels:
         raise _off("--hsoftpos-min-token-dim", args.hsoftpos_min_token_dim, "H-SoftPOS",
                    "--hsoftpos-levels L >= 1, or --hsoftpos-min-token-dim 0")

@@ -8,7 +8,7 @@ Two counts of the same run:
 * ``all``: every ``aten::`` event the profiler records, ops called inside other ops included
   (``aten::linear`` and the ``aten::addmm`` it calls count twice);
 * ``top``: the ops called from Python or from autograd's backward, each once, without the ops
-  they call inside. An op in :data:`FUSED_ON_CUDA` counts once forward and once backward: torch
+  they call inside, plus the casts autocast makes in front of an op. An op in :data:`FUSED_ON_CUDA` counts once forward and once backward: torch
   runs it as one CUDA kernel each way (``_fused_rms_norm``, ``_fused_rms_norm_backward``), while
   its CPU build has no kernel for it and runs, and differentiates, its decomposition (a dozen
   ops each way for ``F.rms_norm``).
@@ -18,7 +18,18 @@ over steps of one incremental step of the decoder (the encoder output computed b
 output projection included. Tensor-Chain layers choose their path as on CUDA in fp16
 (``tensor_chain_policy.assume_target``): the CPU's own choice (contraction over blocks of rows)
 runs other ops than a GPU does.
+
+``autocast`` (a dtype) counts the training step as ``fairseq-train --amp`` runs it: forward and
+loss under autocast (here the CPU's), backward outside it. The branches that run only under
+autocast are then counted (a GLU's two input linears as one product of stacked weights, shaped
+attention's per-head factors cast to the values' dtype), and so are the casts autocast puts in
+front of an op (``top`` counts each, as a kernel of its own on CUDA). What the CPU cannot show:
+the CPU's autocast follows its own op lists, which are not CUDA's in every op, and the kernels
+torch picks inside an op (a fused attention kernel, cuBLAS) are not aten ops at all. Decoding
+runs without autocast, as fairseq-generate does (``--fp16`` halves the model instead, which
+runs the same top-level ops as fp32 in these blocks).
 """
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +85,16 @@ def _descendants(event):
         stack.extend(child.cpu_children)
 
 
+def _autocast_casts(event):
+    """Casts autocast made in front of ``event``: its ``aten::to`` children that copy, when it
+    also calls itself (autocast's wrapper casts the inputs, then runs the op again)."""
+    children = event.cpu_children
+    if not any(child.name == event.name for child in children):
+        return 0
+    return sum(1 for child in children if child.name == "aten::to"
+               and any(e.name == "aten::_to_copy" for e in child.cpu_children))
+
+
 def count_ops(fn, repeats=1):
     """:class:`OpCount` of ``fn()`` (divided by ``repeats``, the calls ``fn`` makes)."""
     from torch.profiler import ProfilerActivity, profile
@@ -98,7 +119,7 @@ def count_ops(fn, repeats=1):
         if node is not None and node.sequence_nr in fused_nodes:
             fused_backward.add(id(fused_nodes[node.sequence_nr]))
         else:
-            count += 1
+            count += 1 + _autocast_casts(event)
     return OpCount(len(aten) / repeats, (count + len(fused_backward)) / repeats)
 
 
@@ -131,22 +152,32 @@ def op_batch(task, lm, shape, seed=0):
             "ntokens": shape.batch * shape.length, "net_input": net_input, "target": tokens}
 
 
-def step_op_counts(model, criterion, sample, lm, shape, target=("cuda", torch.float16)):
+def step_op_counts(model, criterion, sample, lm, shape, target=("cuda", torch.float16),
+                   autocast=None):
     """{"train": OpCount, "decode": OpCount} of ``model`` on ``sample`` (:func:`op_batch`), each
     counted after one untimed run of the same step (first calls build caches); Tensor Chains
-    choose as on ``target`` (device type, dtype; None: as on the CPU)."""
+    choose as on ``target`` (device type, dtype; None: as on the CPU); ``autocast``: the dtype
+    of the CPU's autocast around the training step's forward and loss (None: off)."""
     from slim_fairseq.modules import tensor_chain_policy
     if target is None:
-        return _step_op_counts(model, criterion, sample, lm, shape)
+        return _step_op_counts(model, criterion, sample, lm, shape, autocast)
     with tensor_chain_policy.assume_target(*target):
-        return _step_op_counts(model, criterion, sample, lm, shape)
+        return _step_op_counts(model, criterion, sample, lm, shape, autocast)
 
 
-def _step_op_counts(model, criterion, sample, lm, shape):
+def _autocast(dtype):
+    """The CPU's autocast to ``dtype``, or nothing (None)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", dtype=dtype)
+
+
+def _step_op_counts(model, criterion, sample, lm, shape, autocast=None):
     model.train()
 
     def train():
-        loss, _, _ = criterion(model, sample)
+        with _autocast(autocast):  # as fairseq's train_step: backward outside autocast
+            loss, _, _ = criterion(model, sample)
         loss.backward()
 
     train()
@@ -171,16 +202,21 @@ def _step_op_counts(model, criterion, sample, lm, shape):
     return counts
 
 
+#: one model of every family of the plugin, {arch: is a language model}: what
+#: tests/test_op_counts.py holds and scripts/op_counts.py counts by default
+FAMILIES = {"stlm_tied": True, "skipless_lm": True, "slim_lm": True, "anthe_lm_gpt2_small": True,
+            "anthe_base": False, "subformer_base": False, "slim_transformer": False}
+
 #: fairseq's model each plugin model is counted against (pre-norm, as slim_lm is), and the flags
 #: that make it so
 BASELINES = {True: ("transformer_lm", ["--decoder-normalize-before"]), False: ("transformer", [])}
 
 
-def compare(build, models, shape=OpShape()):
+def compare(build, models, shape=OpShape(), autocast=None):
     """{arch: {"train": OpCount, "decode": OpCount, "ratio_train": OpCount, "ratio_decode":
     OpCount}} for ``models`` ({arch: is a language model}) and fairseq's baselines, each model
     built at ``shape`` by ``build(arch, overrides, lm) -> (args, task, model)``; ratios are
-    against the baseline of the same task."""
+    against the baseline of the same task; ``autocast``: as :func:`step_op_counts`."""
     counts = {}
     wanted = dict(models)
     for lm in set(models.values()):
@@ -189,7 +225,7 @@ def compare(build, models, shape=OpShape()):
         extra = BASELINES[lm][1] if arch == BASELINES[lm][0] else []
         args, task, model = build(arch, shape_argv(lm, shape) + extra, lm)
         counts[arch] = step_op_counts(model, task.build_criterion(args), op_batch(task, lm, shape),
-                                      lm, shape)
+                                      lm, shape, autocast=autocast)
     for arch, lm in wanted.items():
         base = counts[BASELINES[lm][0]]
         counts[arch]["ratio_train"] = counts[arch]["train"] / base["train"]
