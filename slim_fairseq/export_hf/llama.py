@@ -26,14 +26,15 @@ def check(src):
                "--decoder-normalize-before"),
               ("--ffn-glu", not args.ffn_glu, None, "--ffn-glu"),
               ("--rope-theta", not float(args.rope_theta or 0), args.rope_theta,
-               "--rope-theta 10000"))
-    for flag, missing, value, allowed in wanted:
-        if missing:
-            raise option_error(flag, value, "Llama's layout, the one class with RMSNorm, RoPE or "
-                               f"a GLU, needs all of {THE_BLOCK}", allowed)
-    if embedding.positions != "none":
-        raise option_error("--no-token-positional-embeddings", None, "missing: Llama has RoPE "
-                           "and no absolute positions", "--no-token-positional-embeddings")
+               "--rope-theta 10000"),
+              ("--no-token-positional-embeddings", embedding.positions != "none", None,
+               "--no-token-positional-embeddings"))
+    missing = [(flag, value, allowed) for flag, lacks, value, allowed in wanted if lacks]
+    if missing:  # named together, so that the advice is the whole block
+        flag, value, _ = missing[0]
+        raise option_error(flag, value, "Llama's layout, the one class with RMSNorm, RoPE or "
+                           f"a GLU, needs all of {THE_BLOCK}",
+                           " ".join(allowed for _, _, allowed in missing))
     if decoder.layer_norm is None:
         raise option_error("--no-decoder-final-norm", None, "Llama normalises the last layer's "
                            "output", "the final norm (no --no-decoder-final-norm)")
