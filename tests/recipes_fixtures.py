@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import tarfile
 import zipfile
 from pathlib import Path
@@ -356,3 +357,103 @@ def chinese_sentences(count: int, seed: int = 0) -> list[str]:
     chars = "我们你他她是的了在有和人这中大为上个国不以会要到说时生也就出年可那得于着下自之过家学对"
     rng = random.Random(seed)
     return ["".join(rng.choice(chars) for _ in range(rng.randint(12, 20))) for _ in range(count)]
+
+
+# ---------------------------------------------------------------------------------------------
+# the paths the docs' recipe commands name, as small stand-ins (tests/fixtures/recipe_commands.json)
+
+DOC_SENTENCES = 12  # sentences of every split of the stand-in data-bins
+
+
+def write_indexed(prefix: Path, items: list[list[int]]) -> None:
+    """PREFIX.bin / PREFIX.idx as fairseq-preprocess writes them (mmap dataset)."""
+    import numpy as np
+    import torch
+    from fairseq.data import indexed_dataset
+    builder = indexed_dataset.MMapIndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for ids in items:
+        builder.add_item(torch.tensor(ids, dtype=torch.int64))
+    builder.finalize(f"{prefix}.idx")
+
+
+def _dictionary(words: list[str]) -> str:
+    return "".join(f"{word} {100 - i}\n" for i, word in enumerate(words))
+
+
+def translation_stand_in(folder: Path, src: str, tgt: str, count: int = DOC_SENTENCES) -> Path:
+    """A translation data-bin of COUNT sentences per split, as the prepare scripts leave it:
+    dictionaries, binarized splits, recipe.info and the untokenized valid/test references."""
+    folder.mkdir(parents=True)
+    words = sorted({w for lang in (src, tgt) for line in stand_in(lang, "test", 0, count) for w in line.split()})
+    for lang in (src, tgt):
+        (folder / f"dict.{lang}.txt").write_text(_dictionary(words), encoding="utf-8")
+    for split in ("train", "valid", "test"):
+        for lang in (src, tgt):
+            lines = stand_in(lang, "test" if split == "train" else split, 0, count)
+            write_indexed(folder / f"{split}.{src}-{tgt}.{lang}",
+                          [[4 + i % 50 for i in range(len(line.split()))] + [2] for line in lines])
+            if split != "train":
+                (folder / f"{split}.raw.{lang}").write_text(_text(lines).decode("utf-8"), encoding="utf-8")
+    (folder / "recipe.info").write_text(f"SRC={src}\nTGT={tgt}\nSCHEME=moses-bpe\n", encoding="utf-8")
+    return folder
+
+
+def lm_stand_in(folder: Path, count: int = DOC_SENTENCES) -> Path:
+    """A language-model data-bin: dict.txt and COUNT binarized lines per split."""
+    folder.mkdir(parents=True)
+    (folder / "dict.txt").write_text(_dictionary([f"w{i}" for i in range(40)]), encoding="utf-8")
+    for split in ("train", "valid", "test"):
+        write_indexed(folder / split, [[4 + (i * 7 + j) % 40 for j in range(3 + i % 5)] + [2]
+                                       for i in range(count)])
+    return folder
+
+
+def stand_in_checkpoint(path: Path, arch: str, task: str, **fields) -> Path:
+    """A checkpoint file holding only the configuration the evaluation recipes read."""
+    import torch
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = {"_name": arch, "arch": arch}
+    task_cfg = {"_name": task}
+    for key, value in fields.items():
+        (task_cfg if key in ("source_lang", "target_lang", "tokens_per_sample") else model)[key] = value
+    if task == "translation":
+        model.update(source_lang=fields.get("source_lang"), target_lang=fields.get("target_lang"))
+    torch.save({"cfg": {"model": model, "task": task_cfg}, "model": {}}, path)
+    return path
+
+
+def doc_examples(root: Path, python: str) -> dict[str, str]:
+    """Under ROOT, the data-bins, checkpoints and folders the docs' recipe commands name (the
+    translation ones en-de unless named otherwise), fake fairseq tools answering from ROOT/fake,
+    and the environment to run them in (fake tools first on PATH, 8 visible GPUs for a recipe
+    that asks the fake interpreter ROOT/fake/bin/python)."""
+    for name in ("data-bin/mydata", "wmt14_anthe/data-bin", "wmt14_google/data-bin", "build/data/ende_bpe8000/data-bin"):
+        translation_stand_in(root / name, "en", "de")
+    translation_stand_in(root / "wmt16_en_ro/data-bin", "en", "ro")
+    translation_stand_in(root / "wmt17_de_en/data-bin", "de", "en")
+    for name in ("data-bin/mylm", "wikitext-103/data-bin", "wikitext-103-gpt2/data-bin"):
+        lm_stand_in(root / name)
+    (root / "raw").mkdir()
+    (root / "wmt14_anthe/data-bin/spm.model").write_bytes(b"a sentencepiece model\n")
+    for folder in ("anthe", "anthe_base"):
+        stand_in_checkpoint(root / "checkpoints" / folder / "checkpoint_best.pt", "anthe_base", "translation",
+                            source_lang="en", target_lang="de")
+    stand_in_checkpoint(root / "checkpoints/subformer_lm_wiki103_83m/checkpoint_best.pt",
+                        "subformer_lm_wiki103_83m", "language_modeling", max_target_positions=64,
+                        tokens_per_sample=64)
+    fake = root / "fake"
+    install_fake_tools(fake / "bin", python)
+    refs = {split: (root / f"wmt14_anthe/data-bin/{split}.raw.de").read_text(encoding="utf-8")
+            for split in ("valid", "test")}
+    for split, text in refs.items():
+        (fake / f"{split}.hyp").write_text(text, encoding="utf-8")
+    from fairseq.data import indexed_dataset
+    dataset = indexed_dataset.MMapIndexedDataset(str(root / "wikitext-103/data-bin/test"))
+    tokens = int(dataset.sizes.sum())  # read while the dataset (its memory map) is alive
+    del dataset
+    (fake / "eval-lm.out").write_text(
+        "INFO | fairseq_cli.eval_lm | loading model(s)\n"
+        f"INFO | fairseq_cli.eval_lm | Evaluated {tokens:,} tokens in 1.0s (100.00 tokens/s)\n"
+        "INFO | fairseq_cli.eval_lm | Loss (base 2): 6.1571, Perplexity: 71.37\n", encoding="utf-8")
+    return {"PATH": f"{fake / 'bin'}{os.pathsep}{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "FAKE_DIR": str(fake), "FAKE_GPUS": "8", "NUM_WORKERS": "1"}
