@@ -246,19 +246,22 @@ def build_wikitext103_raw_gpt2(raw: Path, max_train: int = 600, max_eval: int = 
 
 
 # ---------------------------------------------------------------------------------------------
-# stand-ins for the fairseq tools and the GPU count (the recipes' own logic, tested without a
-# model): each fake records its command line in $FAKE_DIR/calls.log (one line per call,
-# arguments separated by tabs) and answers from files the test writes into $FAKE_DIR.
+# stand-ins for the fairseq tools (the recipes' own logic, tested without a model): each fake
+# records its command line in $FAKE_DIR/calls.log (one line per call, arguments separated by
+# tabs) and answers from files the test writes into $FAKE_DIR.
 
 _FAKE_GENERATE = r'''
 """fairseq-generate: hypotheses from FAKE_DIR/SUBSET.lenpenL.hyp (else SUBSET.hyp), one per line
 of the subset, in fairseq's output layout (S-, T-, H-, D- lines), FAKE_GENERATE_DELAY seconds
-between lines; a BLEU4 line at the end as fairseq's default scorer prints it."""
+between lines; a BLEU4 line at the end as fairseq's default scorer prints it. Its process id
+goes to FAKE_DIR/generate.pid."""
 import os, sys, time
 fake = os.environ["FAKE_DIR"]
 args = sys.argv[1:]
 with open(os.path.join(fake, "calls.log"), "a", encoding="utf-8") as f:
     f.write("fairseq-generate\t" + "\t".join(args) + "\n")
+with open(os.path.join(fake, "generate.pid"), "w") as f:
+    f.write(str(os.getpid()))
 opt = lambda name, default=None: args[args.index(name) + 1] if name in args else default
 subset, lenpen = opt("--gen-subset", "test"), opt("--lenpen", "1")
 path = os.path.join(fake, f"{subset}.lenpen{lenpen}.hyp")
@@ -298,11 +301,17 @@ sys.exit(int(open(rc).read()) if os.path.exists(rc) else 0)
 
 _FAKE_TRAIN = r'''
 """fairseq-train: a train.log-style output naming the checkpoints it "saved", and an empty
-checkpoint_last.pt in --save-dir."""
+checkpoint_last.pt in --save-dir; a --lr that is not a number fails as fairseq's parser does."""
 import os, sys
 args = sys.argv[1:]
 with open(os.path.join(os.environ["FAKE_DIR"], "calls.log"), "a", encoding="utf-8") as f:
     f.write("fairseq-train\t" + "\t".join(args) + "\n")
+for i, arg in enumerate(args[:-1]):
+    if arg == "--lr":
+        try:
+            float(args[i + 1])
+        except ValueError:
+            sys.exit(f"fairseq-train: error: argument --lr: invalid float value: {args[i + 1]!r}")
 save_dir = args[args.index("--save-dir") + 1]
 updates = int(args[len(args) - 1 - args[::-1].index("--max-update") + 1])
 os.makedirs(save_dir, exist_ok=True)
@@ -315,23 +324,13 @@ print(f"INFO | fairseq.checkpoint_utils | Saved checkpoint {save_dir}/checkpoint
 
 def install_fake_tools(bin_dir: Path, python: str) -> Path:
     """Write fake fairseq-generate, fairseq-validate, fairseq-eval-lm and fairseq-train into
-    BIN_DIR (run with PYTHON), and BIN_DIR/python, the interpreter PYTHON except for two
-    questions the recipes ask it: with FAKE_GPUS set, the GPU count (``python -c
-    '...device_count()'``) answers FAKE_GPUS; with FAKE_BINARIZED set, scripts/binarize_bundled.py
-    answers that folder (the bundled data, "binarized")."""
+    BIN_DIR, run with the interpreter PYTHON."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name, code in (("fairseq-generate", _FAKE_GENERATE), ("fairseq-validate", _FAKE_VALIDATE),
                        ("fairseq-eval-lm", _FAKE_EVAL_LM), ("fairseq-train", _FAKE_TRAIN)):
         path = bin_dir / name
         path.write_text(f"#!{python}\n{code.lstrip()}", encoding="utf-8")
         path.chmod(0o755)
-    path = bin_dir / "python"
-    path.write_text(
-        '#!/usr/bin/env bash\n'
-        'if [[ -n "${FAKE_GPUS:-}" && "$1" == -c && "$2" == *device_count* ]]; then echo "$FAKE_GPUS"; exit 0; fi\n'
-        'if [[ -n "${FAKE_BINARIZED:-}" && "$1" == */binarize_bundled.py ]]; then echo "$FAKE_BINARIZED"; exit 0; fi\n'
-        f'exec {python} "$@"\n', encoding="utf-8")
-    path.chmod(0o755)
     return bin_dir
 
 
@@ -425,8 +424,7 @@ def stand_in_checkpoint(path: Path, arch: str, task: str, **fields) -> Path:
 def doc_examples(root: Path, python: str) -> dict[str, str]:
     """Under ROOT, the data-bins, checkpoints and folders the docs' recipe commands name (the
     translation ones en-de unless named otherwise), fake fairseq tools answering from ROOT/fake,
-    and the environment to run them in (fake tools first on PATH, 8 visible GPUs for a recipe
-    that asks the fake interpreter ROOT/fake/bin/python)."""
+    and the environment to run them in (fake tools first on PATH)."""
     for name in ("data-bin/mydata", "wmt14_anthe/data-bin", "wmt14_google/data-bin", "build/data/ende_bpe8000/data-bin"):
         translation_stand_in(root / name, "en", "de")
     translation_stand_in(root / "wmt16_en_ro/data-bin", "en", "ro")
@@ -456,4 +454,56 @@ def doc_examples(root: Path, python: str) -> dict[str, str]:
         f"INFO | fairseq_cli.eval_lm | Evaluated {tokens:,} tokens in 1.0s (100.00 tokens/s)\n"
         "INFO | fairseq_cli.eval_lm | Loss (base 2): 6.1571, Perplexity: 71.37\n", encoding="utf-8")
     return {"PATH": f"{fake / 'bin'}{os.pathsep}{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-            "FAKE_DIR": str(fake), "FAKE_GPUS": "8", "NUM_WORKERS": "1"}
+            "FAKE_DIR": str(fake), "NUM_WORKERS": "1"}
+
+
+# ---------------------------------------------------------------------------------------------
+# the recipes, run in the test's process (examples/*/*.sh each exec one of these modules)
+
+RECIPE_MODULES = {f"{p.parent.name}/{p.name}": p.stem.replace("-", "_")
+                  for p in sorted((REPO / "examples").glob("*/*.sh"))}
+
+
+def recipe_module(script: str):
+    """The module examples/SCRIPT runs (``translation/train-anthe.sh`` -> ``...recipes.train_anthe``)."""
+    import importlib
+    return importlib.import_module(f"slim_fairseq_lab.recipes.{RECIPE_MODULES[script]}")
+
+
+def recipe_env(**extra: str) -> dict:
+    """What a recipe's environment adds in the tests: the venv's tools first on PATH (CI activates
+    no venv), one worker, no Python warnings, a short connect timeout; ``extra`` wins."""
+    import sys
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "NUM_WORKERS": "1",
+           "PYTHONWARNINGS": "ignore", "CONNECT_TIMEOUT": "3"}
+    env.update(extra)
+    return env
+
+
+def run_recipe(script: str, *argv: str, cwd=None, env: dict | None = None, gpus: int | None = None):
+    """Run the recipe of examples/SCRIPT in this process, as ``bash examples/SCRIPT ARGV`` would
+    (cwd, environment, its stdout and stderr, the tools' output relayed into them); ``gpus``: the
+    CUDA devices it sees. Returns a CompletedProcess."""
+    import contextlib
+    import io
+    import subprocess
+    import tempfile
+    import warnings
+    from slim_fairseq_lab.recipes import training
+    module = recipe_module(script)
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_gpus, saved_tmp = dict(os.environ), training.gpu_count, tempfile.tempdir
+    os.environ.update(recipe_env(**(env or {})))
+    tempfile.tempdir = str(cwd or os.getcwd())  # a failed run's logs stay in the test's folder
+    if gpus is not None:
+        training.gpu_count = lambda: gpus
+    try:
+        with contextlib.chdir(cwd or os.getcwd()), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            status = module.main([str(a) for a in argv])
+    finally:
+        training.gpu_count, tempfile.tempdir = saved_gpus, saved_tmp
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["bash", f"examples/{script}", *argv], status, out.getvalue(), err.getvalue())
