@@ -226,6 +226,11 @@ RECIPES = [
      r"^train-stlm\.sh: error: --save-dir=.*: fairseq would resume from .*/checkpoint_last\.pt: not a "
      r"complete checkpoint \(.*\): a copy or a save that did not finish; allowed: a --save-dir of "
      r"its own, or --restore-file with an earlier checkpoint of that run$"),
+    # a save-dir whose checkpoint_last.pt is another architecture's
+    ("lm/train-skipless.sh", ["{lm}", "--save-dir", "{otherarch}", "--dry-run"],
+     r"^train-skipless\.sh: error: --save-dir=.*: its checkpoint_last\.pt is a stlm_tied model, which "
+     r"fairseq would resume as skipless_lm; allowed: --arch stlm_tied \(to go on training it\), or a "
+     r"--save-dir of its own$"),
     # the options the WMT14 default segmentation does not read
     ("translation/prepare-wmt14en2de.sh", ["--vocab-size", "8000", "--dry-run"],
      r"^prepare-wmt14en2de\.sh: error: --vocab-size=8000: the sentencepiece vocabulary of --paper "
@@ -281,20 +286,24 @@ ACCEPTED = [
     ("translation/prepare-wmt14en2de.sh", ["--vocab-size", "8000", "--paper", "anthe", "--dry-run"]),
     ("lm/evaluate-lm.sh", ["--cpu", "{lm}", "{lmckpt}", "--sample-break-mode", "none"]),
     ("translation/evaluate.sh", ["--cpu", "{ende}", "{mtckpt}", "--lenpens", "1.0"]),
+    ("translation/evaluate.sh", ["{deen}", "{deenckpt}", "--lenpens", "1.0"]),
+    ("lm/train-skipless.sh", ["{lm}", "--arch", "stlm_tied", "--save-dir", "{otherarch}", "--dry-run"]),
 ]
 
 
 def _placeholders(tmp_path):
     """{ende}, {lm} and damaged copies of them: without a valid split ({novalid}), with an empty
     training split ({emptytrain}), with line 50 of test.raw.de deleted ({shifted}), with a
-    Latin-1 reference ({latin1}); checkpoints of a language model, of en -> de and of de -> en
-    translation (their configuration only), a truncated one, and a save-dir holding it."""
+    Latin-1 reference ({latin1}), in the other direction ({deen}); checkpoints of a language model, of en -> de and of de -> en
+    translation (their configuration only), a truncated one, and save-dirs holding it or an
+    stlm_tied checkpoint."""
     import shutil
     from recipes_fixtures import stand_in_checkpoint
     ende, lm = ende_data_bin(), wikitext_data_bin()
     found = {"{ende}": ende, "{lm}": lm, "{tmp}": str(tmp_path)}
     for name, source, skip in (("novalid", ende, "valid."), ("shifted", ende, "test.raw.de"),
-                               ("latin1", ende, "test.raw.de"), ("emptytrain", lm, "train.")):
+                               ("latin1", ende, "test.raw.de"), ("emptytrain", lm, "train."),
+                               ("deen", ende, "recipe.info")):
         folder = tmp_path / name
         folder.mkdir()
         for entry in os.listdir(source):
@@ -306,6 +315,7 @@ def _placeholders(tmp_path):
     (tmp_path / "shifted" / "test.raw.de").write_text("".join(refs[:49] + refs[50:]), encoding="utf-8")
     (tmp_path / "latin1" / "test.raw.de").write_bytes("".join(refs[:2]).encode("utf-8") + "caf\u00e9\n".encode(
         "latin-1") + "".join(refs[3:]).encode("utf-8"))
+    (tmp_path / "deen" / "recipe.info").write_text("SRC=de\nTGT=en\nSCHEME=moses-bpe\n")
     (tmp_path / "emptytrain" / "train.bin").write_bytes(b"")
     shutil.copy(os.path.join(lm, "train.idx"), tmp_path / "emptytrain" / "train.idx")
     found["{lmckpt}"] = str(stand_in_checkpoint(tmp_path / "lm.pt", "stlm_tied", "language_modeling",
@@ -319,6 +329,9 @@ def _placeholders(tmp_path):
     with open(whole, "rb") as f:
         (tmp_path / "truncdir" / "checkpoint_last.pt").write_bytes(f.read()[:5000])
     found["{truncdir}"] = str(tmp_path / "truncdir")
+    (tmp_path / "otherarch").mkdir()
+    os.symlink(whole, tmp_path / "otherarch" / "checkpoint_last.pt")
+    found["{otherarch}"] = str(tmp_path / "otherarch")
     found["{truncated}"] = str(tmp_path / "truncdir" / "checkpoint_last.pt")
     return found
 

@@ -273,6 +273,19 @@ def test_download_is_offline_safe_and_verified(work):
     # the miniature zip is not the published archive: the SHA-1 check refuses it
     proc = run("lm/prepare-wikitext-103.sh", "--raw-dir", raw, "--work-dir", "wt-sum", cwd=work, expect_ok=False)
     assert proc.returncode != 0 and "sha1 checksum" in proc.stderr and "does not match" in proc.stderr
+    # an archive of one's own that is not the published one: refused before anything is written,
+    # and what the refusal proposes (--no-verify) prepares it
+    import hashlib
+    archive = raw / "wikitext-103-v1.zip"
+    sha1 = hashlib.sha1(archive.read_bytes()).hexdigest()
+    proc = run("lm/prepare-wikitext-103.sh", "--archive", archive, "--work-dir", "wt-archive", cwd=work,
+               expect_ok=False)
+    assert proc.stderr == (f"prepare-wikitext-103.sh: error: --archive={archive}: not the published archive (sha1 "
+                           f"{sha1}, expected 0aec09a7537b58d4bb65362fee27650eeaba625a); allowed: --no-verify if you "
+                           "trust it, or the archive of https://wikitext.smerity.com/wikitext-103-v1.zip\n")
+    assert not (work / "wt-archive").exists()
+    run("lm/prepare-wikitext-103.sh", "--archive", archive, "--work-dir", "wt-archive", "--no-verify", cwd=work)
+    assert (work / "wt-archive" / "data-bin" / "train.bin").stat().st_size > 0
 
 
 def test_raw_dir_download_name_is_accepted_only_with_its_checksum(tmp_path, capsys):
