@@ -28,7 +28,7 @@ import sys
 
 from slim_fairseq_lab.paths import REPO_ROOT
 from slim_fairseq_lab.recipes import cli, tools
-from slim_fairseq_lab.recipes.comparisons import EndeComparison, compare_on_bundled_ende
+from slim_fairseq_lab.recipes.comparisons import EndeComparison, add_run_options, compare_on_bundled_ende
 
 PROG = "anthe_vs_transformer.sh"
 SHAPE = ("--encoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--encoder-layers", "3",
@@ -44,9 +44,7 @@ def parser():
     p.value("--seed", kind="whole", default="1")
     p.value("--lr")
     p.value("--anthe-lr")
-    p.flag("--dry-run", default=False)
-    p.flag("--sequential", default=False)
-    p.flag("--eval-only", default=False)
+    add_run_options(p)
     return p
 
 

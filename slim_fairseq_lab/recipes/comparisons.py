@@ -40,6 +40,13 @@ class EndeComparison:
     note: str = ""
 
 
+def add_run_options(parser):
+    """--sequential, --eval-only and --dry-run of the en-de comparisons."""
+    parser.flag("--sequential", default=False)
+    parser.flag("--eval-only", default=False)
+    parser.flag("--dry-run", default=False)
+
+
 def compare_on_bundled_ende(settings, models):
     """Binarize the bundled en-de corpus under OUT/data (cached), train both ``models`` ((name,
     fairseq-train arguments) pairs) alike, translate the test set with each model's

@@ -37,7 +37,7 @@ import sys
 
 from slim_fairseq_lab.paths import REPO_ROOT
 from slim_fairseq_lab.recipes import cli, tools
-from slim_fairseq_lab.recipes.comparisons import EndeComparison, compare_on_bundled_ende
+from slim_fairseq_lab.recipes.comparisons import EndeComparison, add_run_options, compare_on_bundled_ende
 
 PROG = "subformer_vs_transformer.sh"
 SHAPE = ("--encoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--encoder-layers", "4",
@@ -59,9 +59,7 @@ def parser():
     norm = p.add_mutually_exclusive_group()
     norm.add_argument("--pre-ln", action="store_const", const="pre", dest="norm")
     norm.add_argument("--post-ln", action="store_const", const="post", dest="norm")
-    p.flag("--sequential", default=False)
-    p.flag("--eval-only", default=False)
-    p.flag("--dry-run", default=False)
+    add_run_options(p)
     return p
 
 
