@@ -221,6 +221,11 @@ RECIPES = [
     ("lm/train-stlm.sh", ["{lm}", "--fp16", "--dry-run"],
      r"^train-stlm\.sh: error: --fp16: mixed precision needs CUDA GPUs, and this run trains on the "
      r"CPU; allowed: drop --fp16, or --gpus N on a machine with GPUs$"),
+    ("translation/train-anthe.sh", ["{ende}", "--nodes", "2", "--gpus", "0", "--dry-run"],
+     r"^train-anthe\.sh: error: --nodes=2: several nodes need GPUs; allowed: --gpus N$"),
+    ("translation/evaluate.sh", ["{ende}", "{mtckpt}", "--avg", "2"],
+     r"^evaluate\.sh: error: --avg=2: needs a checkpoint folder, got the file \S+/mt\.pt; allowed: --avg 1, "
+     r"or the folder of mt\.pt$"),
     # a save-dir whose checkpoint fairseq would resume from is not a complete checkpoint
     ("lm/train-stlm.sh", ["{lm}", "--save-dir", "{truncdir}", "--dry-run"],
      r"^train-stlm\.sh: error: --save-dir=.*: fairseq would resume from .*/checkpoint_last\.pt: not a "
@@ -288,6 +293,7 @@ ACCEPTED = [
     ("translation/evaluate.sh", ["--cpu", "{ende}", "{mtckpt}", "--lenpens", "1.0"]),
     ("translation/evaluate.sh", ["{deen}", "{deenckpt}", "--lenpens", "1.0"]),
     ("lm/train-skipless.sh", ["{lm}", "--arch", "stlm_tied", "--save-dir", "{otherarch}", "--dry-run"]),
+    ("translation/train-anthe.sh", ["{ende}", "--nodes", "2", "--gpus", "8", "--dry-run"]),
 ]
 
 
