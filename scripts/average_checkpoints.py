@@ -8,6 +8,9 @@ omegaconf types). The output keeps every field of the newest input (cfg / args, 
 with the averaged ``model`` weights; optimizer state is dropped (the result is for inference).
 A folder's checkpoints are picked by their number (checkpoint10.pt is newer than
 checkpoint9.pt); the averaged files are listed, oldest first, on stdout (one per line).
+Refused, in one line: checkpoints whose parameters or model options differ from the first's
+(the average would keep the first one's settings), and an --output that is one of the inputs.
+The library is slim_fairseq_lab.checkpoints.
 
 usage:
   average_checkpoints.py --inputs DIR --num-update-checkpoints 5 --output avg.pt
@@ -18,85 +21,13 @@ usage:
 from __future__ import annotations
 
 import argparse
-import collections
-import functools
-import importlib.util
 import os
-import re
 import sys
 
-import torch
+from slim_fairseq_lab.checkpoints import (  # noqa: F401 (re-exported: the script's library)
+    EPOCH_PATTERN, UPDATE_PATTERN, CheckpointError, average, last_checkpoints, load)
 
-EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
-UPDATE_PATTERN = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
-
-
-@functools.lru_cache(maxsize=None)
-def _checkpoint_safety():
-    """slim_fairseq/checkpoint_safety.py, loaded by path (once per process) so that reading a
-    checkpoint does not import fairseq (the package's __init__ registers every model); the loaded
-    package's module when it is already imported."""
-    module = sys.modules.get("slim_fairseq.checkpoint_safety")
-    if module is None:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "slim_fairseq",
-                            "checkpoint_safety.py")
-        spec = importlib.util.spec_from_file_location("_slim_fairseq_checkpoint_safety", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
-
-
-def load_checkpoint(path: str) -> dict:
-    """torch.load with weights_only=True and fairseq's allow-list (slim_fairseq.checkpoint_safety)."""
-    return _checkpoint_safety().load(path)
-
-
-def last_checkpoints(folder: str, count: int, pattern: re.Pattern, upper_bound: int | None) -> list[str]:
-    """The COUNT checkpoints of FOLDER with the highest epoch / update number, compared as
-    numbers (newest first)."""
-    found = []
-    for name in os.listdir(folder):
-        match = pattern.match(name)
-        if match:
-            number = int(match.group(1))
-            if upper_bound is None or number <= upper_bound:
-                found.append((number, os.path.join(folder, name)))
-    found.sort(reverse=True)
-    if len(found) < count:
-        raise ValueError(f"--inputs: {folder} holds {len(found)} matching checkpoints, {count} requested")
-    return [path for _, path in found[:count]]
-
-
-def average(paths: list[str]) -> dict:
-    """Element-wise mean of the ``model`` weights of PATHS; other fields from the first path."""
-    result = None
-    sums: dict[str, torch.Tensor] = {}
-    keys = None
-    for path in paths:
-        state = load_checkpoint(path)
-        model = state["model"]
-        if keys is None:
-            keys = list(model.keys())
-            result = state
-        elif set(model.keys()) != set(keys):
-            raise ValueError(f"{path}: its parameters differ from those of {paths[0]}")
-        for key in keys:
-            value = model[key]
-            if not torch.is_floating_point(value):
-                sums.setdefault(key, value.clone())  # integer buffers are taken as they are
-                continue
-            total = value.to(torch.float64)
-            sums[key] = total if key not in sums else sums[key] + total
-    averaged = collections.OrderedDict()
-    for key in keys:
-        value = result["model"][key]
-        if torch.is_floating_point(value):
-            averaged[key] = (sums[key] / len(paths)).to(value.dtype)
-        else:
-            averaged[key] = sums[key]
-    result["model"] = averaged
-    result.pop("last_optimizer_state", None)
-    return result
+load_checkpoint = load
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         pattern = EPOCH_PATTERN if args.num_epoch_checkpoints else UPDATE_PATTERN
         try:
             paths = last_checkpoints(args.inputs[0], count, pattern, args.checkpoint_upper_bound)
-        except ValueError as err:
+        except CheckpointError as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
     else:
@@ -129,14 +60,20 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             print(f"error: --inputs: {missing[0]} is not a checkpoint file", file=sys.stderr)
             return 1
+    for path in paths:
+        if os.path.exists(args.output) and os.path.samefile(args.output, path):
+            print(f"error: --output={args.output}: is the input {path}, which averaging would "
+                  "overwrite; allowed: another file", file=sys.stderr)
+            return 1
     if not args.quiet:
         print("averaging:", *paths, sep="\n  ", file=sys.stderr)
     try:
         state = average(paths)
-    except ValueError as err:
+    except CheckpointError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    import torch
     torch.save(state, args.output)
     print(*reversed(paths) if count is not None else paths, sep="\n")
     if not args.quiet:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU training time with glibc's default malloc settings and with large blocks kept in the heap
-(the settings every tool the lab starts gets, slim_fairseq_lab.launcher.ALLOCATOR_ENV, which
-examples/common.sh exports too), side by side, for fairseq's transformer and the given model
+(the settings every tool the lab and the recipes start gets, slim_fairseq_lab.launcher.ALLOCATOR_ENV),
+side by side, for fairseq's transformer and the given model
 specs (docs/TRAINING.md#cpu-memory-allocator).
 
 Each model trains the same --max-update updates twice per --repeats (alternating the two

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Facts about a fairseq checkpoint that the evaluation recipes need, read from its saved
-configuration without building the model or importing fairseq (loading uses
-scripts/average_checkpoints.py's load_checkpoint: weights_only=True with fairseq's allow-list).
+configuration without building the model or importing fairseq (slim_fairseq_lab.checkpoints:
+weights_only=True with fairseq's allow-list).
 
   checkpoint_info.py CKPT positions    the longest sequence the model accepts: its
                                        max_target_positions, else the tokens_per_sample it
@@ -10,58 +10,15 @@ scripts/average_checkpoints.py's load_checkpoint: weights_only=True with fairseq
   checkpoint_info.py CKPT positions block   both, one per line
 
 Prints each value on a line of its own; exits 1 with a one-line error when the checkpoint is
-missing or does not record a value asked for.
+missing, not a complete checkpoint, or does not record a value asked for.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 import sys
 
-
-def load_checkpoint(path: str) -> dict:
-    """scripts/average_checkpoints.py's ``load_checkpoint`` (that script is loaded by its path:
-    scripts are not a package, and it reads checkpoints without importing fairseq)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.util.spec_from_file_location("_average_checkpoints", os.path.join(here, "average_checkpoints.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.load_checkpoint(path)
-
-
-def _section(state: dict, name: str):
-    """cfg.NAME of a fairseq >= 0.10 checkpoint, or the flat args Namespace of an older one."""
-    cfg = state.get("cfg")
-    if cfg is not None and cfg.get(name) is not None:
-        return cfg[name]
-    return state.get("args")
-
-
-def _get(section, key: str):
-    if section is None:
-        return None
-    if isinstance(section, dict) or hasattr(section, "get"):
-        try:
-            return section.get(key)
-        except Exception:  # noqa: BLE001 - an omegaconf node without the key
-            return None
-    return getattr(section, key, None)
-
-
-def max_positions(state: dict) -> int | None:
-    """The model's max_target_positions, else the training tokens_per_sample (None if neither)."""
-    value = _get(_section(state, "model"), "max_target_positions")
-    if value is None:
-        value = _get(_section(state, "task"), "tokens_per_sample")
-    return int(value) if value is not None else None
-
-
-def training_block(state: dict) -> int | None:
-    """The tokens_per_sample of the task the model was trained with (None if not recorded)."""
-    value = _get(_section(state, "task"), "tokens_per_sample")
-    return int(value) if value is not None else None
+from slim_fairseq_lab.checkpoints import CheckpointError, load, max_positions, training_block
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -74,10 +31,11 @@ def get_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = get_parser().parse_args(argv)
-    if not os.path.isfile(args.checkpoint):
-        print(f"error: checkpoint {args.checkpoint} not found", file=sys.stderr)
+    try:
+        state = load(args.checkpoint)
+    except CheckpointError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 1
-    state = load_checkpoint(args.checkpoint)
     for what in args.what:
         value = max_positions(state) if what == "positions" else training_block(state)
         if value is None:

@@ -48,10 +48,17 @@ def main(argv=None):
                              "1-D gains/scalars (the skipless paper's counting, arXiv:2404.12362)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args, unknown = parser.parse_known_args(argv)
-    info = count_params(args.arch, unknown + passthrough, args.vocab, args.src_vocab, args.tgt_vocab,
-                        args.joined, args.task, args.meta, args.exclude_norms_biases)
+    try:
+        info = count_params(args.arch, unknown + passthrough, args.vocab, args.src_vocab, args.tgt_vocab,
+                            args.joined, args.task, args.meta, args.exclude_norms_biases)
+    except ValueError as error:  # the plugin's one-line option errors among them
+        if "\n" in str(error):
+            raise
+        print(f"count_params: error: {error}", file=sys.stderr)
+        return 2
     print(json.dumps(info, indent=2) if args.json else format_report(info))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -31,9 +31,13 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 [ -x "$PYTHON" ] || PYTHON="$(command -v python3)"
-# shellcheck source=SCRIPTDIR/../examples/common.sh
-. "$REPO/examples/common.sh"
-parse_options -- "$@"
+# the header above is the help; the settings are environment variables, not options
+case "${1:-}" in
+    "") ;;
+    -h | --help) awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
+    *) printf 'demo.sh: error: %s: not an option of this recipe; allowed: the options of --help\n' "${1%%=*}" >&2
+       exit 2 ;;
+esac
 BIN="$(dirname "$PYTHON")"
 DEMO_DIR="${DEMO_DIR:-$REPO/build/demo}"
 LM_UPDATES="${DEMO_LM_UPDATES:-200}"

@@ -331,6 +331,16 @@ def model_flags(model_cfg, model_name):
     return flags
 
 
+def check_output(path, out):
+    """A checkpoint written from another never replaces it: the input, with its optimizer state
+    and its update count, would be lost."""
+    import os
+    if os.path.realpath(path) == os.path.realpath(out) or (
+            os.path.exists(path) and os.path.exists(out) and os.path.samefile(path, out)):
+        raise CompressionError(f"OUTPUT={out}: is the checkpoint it reads ({path}), which writing would "
+                               "overwrite; allowed: another file")
+
+
 # ----------------------------------------------------------------------------------- compress
 
 def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=0.0,
@@ -341,6 +351,7 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
     :func:`compress_model`) and the fairseq-train model flags that rebuild the model."""
     from slim_fairseq.models.slim_options import (BY_DEST, check_value, set_slim_defaults,
                                                   validate_slim_args)
+    check_output(path, out)
     ratios = dict(tc_ff=tc_ff, tc_patt=tc_patt, tc_layer=tc_layer, tc_emb=tc_emb, tc_output=tc_output)
     try:  # the model options' own rules on each value
         for dest, value in dict(ratios, tc_length=tc_length).items():
@@ -502,6 +513,7 @@ def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None)
     ``transformer_lm`` instead (refused when the model uses another technique of the plugin),
     which fairseq loads without ``--user-dir``. Returns ``(model, exported_model)``, both in
     eval mode."""
+    check_output(path, out)
     cfg, state = load_checkpoint(path, data)
     arch = _arch_of(cfg.model)
     model_name = _model_name(arch)

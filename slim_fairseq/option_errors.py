@@ -150,14 +150,17 @@ def checked_preset(preset, model_cls):
     """Wrap an architecture preset so that options stored by earlier versions take today's
     names first (:func:`slim_fairseq.checkpoint_upgrade.upgrade_args`; fairseq calls the preset
     when it builds a model from a checkpoint) and fairseq's ``parse_args_and_arch`` (which calls
-    the preset last) also checks the options with ``model_cls.check_args(args)``."""
+    the preset last) also checks the options with ``model_cls.check_args(args)``, and a
+    ``fairseq-train`` run with :func:`slim_fairseq.run_checks.check_command_line`."""
 
     @functools.wraps(preset)
     def checked(args):
+        from slim_fairseq import run_checks
         upgrade_args(args)
         preset(args)
         with one_line_option_errors():
             model_cls.check_args(args)
+            run_checks.check_command_line(args)
 
     checked.slim_checked = True
     return checked

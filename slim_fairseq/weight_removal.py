@@ -253,8 +253,12 @@ def convert_checkpoint(src_path: str, dst_path: str, removed: str = "q",
     The checkpoint keeps its structure (``cfg``/``args``, ``extra_state``, ``optimizer_history``)
     so fairseq-eval-lm / fairseq-generate load it as is (``weights_only=True``); the optimizer
     state is dropped (it belongs to the removed parameters): continue training with
-    ``--reset-optimizer``.
+    ``--reset-optimizer``. A DST_PATH that is SRC_PATH is refused (the input would be lost).
     """
+    import os
+    if os.path.realpath(src_path) == os.path.realpath(dst_path):
+        raise option_error("OUTPUT", dst_path, f"is the checkpoint it reads ({src_path}), which writing "
+                           "would overwrite", "another file")
     state = torch.load(src_path, map_location="cpu", weights_only=True)
     holders = []
     if state.get("args") is not None:

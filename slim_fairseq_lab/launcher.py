@@ -1,19 +1,16 @@
 """The one place that builds fairseq command lines and starts fairseq's tools.
 
-The study (:mod:`slim_fairseq_lab.study`), the benchmark, the compression demo and the shell
-comparisons of ``examples/`` (through this module's command line, ``python -m
-slim_fairseq_lab.launcher``) take their fairseq-train / fairseq-generate arguments from the
-builders here, composed of the same option groups: the task, the criterion, Adam with the
-inverse-square-root schedule, and the test-set translation. The malloc settings every launched
-tool gets (:data:`ALLOCATOR_ENV`) are defined here only; ``examples/common.sh`` reads them from
-``python -m slim_fairseq_lab.launcher allocator-env``.
+The study (:mod:`slim_fairseq_lab.study`), the benchmark, the compression demo and the
+comparisons of ``examples/`` (:mod:`slim_fairseq_lab.recipes.comparisons`) take their
+fairseq-train / fairseq-generate arguments from the builders here, composed of the same option
+groups: the task, the criterion, Adam with the inverse-square-root schedule, and the test-set
+translation. The malloc settings every launched tool gets (:data:`ALLOCATOR_ENV`) are defined
+here only; the recipes' tools get them too (:mod:`slim_fairseq_lab.recipes.tools`).
 
 It imports only the standard library (and this package's modules that do the same) at import
-time, so any python3 runs its command line.
+time.
 """
-import argparse
 import os
-import shlex
 import subprocess
 import sys
 
@@ -190,55 +187,3 @@ def lm_comparison_train_argv(data, user_dir, tokens_per_sample, batch_size, max_
             "--batch-size", str(batch_size), "--max-update", str(max_update), "--seed", str(seed),
             *adam_options(max_update // 10 if max_update >= 10 else 1, lr=lr, clip_norm="1.0"),
             "--no-save", "--log-format", "simple", "--log-interval", "50"]
-
-
-# ----------------------------------------------------------------------------------------------
-# command line for the shell
-
-def get_parser():
-    parser = argparse.ArgumentParser(
-        prog="python -m slim_fairseq_lab.launcher",
-        description="Print what the shell comparisons of examples/ launch: the malloc settings "
-                    "(allocator-env: NAME=VALUE lines) or a fairseq command line's arguments "
-                    "(shell-quoted words, for bash's eval). Arguments after -- are the model's "
-                    "own, passed on as they are.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("allocator-env", help="the MALLOC_* settings every launched tool gets")
-    train = sub.add_parser("ende-comparison-train", help="fairseq-train for one model of an en-de comparison")
-    for flag in ("--data", "--save-dir"):
-        train.add_argument(flag, required=True)
-    for flag in ("--seed", "--warmup", "--max-tokens", "--max-update", "--log-interval"):
-        train.add_argument(flag, type=int, required=True)
-    generate = sub.add_parser("ende-comparison-generate",
-                              help="fairseq-generate for one model of an en-de comparison")
-    for flag in ("--data", "--path", "--user-dir"):
-        generate.add_argument(flag, required=True)
-    lm = sub.add_parser("lm-comparison-train", help="fairseq-train for one run of a WikiText-2 comparison")
-    for flag in ("--data", "--user-dir", "--lr"):
-        lm.add_argument(flag, required=True)
-    for flag in ("--tokens-per-sample", "--batch-size", "--max-update", "--seed"):
-        lm.add_argument(flag, type=int, required=True)
-    return parser
-
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    passed_on = argv[argv.index("--") + 1:] if "--" in argv else []
-    own = argv[:argv.index("--")] if "--" in argv else argv
-    args = get_parser().parse_args(own)
-    if args.command == "allocator-env":
-        print("\n".join(f"{name}={value}" for name, value in ALLOCATOR_ENV.items()))
-        return
-    if args.command == "ende-comparison-train":
-        words = ende_comparison_train_argv(args.data, args.seed, args.warmup, args.max_tokens,
-                                           args.max_update, args.log_interval, passed_on, args.save_dir)
-    elif args.command == "ende-comparison-generate":
-        words = ende_comparison_generate_argv(args.data, args.path, args.user_dir, passed_on)
-    else:
-        words = lm_comparison_train_argv(args.data, args.user_dir, args.tokens_per_sample, args.batch_size,
-                                         args.max_update, args.seed, args.lr, passed_on)
-    print(shlex.join(words))
-
-
-if __name__ == "__main__":
-    main()

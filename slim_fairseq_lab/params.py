@@ -51,7 +51,8 @@ def _default_task(arch):
     from fairseq.models import ARCH_MODEL_REGISTRY, FairseqEncoderDecoderModel
 
     if arch not in ARCH_MODEL_REGISTRY:
-        raise ValueError(f"--arch: unknown architecture {arch!r}; registered: {', '.join(sorted(ARCH_MODEL_REGISTRY))}")
+        from slim_fairseq.option_errors import unknown_arch
+        raise unknown_arch(arch)  # one line naming the closest architectures
     model_cls = ARCH_MODEL_REGISTRY[arch]
     return "translation" if issubclass(model_cls, FairseqEncoderDecoderModel) else "language_modeling"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import tarfile
 import zipfile
 from pathlib import Path
@@ -245,19 +246,22 @@ def build_wikitext103_raw_gpt2(raw: Path, max_train: int = 600, max_eval: int = 
 
 
 # ---------------------------------------------------------------------------------------------
-# stand-ins for the fairseq tools and the GPU count (the recipes' own logic, tested without a
-# model): each fake records its command line in $FAKE_DIR/calls.log (one line per call,
-# arguments separated by tabs) and answers from files the test writes into $FAKE_DIR.
+# stand-ins for the fairseq tools (the recipes' own logic, tested without a model): each fake
+# records its command line in $FAKE_DIR/calls.log (one line per call, arguments separated by
+# tabs) and answers from files the test writes into $FAKE_DIR.
 
 _FAKE_GENERATE = r'''
 """fairseq-generate: hypotheses from FAKE_DIR/SUBSET.lenpenL.hyp (else SUBSET.hyp), one per line
 of the subset, in fairseq's output layout (S-, T-, H-, D- lines), FAKE_GENERATE_DELAY seconds
-between lines; a BLEU4 line at the end as fairseq's default scorer prints it."""
+between lines; a BLEU4 line at the end as fairseq's default scorer prints it. Its process id
+goes to FAKE_DIR/generate.pid."""
 import os, sys, time
 fake = os.environ["FAKE_DIR"]
 args = sys.argv[1:]
 with open(os.path.join(fake, "calls.log"), "a", encoding="utf-8") as f:
     f.write("fairseq-generate\t" + "\t".join(args) + "\n")
+with open(os.path.join(fake, "generate.pid"), "w") as f:
+    f.write(str(os.getpid()))
 opt = lambda name, default=None: args[args.index(name) + 1] if name in args else default
 subset, lenpen = opt("--gen-subset", "test"), opt("--lenpen", "1")
 path = os.path.join(fake, f"{subset}.lenpen{lenpen}.hyp")
@@ -297,11 +301,17 @@ sys.exit(int(open(rc).read()) if os.path.exists(rc) else 0)
 
 _FAKE_TRAIN = r'''
 """fairseq-train: a train.log-style output naming the checkpoints it "saved", and an empty
-checkpoint_last.pt in --save-dir."""
+checkpoint_last.pt in --save-dir; a --lr that is not a number fails as fairseq's parser does."""
 import os, sys
 args = sys.argv[1:]
 with open(os.path.join(os.environ["FAKE_DIR"], "calls.log"), "a", encoding="utf-8") as f:
     f.write("fairseq-train\t" + "\t".join(args) + "\n")
+for i, arg in enumerate(args[:-1]):
+    if arg == "--lr":
+        try:
+            float(args[i + 1])
+        except ValueError:
+            sys.exit(f"fairseq-train: error: argument --lr: invalid float value: {args[i + 1]!r}")
 save_dir = args[args.index("--save-dir") + 1]
 updates = int(args[len(args) - 1 - args[::-1].index("--max-update") + 1])
 os.makedirs(save_dir, exist_ok=True)
@@ -314,23 +324,13 @@ print(f"INFO | fairseq.checkpoint_utils | Saved checkpoint {save_dir}/checkpoint
 
 def install_fake_tools(bin_dir: Path, python: str) -> Path:
     """Write fake fairseq-generate, fairseq-validate, fairseq-eval-lm and fairseq-train into
-    BIN_DIR (run with PYTHON), and BIN_DIR/python, the interpreter PYTHON except for two
-    questions the recipes ask it: with FAKE_GPUS set, the GPU count (``python -c
-    '...device_count()'``) answers FAKE_GPUS; with FAKE_BINARIZED set, scripts/binarize_bundled.py
-    answers that folder (the bundled data, "binarized")."""
+    BIN_DIR, run with the interpreter PYTHON."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name, code in (("fairseq-generate", _FAKE_GENERATE), ("fairseq-validate", _FAKE_VALIDATE),
                        ("fairseq-eval-lm", _FAKE_EVAL_LM), ("fairseq-train", _FAKE_TRAIN)):
         path = bin_dir / name
         path.write_text(f"#!{python}\n{code.lstrip()}", encoding="utf-8")
         path.chmod(0o755)
-    path = bin_dir / "python"
-    path.write_text(
-        '#!/usr/bin/env bash\n'
-        'if [[ -n "${FAKE_GPUS:-}" && "$1" == -c && "$2" == *device_count* ]]; then echo "$FAKE_GPUS"; exit 0; fi\n'
-        'if [[ -n "${FAKE_BINARIZED:-}" && "$1" == */binarize_bundled.py ]]; then echo "$FAKE_BINARIZED"; exit 0; fi\n'
-        f'exec {python} "$@"\n', encoding="utf-8")
-    path.chmod(0o755)
     return bin_dir
 
 
@@ -356,3 +356,154 @@ def chinese_sentences(count: int, seed: int = 0) -> list[str]:
     chars = "我们你他她是的了在有和人这中大为上个国不以会要到说时生也就出年可那得于着下自之过家学对"
     rng = random.Random(seed)
     return ["".join(rng.choice(chars) for _ in range(rng.randint(12, 20))) for _ in range(count)]
+
+
+# ---------------------------------------------------------------------------------------------
+# the paths the docs' recipe commands name, as small stand-ins (tests/fixtures/recipe_commands.json)
+
+DOC_SENTENCES = 12  # sentences of every split of the stand-in data-bins
+
+
+def write_indexed(prefix: Path, items: list[list[int]]) -> None:
+    """PREFIX.bin / PREFIX.idx as fairseq-preprocess writes them (mmap dataset)."""
+    import numpy as np
+    import torch
+    from fairseq.data import indexed_dataset
+    builder = indexed_dataset.MMapIndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for ids in items:
+        builder.add_item(torch.tensor(ids, dtype=torch.int64))
+    builder.finalize(f"{prefix}.idx")
+
+
+def _dictionary(words: list[str]) -> str:
+    return "".join(f"{word} {100 - i}\n" for i, word in enumerate(words))
+
+
+def translation_stand_in(folder: Path, src: str, tgt: str, count: int = DOC_SENTENCES) -> Path:
+    """A translation data-bin of COUNT sentences per split, as the prepare scripts leave it:
+    dictionaries, binarized splits, recipe.info and the untokenized valid/test references."""
+    folder.mkdir(parents=True)
+    words = sorted({w for lang in (src, tgt) for line in stand_in(lang, "test", 0, count) for w in line.split()})
+    for lang in (src, tgt):
+        (folder / f"dict.{lang}.txt").write_text(_dictionary(words), encoding="utf-8")
+    for split in ("train", "valid", "test"):
+        for lang in (src, tgt):
+            lines = stand_in(lang, "test" if split == "train" else split, 0, count)
+            write_indexed(folder / f"{split}.{src}-{tgt}.{lang}",
+                          [[4 + i % 50 for i in range(len(line.split()))] + [2] for line in lines])
+            if split != "train":
+                (folder / f"{split}.raw.{lang}").write_text(_text(lines).decode("utf-8"), encoding="utf-8")
+    (folder / "recipe.info").write_text(f"SRC={src}\nTGT={tgt}\nSCHEME=moses-bpe\n", encoding="utf-8")
+    return folder
+
+
+def lm_stand_in(folder: Path, count: int = DOC_SENTENCES) -> Path:
+    """A language-model data-bin: dict.txt and COUNT binarized lines per split."""
+    folder.mkdir(parents=True)
+    (folder / "dict.txt").write_text(_dictionary([f"w{i}" for i in range(40)]), encoding="utf-8")
+    for split in ("train", "valid", "test"):
+        write_indexed(folder / split, [[4 + (i * 7 + j) % 40 for j in range(3 + i % 5)] + [2]
+                                       for i in range(count)])
+    return folder
+
+
+def stand_in_checkpoint(path: Path, arch: str, task: str, **fields) -> Path:
+    """A checkpoint file holding only the configuration the evaluation recipes read."""
+    import torch
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = {"_name": arch, "arch": arch}
+    task_cfg = {"_name": task}
+    for key, value in fields.items():
+        (task_cfg if key in ("source_lang", "target_lang", "tokens_per_sample") else model)[key] = value
+    if task == "translation":
+        model.update(source_lang=fields.get("source_lang"), target_lang=fields.get("target_lang"))
+    torch.save({"cfg": {"model": model, "task": task_cfg}, "model": {}}, path)
+    return path
+
+
+def doc_examples(root: Path, python: str) -> dict[str, str]:
+    """Under ROOT, the data-bins, checkpoints and folders the docs' recipe commands name (the
+    translation ones en-de unless named otherwise), fake fairseq tools answering from ROOT/fake,
+    and the environment to run them in (fake tools first on PATH)."""
+    for name in ("data-bin/mydata", "wmt14_anthe/data-bin", "wmt14_google/data-bin", "build/data/ende_bpe8000/data-bin"):
+        translation_stand_in(root / name, "en", "de")
+    translation_stand_in(root / "wmt16_en_ro/data-bin", "en", "ro")
+    translation_stand_in(root / "wmt17_de_en/data-bin", "de", "en")
+    for name in ("data-bin/mylm", "wikitext-103/data-bin", "wikitext-103-gpt2/data-bin"):
+        lm_stand_in(root / name)
+    (root / "raw").mkdir()
+    (root / "wmt14_anthe/data-bin/spm.model").write_bytes(b"a sentencepiece model\n")
+    for folder in ("anthe", "anthe_base"):
+        stand_in_checkpoint(root / "checkpoints" / folder / "checkpoint_best.pt", "anthe_base", "translation",
+                            source_lang="en", target_lang="de")
+    stand_in_checkpoint(root / "checkpoints/subformer_lm_wiki103_83m/checkpoint_best.pt",
+                        "subformer_lm_wiki103_83m", "language_modeling", max_target_positions=64,
+                        tokens_per_sample=64)
+    fake = root / "fake"
+    install_fake_tools(fake / "bin", python)
+    refs = {split: (root / f"wmt14_anthe/data-bin/{split}.raw.de").read_text(encoding="utf-8")
+            for split in ("valid", "test")}
+    for split, text in refs.items():
+        (fake / f"{split}.hyp").write_text(text, encoding="utf-8")
+    from fairseq.data import indexed_dataset
+    dataset = indexed_dataset.MMapIndexedDataset(str(root / "wikitext-103/data-bin/test"))
+    tokens = int(dataset.sizes.sum())  # read while the dataset (its memory map) is alive
+    del dataset
+    (fake / "eval-lm.out").write_text(
+        "INFO | fairseq_cli.eval_lm | loading model(s)\n"
+        f"INFO | fairseq_cli.eval_lm | Evaluated {tokens:,} tokens in 1.0s (100.00 tokens/s)\n"
+        "INFO | fairseq_cli.eval_lm | Loss (base 2): 6.1571, Perplexity: 71.37\n", encoding="utf-8")
+    return {"PATH": f"{fake / 'bin'}{os.pathsep}{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "FAKE_DIR": str(fake), "NUM_WORKERS": "1"}
+
+
+# ---------------------------------------------------------------------------------------------
+# the recipes, run in the test's process (examples/*/*.sh each exec one of these modules)
+
+RECIPE_MODULES = {f"{p.parent.name}/{p.name}": p.stem.replace("-", "_")
+                  for p in sorted((REPO / "examples").glob("*/*.sh"))}
+
+
+def recipe_module(script: str):
+    """The module examples/SCRIPT runs (``translation/train-anthe.sh`` -> ``...recipes.train_anthe``)."""
+    import importlib
+    return importlib.import_module(f"slim_fairseq_lab.recipes.{RECIPE_MODULES[script]}")
+
+
+def recipe_env(**extra: str) -> dict:
+    """What a recipe's environment adds in the tests: the venv's tools first on PATH (CI activates
+    no venv), one worker, no Python warnings, a short connect timeout; ``extra`` wins."""
+    import sys
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "NUM_WORKERS": "1",
+           "PYTHONWARNINGS": "ignore", "CONNECT_TIMEOUT": "3"}
+    env.update(extra)
+    return env
+
+
+def run_recipe(script: str, *argv: str, cwd=None, env: dict | None = None, gpus: int | None = None):
+    """Run the recipe of examples/SCRIPT in this process, as ``bash examples/SCRIPT ARGV`` would
+    (cwd, environment, its stdout and stderr, the tools' output relayed into them); ``gpus``: the
+    CUDA devices it sees. Returns a CompletedProcess."""
+    import contextlib
+    import io
+    import subprocess
+    import tempfile
+    import warnings
+    from slim_fairseq_lab.recipes import training
+    module = recipe_module(script)
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_gpus, saved_tmp = dict(os.environ), training.gpu_count, tempfile.tempdir
+    os.environ.update(recipe_env(**(env or {})))
+    tempfile.tempdir = str(cwd or os.getcwd())  # a failed run's logs stay in the test's folder
+    if gpus is not None:
+        training.gpu_count = lambda: gpus
+    try:
+        with contextlib.chdir(cwd or os.getcwd()), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            status = module.main([str(a) for a in argv])
+    finally:
+        training.gpu_count, tempfile.tempdir = saved_gpus, saved_tmp
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["bash", f"examples/{script}", *argv], status, out.getvalue(), err.getvalue())

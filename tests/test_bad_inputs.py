@@ -10,10 +10,12 @@ which tests/test_docs.py keeps.
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
 from helpers import BIN, REPO, ende_data_bin, parse_train_args, task_args, wikitext_data_bin
+from slim_fairseq_lab.recipes.text import subset_tokens
 
 EXAMPLES = os.path.join(REPO, "examples")
 
@@ -68,6 +70,17 @@ CLI = [
      "--adaptive-input-cutoff=20000,60000: cutoffs must increase and stay within the "
      "dictionary's 2,000 types; allowed: --adaptive-input-cutoff 149,448 "
      "--adaptive-softmax-cutoff 149,448"),
+    # fairseq's own shape and dropout options: a division by zero, a tensor of negative size,
+    # or a crash.pt after training started, without these
+    (["--arch", "stlm_tied", "--decoder-layers", "0"], True,
+     "--decoder-layers=0: a model needs at least one layer; allowed: --decoder-layers 1"),
+    (["--arch", "slim_lm", "--decoder-embed-dim", "-64"], True,
+     "--decoder-embed-dim=-64: a width must be positive; allowed: --decoder-embed-dim 64 "
+     "--decoder-input-dim 64 --decoder-output-dim 64"),
+    (["--arch", "anthe_base", "--encoder-ffn-embed-dim", "-8"], False,
+     "--encoder-ffn-embed-dim=-8: a width must be positive; allowed: --encoder-ffn-embed-dim 8"),
+    (["--arch", "stlm_tied", "--dropout", "1.5"], True,
+     "--dropout=1.5: a dropout is a probability in [0, 1); allowed: --dropout 0.1"),
 ]
 
 
@@ -171,14 +184,15 @@ def test_help_counts_an_adaptive_preset_at_wikitext103s_vocabulary():
         describe("subformer_lm_wiki103_83m")
 
 
-def _recipe(script, *argv, env=None):
-    full_env = dict(os.environ, PYTHON=os.path.join(BIN, "python"), PYTHONWARNINGS="ignore",
-                    PATH=BIN + os.pathsep + os.environ["PATH"], **(env or {}))
-    return subprocess.run(["bash", os.path.join(EXAMPLES, script), *argv], capture_output=True,
-                          text=True, env=full_env, timeout=300, cwd=REPO)
+def _recipe(script, *argv, env=None, cwd=None):
+    """The recipe of examples/SCRIPT, run in this process as ``bash examples/SCRIPT ARGV`` would,
+    on a machine without GPUs (recipes_fixtures.run_recipe)."""
+    from recipes_fixtures import run_recipe
+    return run_recipe(script, *argv, cwd=cwd or REPO, env=env, gpus=0)
 
 
-# (recipe, its arguments, the line's pattern); {ende} / {lm} are the small data-bins of the tests
+# (recipe, its arguments, the line's pattern); {ende} / {lm} are the small data-bins of the
+# tests, the other placeholders the damaged copies _placeholders makes of them
 RECIPES = [
     ("translation/train-subformer.sh", ["--dropout", "0.2", "{ende}", "--dry-run"],
      r"^train-subformer\.sh: error: --dropout: an option for the fairseq tool, written before "
@@ -228,32 +242,386 @@ RECIPES = [
      r"^evaluate-lm\.sh: error: DATA_BIN=.*: shards of a data-bin .*; allowed: one data-bin"),
     ("translation/evaluate.sh", ["{ende}", "ckpt", "--beam", "0x"],
      r"^evaluate\.sh: error: --beam=0x: not a whole number >= 1"),
+    # a recipe's own options on an arch of the other kind, or of fairseq: named as the recipe's
+    ("translation/train-subformer.sh", ["{ende}", "--arch", "stlm_tied", "--dry-run"],
+     r"^train-subformer\.sh: error: --arch=stlm_tied: a language model, and train-subformer\.sh "
+     r"trains translation models; allowed: --arch subformer_base, or a language-model recipe "
+     r"\(examples/lm/train-\*\.sh\)$"),
+    ("translation/train-subformer.sh", ["{ende}", "--arch", "transformer", "--dry-run"],
+     r"^train-subformer\.sh: error: --arch=transformer: train-subformer\.sh sets --bert-init for "
+     r"its archs, which transformer refuses \(--bert-init: not options of fairseq-train .*\); "
+     r"allowed: --arch subformer_base$"),
+    # a dry run checks the data-bin it prints a command for
+    ("translation/train-anthe.sh", ["nowhere/data-bin", "--dry-run"],
+     r"^train-anthe\.sh: error: DATA_BIN=nowhere/data-bin: not a folder; allowed: the data-bin a "
+     r"prepare script \(or fairseq-preprocess\) wrote$"),
+    ("lm/train-stlm.sh", ["{emptytrain}", "--dry-run"],
+     r"^train-stlm\.sh: error: DATA_BIN=.*: its train split is empty \(train\.bin holds no tokens: "
+     r"an empty text file was binarized\); allowed: a data-bin binarized from a --trainpref text "
+     r"that has lines$"),
+    # the GPUs a run asks for (this machine shows none)
+    ("translation/train-anthe.sh", ["{ende}", "--gpus", "2", "--save-dir", "{tmp}/ckpt"],
+     r"^train-anthe\.sh: error: --gpus=2: this machine shows 0 CUDA GPU\(s\); allowed: --gpus 0$"),
+    ("lm/train-stlm.sh", ["{lm}", "--fp16", "--dry-run"],
+     r"^train-stlm\.sh: error: --fp16: mixed precision needs CUDA GPUs, and this run trains on the "
+     r"CPU; allowed: drop --fp16, or --gpus N on a machine with GPUs$"),
+    ("translation/train-anthe.sh", ["{ende}", "--nodes", "2", "--gpus", "0", "--dry-run"],
+     r"^train-anthe\.sh: error: --nodes=2: several nodes need GPUs; allowed: --gpus N$"),
+    ("translation/evaluate.sh", ["{ende}", "{mtckpt}", "--avg", "2"],
+     r"^evaluate\.sh: error: --avg=2: needs a checkpoint folder, got the file \S+/mt\.pt; allowed: --avg 1, "
+     r"or the folder of mt\.pt$"),
+    # a save-dir whose checkpoint fairseq would resume from is not a complete checkpoint
+    ("lm/train-stlm.sh", ["{lm}", "--save-dir", "{truncdir}", "--dry-run"],
+     r"^train-stlm\.sh: error: --save-dir=.*: fairseq would resume from .*/checkpoint_last\.pt: not a "
+     r"complete checkpoint \(.*\): a copy or a save that did not finish; allowed: a --save-dir of "
+     r"its own, or --restore-file with an earlier checkpoint of that run$"),
+    # a save-dir whose checkpoint_last.pt is another architecture's
+    ("lm/train-skipless.sh", ["{lm}", "--save-dir", "{otherarch}", "--dry-run"],
+     r"^train-skipless\.sh: error: --save-dir=.*: its checkpoint_last\.pt is a stlm_tied model, which "
+     r"fairseq would resume as skipless_lm; allowed: --arch stlm_tied \(to go on training it\), or a "
+     r"--save-dir of its own$"),
+    # the options the WMT14 default segmentation does not read
+    ("translation/prepare-wmt14en2de.sh", ["--vocab-size", "8000", "--dry-run"],
+     r"^prepare-wmt14en2de\.sh: error: --vocab-size=8000: the sentencepiece vocabulary of --paper "
+     r"anthe, and this setting learns BPE merges instead; allowed: --bpe-merges 8000, or --paper "
+     r"anthe$"),
+    # an archive of the user's own that is not the archive
+    ("lm/prepare-wikitext-103.sh", ["--archive", "/etc/hostname", "--dry-run"],
+     r"^prepare-wikitext-103\.sh: error: --archive=/etc/hostname: not a zip archive; allowed: the "
+     r"wikitext-103-v1\.zip archive \(downloaded from https://wikitext\.smerity\.com/"
+     r"wikitext-103-v1\.zip\)$"),
+    # evaluations: the model kind, the data kind, the checkpoint file, the references
+    ("translation/evaluate.sh", ["{ende}", "{lmckpt}", "--lenpens", "1.0"],
+     r"^evaluate\.sh: error: CKPT=.*: a language model \(stlm_tied, task language_modeling\), and "
+     r"evaluate\.sh scores translation models; allowed: examples/lm/evaluate-lm\.sh DATA_BIN CKPT$"),
+    ("translation/evaluate.sh", ["{ende}", "{deenckpt}", "--lenpens", "1.0"],
+     r"^evaluate\.sh: error: CKPT=.*: the model translates de -> en, and .*/recipe\.info says en -> de; "
+     r"allowed: a data-bin of de -> en \(a prepare script's --src de --tgt en\)$"),
+    ("lm/evaluate-lm.sh", ["{lm}", "{mtckpt}"],
+     r"^evaluate-lm\.sh: error: CKPT=.*: a translation model \(anthe_base, task translation\), and "
+     r"evaluate-lm\.sh scores language models; allowed: examples/translation/evaluate\.sh DATA_BIN "
+     r"CKPT$"),
+    ("lm/evaluate-lm.sh", ["{ende}", "{mtckpt}"],
+     r"^evaluate-lm\.sh: error: DATA_BIN=.*: translation data \(dict\.de\.txt, dict\.en\.txt\), and "
+     r"evaluate-lm\.sh scores language models; allowed: examples/translation/evaluate\.sh "
+     r"DATA_BIN CKPT$"),
+    ("lm/evaluate-lm.sh", ["{lm}", "{truncated}"],
+     r"^evaluate-lm\.sh: error: CKPT=.*: not a complete checkpoint \(.*\): a copy or a save that "
+     r"did not finish; allowed: a checkpoint fairseq saved completely"),
+    ("lm/evaluate-lm.sh", ["{lm}", "{lmckpt}", "--sample-break-mode", "complete"],
+     r"^evaluate-lm\.sh: error: --sample-break-mode complete: the longest line of test holds \d+ "
+     r"tokens, more than a block of --tokens-per-sample 64; allowed: --sample-break-mode none "
+     r"\(blocks cross lines\)$"),
+    ("translation/evaluate.sh", ["{shifted}", "{mtckpt}", "--lenpens", "1.0"],
+     r"^evaluate\.sh: error: .*/test\.raw\.de: 99 lines, and the binarized test split holds 100 "
+     r"sentences: its hypotheses would be scored against other sentences' references; allowed: the "
+     r"test\.raw\.de written with the data-bin \(one line per sentence\)$"),
+    ("translation/evaluate.sh", ["{latin1}", "{mtckpt}", "--lenpens", "1.0"],
+     r"^evaluate\.sh: error: .*/test\.raw\.de: line 3 is not UTF-8 text \(byte 0xe9 at \d+\); "
+     r"allowed: the text as UTF-8 \(e\.g\. iconv -f LATIN1 -t UTF-8\)$"),
+    # an option fairseq-generate does not know: the reason on the screen, and where its log is
+    ("translation/evaluate.sh", ["{ende}", "{mtckpt}", "--lenpens", "1.0", "--frobnicate", "3"],
+     r"^evaluate\.sh: error: fairseq-generate failed \(exit 2\): unrecognized arguments: "
+     r"--frobnicate 3; see \S+/test\.lenpen1\.0\.err$"),
 ]
+
+# a fix each refusal above proposes, run: (recipe, its arguments); the placeholders as above
+ACCEPTED = [
+    ("translation/train-subformer.sh", ["{ende}", "--arch", "subformer_base", "--dry-run"]),
+    ("translation/train-anthe.sh", ["{ende}", "--gpus", "0", "--dry-run"]),
+    ("lm/train-stlm.sh", ["{lm}", "--dry-run"]),
+    ("lm/train-stlm.sh", ["{lm}", "--save-dir", "{tmp}/own", "--dry-run"]),
+    ("translation/prepare-wmt14en2de.sh", ["--bpe-merges", "8000", "--dry-run"]),
+    ("translation/prepare-wmt14en2de.sh", ["--vocab-size", "8000", "--paper", "anthe", "--dry-run"]),
+    ("lm/evaluate-lm.sh", ["--cpu", "{lm}", "{lmckpt}", "--sample-break-mode", "none"]),
+    ("translation/evaluate.sh", ["--cpu", "{ende}", "{mtckpt}", "--lenpens", "1.0"]),
+    ("translation/evaluate.sh", ["{deen}", "{deenckpt}", "--lenpens", "1.0"]),
+    ("lm/train-skipless.sh", ["{lm}", "--arch", "stlm_tied", "--save-dir", "{otherarch}", "--dry-run"]),
+    ("translation/train-anthe.sh", ["{ende}", "--nodes", "2", "--gpus", "8", "--dry-run"]),
+]
+
+
+def _placeholders(tmp_path):
+    """{ende}, {lm} and damaged copies of them: without a valid split ({novalid}), with an empty
+    training split ({emptytrain}), with line 50 of test.raw.de deleted ({shifted}), with a
+    Latin-1 reference ({latin1}), in the other direction ({deen}); checkpoints of a language model, of en -> de and of de -> en
+    translation (their configuration only), a truncated one, and save-dirs holding it or an
+    stlm_tied checkpoint."""
+    import shutil
+    from recipes_fixtures import stand_in_checkpoint
+    ende, lm = ende_data_bin(), wikitext_data_bin()
+    found = {"{ende}": ende, "{lm}": lm, "{tmp}": str(tmp_path)}
+    for name, source, skip in (("novalid", ende, "valid."), ("shifted", ende, "test.raw.de"),
+                               ("latin1", ende, "test.raw.de"), ("emptytrain", lm, "train."),
+                               ("deen", ende, "recipe.info")):
+        folder = tmp_path / name
+        folder.mkdir()
+        for entry in os.listdir(source):
+            if not entry.startswith(skip):
+                os.symlink(os.path.join(source, entry), folder / entry)
+        found["{" + name + "}"] = str(folder)
+    with open(os.path.join(ende, "test.raw.de"), encoding="utf-8") as f:
+        refs = f.read().splitlines(keepends=True)
+    (tmp_path / "shifted" / "test.raw.de").write_text("".join(refs[:49] + refs[50:]), encoding="utf-8")
+    (tmp_path / "latin1" / "test.raw.de").write_bytes("".join(refs[:2]).encode("utf-8") + "caf\u00e9\n".encode(
+        "latin-1") + "".join(refs[3:]).encode("utf-8"))
+    (tmp_path / "deen" / "recipe.info").write_text("SRC=de\nTGT=en\nSCHEME=moses-bpe\n")
+    (tmp_path / "emptytrain" / "train.bin").write_bytes(b"")
+    shutil.copy(os.path.join(lm, "train.idx"), tmp_path / "emptytrain" / "train.idx")
+    found["{lmckpt}"] = str(stand_in_checkpoint(tmp_path / "lm.pt", "stlm_tied", "language_modeling",
+                                                max_target_positions=64, tokens_per_sample=64))
+    found["{mtckpt}"] = str(stand_in_checkpoint(tmp_path / "mt.pt", "anthe_base", "translation",
+                                                source_lang="en", target_lang="de"))
+    found["{deenckpt}"] = str(stand_in_checkpoint(tmp_path / "deen.pt", "anthe_base", "translation",
+                                                  source_lang="de", target_lang="en"))
+    whole = os.path.join(REPO, "tests", "fixtures", "checkpoints_0_2_0", "stlm_tied", "checkpoint.pt")
+    (tmp_path / "truncdir").mkdir()
+    with open(whole, "rb") as f:
+        (tmp_path / "truncdir" / "checkpoint_last.pt").write_bytes(f.read()[:5000])
+    found["{truncdir}"] = str(tmp_path / "truncdir")
+    (tmp_path / "otherarch").mkdir()
+    os.symlink(whole, tmp_path / "otherarch" / "checkpoint_last.pt")
+    found["{otherarch}"] = str(tmp_path / "otherarch")
+    found["{truncated}"] = str(tmp_path / "truncdir" / "checkpoint_last.pt")
+    return found
+
+
+def _filled(argv, found):
+    for placeholder, path in found.items():
+        argv = [a.replace(placeholder, path) for a in argv]
+    return argv
 
 
 @pytest.mark.parametrize("script, argv, pattern", RECIPES,
                          ids=[f"{c[0]} {' '.join(c[1])}" for c in RECIPES])
 def test_recipe_mistake_ends_in_one_line(script, argv, pattern, tmp_path):
-    data = {"{ende}": ende_data_bin(), "{lm}": wikitext_data_bin(), "{novalid}": tmp_path / "novalid"}
-    data["{novalid}"].mkdir()
-    for name in os.listdir(data["{ende}"]):  # the en-de data-bin without its valid split
-        if not name.startswith("valid."):
-            os.symlink(os.path.join(data["{ende}"], name), data["{novalid}"] / name)
-    for placeholder, path in data.items():
-        argv = [a.replace(placeholder, str(path)) for a in argv]
-    proc = _recipe(script, *argv, "--work-dir", str(tmp_path / "work")) \
-        if script.split("/")[1].startswith("prepare") else _recipe(script, *argv)
+    found = _placeholders(tmp_path)
+    argv = _filled(argv, found)
+    before = sorted(os.listdir(tmp_path))
+    proc = _recipe(script, *argv, "--work-dir", str(tmp_path / "work"), cwd=tmp_path) \
+        if script.split("/")[1].startswith("prepare") else _recipe(script, *argv, cwd=tmp_path)
     assert proc.returncode != 0, proc.stdout[-2000:]
     errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
     assert len(errors) == 1 and "Traceback" not in proc.stderr and "usage:" not in proc.stderr, \
         proc.stderr[-3000:]
     assert re.search(pattern, errors[0]), errors[0]
+    if "fairseq-generate failed" not in errors[0]:  # refused: nothing was written
+        assert sorted(os.listdir(tmp_path)) == before
+
+
+@pytest.mark.parametrize("script, argv", ACCEPTED, ids=[f"{c[0]} {' '.join(c[1])}" for c in ACCEPTED])
+def test_recipe_fix_that_a_refusal_proposes_is_accepted(script, argv, tmp_path):
+    """What the refusals above propose runs (the evaluations with stand-ins of fairseq's tools)."""
+    from recipes_fixtures import install_fake_tools
+    fake = install_fake_tools(tmp_path / "fake" / "bin", sys.executable)
+    found = _placeholders(tmp_path)
+    with open(os.path.join(found["{ende}"], "test.raw.de"), encoding="utf-8") as f:
+        (tmp_path / "fake" / "test.hyp").write_text(f.read(), encoding="utf-8")
+    _, longest = subset_tokens(found["{lm}"], "test")
+    tokens = subset_tokens(found["{lm}"], "test")[0]
+    (tmp_path / "fake" / "eval-lm.out").write_text(f"Evaluated {tokens} tokens in 1.0s\nLoss (base 2): 6.0000, "
+                                                   "Perplexity: 64.00\n")
+    env = {"PATH": f"{fake}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}", "FAKE_DIR": str(tmp_path / "fake")}
+    argv = _filled(argv, found)
+    proc = _recipe(script, *argv, "--work-dir", str(tmp_path / "work"), env=env, cwd=tmp_path) \
+        if script.split("/")[1].startswith("prepare") else _recipe(script, *argv, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert longest > 64  # the lines that complete blocks of 64 tokens could not hold
+
+
+def test_refused_or_failed_train_leaves_what_it_found(tmp_path):
+    """A train recipe writes its save-dir (recipe.data) only when every check passed: a run
+    refused for the wrong data, an option the plugin refuses or a missing split, or one whose
+    fairseq-train fails before it saves a checkpoint, leaves no save-dir behind, and the
+    corrected run, even a dry run, is not refused for a save-dir of another data-bin."""
+    from recipes_fixtures import install_fake_tools
+    found = _placeholders(tmp_path)
+    save = tmp_path / "checkpoints" / "stlm_tied"
+    for argv in ([found["{ende}"]], [found["{lm}"], "--tc-ff", "2.0"], [found["{emptytrain}"]]):
+        proc = _recipe("lm/train-stlm.sh", *argv, "--gpus", "0", cwd=tmp_path)
+        assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert not (tmp_path / "checkpoints").exists()
+    fake = install_fake_tools(tmp_path / "fake" / "bin", sys.executable)
+    (fake / "fairseq-train").write_text(
+        f"#!{sys.executable}\nimport os, sys\nsave = sys.argv[sys.argv.index('--save-dir') + 1]\n"
+        "os.makedirs(save, exist_ok=True)\nopen(os.path.join(save, 'crash.pt'), 'wb').close()\n"
+        "sys.exit('RuntimeError: the run crashed')\n")
+    env = {"PATH": f"{fake}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}"}
+    proc = _recipe("lm/train-stlm.sh", found["{lm}"], "--gpus", "0", "--max-update", "5", env=env, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1] == ("train-stlm.sh: error: fairseq-train failed (exit 1): RuntimeError: the "
+                                            "run crashed (its output is above)")
+    assert not save.exists()
+    proc = _recipe("lm/train-stlm.sh", found["{lm}"], "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.startswith("+ fairseq-train ")
+
+
+def test_killed_evaluation_stops_the_fairseq_tool_it_runs(tmp_path):
+    """SIGTERM to evaluate.sh reaches fairseq-generate's process group: no tool is left running
+    when the recipe has stopped, and nothing is written."""
+    import signal
+    import time
+    from recipes_fixtures import install_fake_tools
+    fake = install_fake_tools(tmp_path / "fake" / "bin", sys.executable)
+    found = _placeholders(tmp_path)
+    with open(os.path.join(found["{ende}"], "test.raw.de"), encoding="utf-8") as f:
+        (tmp_path / "fake" / "test.hyp").write_text(f.read(), encoding="utf-8")
+    env = dict(os.environ, PATH=f"{fake}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}",
+               FAKE_DIR=str(tmp_path / "fake"), FAKE_GENERATE_DELAY="1", PYTHON=os.path.join(BIN, "python"),
+               PYTHONWARNINGS="ignore")
+    recipe = subprocess.Popen(["bash", os.path.join(EXAMPLES, "translation", "evaluate.sh"), found["{ende}"],
+                               found["{mtckpt}"], "--lenpens", "1.0"], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid_file = tmp_path / "fake" / "generate.pid"
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() and recipe.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pid_file.exists(), recipe.communicate()
+    time.sleep(0.5)
+    tool = int(pid_file.read_text())
+    recipe.send_signal(signal.SIGTERM)
+    _, err = recipe.communicate(timeout=60)
+    assert recipe.returncode == 128 + signal.SIGTERM
+    assert err.splitlines()[-1] == ("evaluate.sh: error: stopped by SIGTERM; the tools it ran were stopped "
+                                    "too")
+    with pytest.raises(ProcessLookupError):
+        os.kill(tool, 0)
+    assert not os.path.exists(os.path.join(os.path.dirname(found["{mtckpt}"]), "eval"))
+
+
+# fairseq-train's own command line (no recipe): what the plugin checks when fairseq parses it,
+# before it reads any data or starts a worker; (arguments after the data-bin, the data-bin's
+# placeholder as in RECIPES, the line's pattern)
+FAIRSEQ_TRAIN = [
+    (["--task", "language_modeling", "--arch", "stlm_tied"], "{ende}",
+     r"^fairseq-train: error: DATA=.*: translation data \(dict\.de\.txt, dict\.en\.txt\), and --task "
+     r"language_modeling reads dict\.txt; allowed: a language-model data-bin \(fairseq-preprocess "
+     r"--only-source\), or --task translation with an encoder-decoder arch$"),
+    (["--task", "language_modeling", "--arch", "stlm_tied"], "{emptytrain}",
+     r"^fairseq-train: error: DATA=.*: its train split is empty \(train\.bin holds no tokens: an "
+     r"empty text file was binarized\); allowed: a data-bin binarized from a --trainpref text that "
+     r"has lines$"),
+    (["--task", "language_modeling", "--arch", "stlm_tied", "--fp16"], "{lm}",
+     r"^fairseq-train: error: --fp16: mixed precision runs on CUDA GPUs, and torch sees none here; "
+     r"allowed: drop --fp16 \(float32 on the CPU\)$"),
+    (["--task", "language_modeling", "--arch", "stlm_tied", "--distributed-world-size", "2"], "{lm}",
+     r"^fairseq-train: error: --distributed-world-size=2: one worker per CUDA GPU, and torch sees "
+     r"none here; allowed: --distributed-world-size 1$"),
+    # resuming a save-dir that holds another architecture's checkpoint
+    (["--task", "language_modeling", "--tokens-per-sample", "16", "--arch", "slim_lm", "--decoder-layers", "2",
+      "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "48", "--cpu", "--save-dir", "{truncdir}/../resume",
+      "--optimizer", "adam", "--max-tokens", "256", "--max-update", "1", "--num-workers", "0"], "{lm}",
+     r"^fairseq-train: error: --arch=slim_lm: the checkpoint's weights are another model's \(\d+ "
+     r"missing, \d+ unexpected, \d+ of another shape, e\.g\. \S+\); allowed: the arch and options the "
+     r"checkpoint was trained with, or a --save-dir of its own when training$"),
+]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="these are mistakes on a machine without CUDA")
+@pytest.mark.parametrize("argv, data, pattern", FAIRSEQ_TRAIN, ids=[" ".join(c[0][2:5]) + " " + c[1]
+                                                                     for c in FAIRSEQ_TRAIN])
+def test_fairseq_train_mistake_ends_in_one_line(argv, data, pattern, tmp_path):
+    """Tracebacks fairseq-train would stop with, each one line from the plugin instead; the fix
+    each proposes passes the same checks (slim_fairseq/run_checks.py) or trains."""
+    import shutil
+    from slim_fairseq import run_checks
+    found = _placeholders(tmp_path)
+    (tmp_path / "resume").mkdir()
+    shutil.copy(os.path.join(REPO, "tests", "fixtures", "checkpoints_0_2_0", "stlm_tied", "checkpoint.pt"),
+                tmp_path / "resume" / "checkpoint_last.pt")
+    argv = _filled([found[data], "--user-dir", os.path.join(REPO, "slim_fairseq"), *argv], found)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    proc = subprocess.run([os.path.join(BIN, "fairseq-train"), *argv], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
+    assert proc.returncode != 0 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert re.search(pattern, errors[0]), errors[0]
+    if "--save-dir" in argv:  # the fix: a save-dir of its own
+        argv[argv.index("--save-dir") + 1] = str(tmp_path / "own")
+        proc = subprocess.run([os.path.join(BIN, "fairseq-train"), *argv], capture_output=True, text=True, env=env,
+                              timeout=300, cwd=tmp_path)
+        assert proc.returncode == 0 and (tmp_path / "own" / "checkpoint_last.pt").is_file(), proc.stderr[-3000:]
+        return
+    fixed = [a for a in argv if a != "--fp16"]
+    if "--distributed-world-size" in fixed:
+        fixed[fixed.index("--distributed-world-size") + 1] = "1"
+    fixed[0] = found["{lm}"]
+    args = parse_train_args(fixed)
+    run_checks.check_devices(args)
+    run_checks.check_data_bin(args.data, args.task, args.train_subset, run_checks._valid_subsets(args))
+
+
+def test_generate_with_swapped_languages_ends_in_one_line(tmp_path):
+    """fairseq-generate -s de -t en with a model trained en -> de would translate from the wrong
+    side (BLEU near 0, no word said): the plugin refuses it when it builds the model, and the
+    languages it proposes load."""
+    from fairseq import checkpoint_utils, options, tasks
+    folder = os.path.join(REPO, "tests", "fixtures", "checkpoints_0_2_0", "anthe_base")
+    path = os.path.join(folder, "checkpoint.pt")
+
+    def load(source, target):
+        args = options.parse_args_and_arch(options.get_generation_parser(), [
+            folder, "--path", path, "--task", "translation", "-s", source, "-t", target, "--cpu",
+            "--user-dir", os.path.join(REPO, "slim_fairseq")])
+        return checkpoint_utils.load_model_ensemble([path], task=tasks.setup_task(args))
+
+    with pytest.raises(SystemExit) as caught:
+        load("de", "en")
+    assert caught.value.code.split(": error: ", 1)[1] == (
+        "--source-lang=de: the model was trained to translate en -> de, and this run reads de -> en; "
+        "allowed: --source-lang en --target-lang de")
+    (change,) = caught.value.alternatives
+    models, _ = load(change["--source-lang"], change["--target-lang"])
+    assert len(models) == 1
+
+
+def test_scripts_refuse_what_would_lose_their_inputs(tmp_path, capsys):
+    """count_params.py with a misspelt arch, average_checkpoints.py over runs of other options
+    or onto one of its inputs, export_dense.py onto its input: one line each, the input kept;
+    what each proposes works."""
+    import shutil
+    import torch
+    from helpers import load_script
+    assert load_script("count_params").main(["stlm_tide"]) == 2
+    assert capsys.readouterr().err == ("count_params: error: --arch=stlm_tide: not an architecture; allowed: the "
+                                       "closest: stlm_tied, stlm_untied, stlm_ffn_k2_wide; slim-fairseq-help --archs "
+                                       "lists every architecture\n")
+    assert load_script("count_params").main(["stlm_tied", "--vocab", "100", "--meta"]) == 0
+    average = load_script("average_checkpoints")
+    fixture = os.path.join(REPO, "tests", "fixtures", "checkpoints_0_2_0", "stlm_tied", "checkpoint.pt")
+    state = torch.load(fixture, weights_only=True)
+    torch.save(state, tmp_path / "a.pt")
+    state["cfg"]["model"].dropout = 0.3
+    torch.save(state, tmp_path / "b.pt")
+    kept = (tmp_path / "a.pt").read_bytes()
+    assert average.main(["--inputs", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), "--output",
+                         str(tmp_path / "avg.pt"), "--quiet"]) == 1
+    assert re.fullmatch(r"error: --inputs: \S+/b\.pt was trained with other model options than \S+/a\.pt "
+                        r"\(--dropout 0\.0 vs 0\.3\); allowed: checkpoints of one run \(the same --arch and model "
+                        r"options\)\n", capsys.readouterr().err)
+    assert average.main(["--inputs", str(tmp_path / "a.pt"), str(tmp_path / "a.pt"), "--output",
+                         str(tmp_path / "a.pt")]) == 1
+    assert "--output=" in capsys.readouterr().err and (tmp_path / "a.pt").read_bytes() == kept
+    assert average.main(["--inputs", str(tmp_path / "a.pt"), str(tmp_path / "a.pt"), "--output",
+                         str(tmp_path / "avg.pt")]) == 0 and not (tmp_path / "avg.pt").stat().st_size == 0
+    export = load_script("export_dense")
+    folder = tmp_path / "export"
+    shutil.copytree(os.path.dirname(fixture), folder)
+    kept = (folder / "checkpoint.pt").read_bytes()
+    assert export.main([str(folder / "checkpoint.pt"), str(folder / "checkpoint.pt"), "--data", str(folder)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"export_dense: error: OUTPUT={folder}/checkpoint.pt: is the checkpoint it reads ({folder}/checkpoint.pt), "
+        "which writing would overwrite; allowed: another file")
+    assert (folder / "checkpoint.pt").read_bytes() == kept
+    assert export.main([str(folder / "checkpoint.pt"), str(folder / "dense.pt"), "--data", str(folder)]) == 0
+    assert (folder / "dense.pt").is_file() and (folder / "checkpoint.pt").read_bytes() == kept
 
 
 def test_max_sentences_is_the_batch_size_the_recipe_prints():
     """fairseq's --max-sentences is its --batch-size: the recipe prints and passes that value."""
-    proc = _recipe("translation/train-subformer.sh", ende_data_bin(), "--max-sentences=64",
-                   "--dry-run", "--gpus", "1")
+    from recipes_fixtures import run_recipe
+    proc = run_recipe("translation/train-subformer.sh", ende_data_bin(), "--max-sentences=64", "--dry-run",
+                      "--gpus", "1", cwd=REPO, gpus=1)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout + proc.stderr
     assert "at most 64 sentences per worker batch (--batch-size)" in out, out[-2000:]
@@ -265,7 +633,8 @@ def test_generate_on_a_language_model_ends_in_one_line_and_its_advice_works(tmp_
     """fairseq-generate --task language_modeling reads blocks of 1,024 tokens by default: with
     a model of fewer positions it would stop with a traceback on the first sample."""
     fixture = os.path.join(REPO, "tests", "fixtures", "checkpoints_0_2_0", "stlm_tied")
-    (tmp_path / "lm.test").write_text("the cat is in the house .\nthe house of a man .\n")
+    long_line = " ".join(["the house of a man"] * 6) + " .\n"  # longer than the model's positions
+    (tmp_path / "lm.test").write_text("the cat is in the house .\n" + long_line + "the house of a man .\n")
     env = dict(os.environ, PYTHONWARNINGS="ignore", PATH=BIN + os.pathsep + os.environ["PATH"])
     subprocess.run([os.path.join(BIN, "fairseq-preprocess"), "--only-source", "--srcdict",
                     os.path.join(fixture, "dict.txt"), "--testpref", str(tmp_path / "lm.test"),
@@ -280,9 +649,11 @@ def test_generate_on_a_language_model_ends_in_one_line_and_its_advice_works(tmp_
     assert proc.returncode != 0 and len(errors) == 1 and "Traceback" not in proc.stderr, \
         proc.stderr[-3000:]
     assert re.search(r"--tokens-per-sample=1024: longer than the 16 positions the model has: .*"
-                     r"allowed: --tokens-per-sample 16 or less with --sample-break-mode eos",
+                     r"allowed: --tokens-per-sample 16 or less with --sample-break-mode eos "
+                     r"--skip-invalid-size-inputs-valid-test \(one line per sample; longer lines are skipped\)",
                      errors[0]), errors[0]
-    proc = subprocess.run(generate + ["--tokens-per-sample", "16", "--sample-break-mode", "eos"],
+    proc = subprocess.run(generate + ["--tokens-per-sample", "16", "--sample-break-mode", "eos",
+                                      "--skip-invalid-size-inputs-valid-test"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and len(re.findall(r"^H-\d", proc.stdout, re.M)) == 2, \
         proc.stderr[-3000:]

@@ -3,7 +3,6 @@ launcher's command lines, the fairseq log parser, and the committed studies' com
 import glob
 import json
 import os
-import shlex
 import subprocess
 import sys
 
@@ -53,26 +52,13 @@ def test_every_script_answers_help_with_a_complete_description():
 
 # ---------------------------------------------------------------------------------------- launcher
 
-def _launcher_words(*argv):
-    proc = subprocess.run([sys.executable, "-m", "slim_fairseq_lab.launcher", *argv], capture_output=True,
-                          text=True, check=True, cwd=REPO)
-    return shlex.split(proc.stdout)
-
-
-def test_launcher_prints_the_allocator_settings_for_the_shell():
-    proc = subprocess.run([sys.executable, "-m", "slim_fairseq_lab.launcher", "allocator-env"],
-                          capture_output=True, text=True, check=True)
-    assert proc.stdout.splitlines() == [f"{k}={v}" for k, v in launcher.ALLOCATOR_ENV.items()]
-
-
-def test_launcher_builds_the_shell_comparisons_command_lines():
+def test_launcher_builds_the_comparisons_command_lines():
     """The en-de comparison: the same seed, Adam schedule, criterion and batches for both models,
     the model's own options (its --lr among them) after them, the save dir last; generation of
     the test set with the plugin as --user-dir. The WikiText-2 comparison: everything before a
     run's --arch is the same for every run."""
-    train = _launcher_words("ende-comparison-train", "--data", "DATA", "--seed", "7", "--warmup", "20",
-                            "--max-tokens", "512", "--max-update", "40", "--log-interval", "5",
-                            "--save-dir", "OUT/a", "--", "--arch", "transformer", "--lr", "1e-3")
+    train = launcher.ende_comparison_train_argv("DATA", 7, 20, 512, 40, 5, ["--arch", "transformer", "--lr", "1e-3"],
+                                                "OUT/a")
     assert train == ["DATA", "--task", "translation", "--source-lang", "en", "--target-lang", "de", "--cpu",
                      "--seed", "7", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler",
                      "inverse_sqrt", "--warmup-updates", "20", "--criterion", "label_smoothed_cross_entropy",
@@ -81,14 +67,12 @@ def test_launcher_builds_the_shell_comparisons_command_lines():
                      "--log-format", "simple", "--log-interval", "5", "--num-workers", "0",
                      "--skip-invalid-size-inputs-valid-test", "--arch", "transformer", "--lr", "1e-3",
                      "--save-dir", "OUT/a"]
-    generate = _launcher_words("ende-comparison-generate", "--data", "DATA", "--path", "OUT/a/checkpoint_last.pt",
-                               "--user-dir", "PLUGIN", "--", "--max-len-b", "10")
+    generate = launcher.ende_comparison_generate_argv("DATA", "OUT/a/checkpoint_last.pt", "PLUGIN", ["--max-len-b", "10"])
     assert generate[:5] == ["DATA", "--user-dir", "PLUGIN", "--path", "OUT/a/checkpoint_last.pt"]
     assert generate[-5:] == ["--batch-size", "64", "--remove-bpe", "--max-len-b", "10"]
     assert {"--gen-subset", "test", "--beam", "5", "--required-batch-size-multiple", "1"} <= set(generate)
-    lm = [_launcher_words("lm-comparison-train", "--data", "DATA", "--user-dir", "PLUGIN", "--tokens-per-sample",
-                          "64", "--batch-size", "8", "--max-update", "20", "--seed", "3", "--lr", "2e-3", "--",
-                          "--arch", arch, "--decoder-layers", "2") for arch in ("stlm_tied", "transformer_lm")]
+    lm = [launcher.lm_comparison_train_argv("DATA", "PLUGIN", 64, 8, 20, 3, "2e-3", ["--arch", arch, "--decoder-layers", "2"])
+          for arch in ("stlm_tied", "transformer_lm")]
     assert lm[0][:lm[0].index("--arch")] == lm[1][:lm[1].index("--arch")]
     text = " ".join(lm[0])
     assert "--max-update 20 --seed 3" in text and "--warmup-updates 2 " in text and "--lr 2e-3" in text

@@ -1,32 +1,3 @@
 #!/usr/bin/env bash
-# Train an STLM weight-tying language model (arXiv:2405.14159, docs/TECHNIQUES.md#stlm-weight-tying; archs stlm_tied, stlm_untied,
-# stlm_ffn_*, stlm_ffn_lora_*, stlm_attn_proj_long) with a context of 512 tokens.
-#
-# The report does not list its optimiser settings; this recipe uses a GPT-2-small style setup:
-# Adam (0.9, 0.95), eps 1e-8, weight decay 0.1, peak lr 6e-4 with 2K linear warm-up and cosine
-# decay to 6e-5 over 100K updates, clip-norm 1.0, ~0.5M tokens per update. The archs assume
-# the GPT-2 vocabulary (50257): for their parameter counts, use prepare-wikitext-103.sh --gpt2-bpe;
-# with the word-level WikiText-103 data the vocabulary (and the counts) follow the dictionary.
-#
-# Paper vs recipe: the archs follow the report; the optimiser and batch are this recipe's own
-# (--paper is refused: there is nothing to reproduce).
-#
-# usage: train-stlm.sh DATA_BIN [--arch stlm_tied] [--gpus N] [--nodes M ...] [--fp16]
-#            [--cpu-smoke] [fairseq-train options]
-set -euo pipefail
-# shellcheck source=SCRIPTDIR/../common.sh
-. "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-
-ARCH=stlm_tied
-MAX_TOKENS=8192
-TOKENS_PER_UPDATE=524288
-TASK_ARGS=(--task language_modeling --tokens-per-sample 512 --sample-break-mode none)
-HPARAMS=(
-    --optimizer adam --adam-betas "(0.9, 0.95)" --adam-eps 1e-8 --weight-decay 0.1
-    --lr 6e-4 --lr-scheduler cosine --warmup-updates 2000 --warmup-init-lr 1e-07
-    --min-lr 6e-5 --max-update 100000 --clip-norm 1.0
-    --criterion cross_entropy --skip-invalid-size-inputs-valid-test
-)
-SMOKE_ARGS=(--tokens-per-sample 64 --warmup-updates 1)
-PAPER_NONE="the STLM report lists no optimiser settings; the settings of this script are its own (see --help)"
-train_main "$@"
+# Train an STLM weight-tying language model: slim_fairseq_lab/recipes/train_stlm.py (options: --help).
+PYTHONPATH="$(cd "$(dirname "$0")/../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m slim_fairseq_lab.recipes.train_stlm "$@"

@@ -34,6 +34,7 @@ from slim_fairseq.models.slim_options import (
 from slim_fairseq.models.slim_transformer import (
     ContractOverridesMixin,
     SlimTransformerDecoder,
+    WeightsCheckMixin,
     finish_build,
     token_table,
 )
@@ -41,7 +42,7 @@ from slim_fairseq.option_errors import check_task, one_line_option_errors, optio
 
 
 @register_model("slim_lm")
-class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
+class SlimLanguageModel(WeightsCheckMixin, ContractOverridesMixin, TransformerLanguageModel):
     """Decoder-only transformer LM with the plugin's techniques as options."""
 
     SIDES = ("decoder",)
@@ -147,7 +148,8 @@ class SlimLanguageModel(ContractOverridesMixin, TransformerLanguageModel):
             raise option_error("--tokens-per-sample", block, f"longer than the {limit} positions "
                                "the model has: fairseq-generate refuses every longer sample",
                                f"--tokens-per-sample {limit} or less with --sample-break-mode eos "
-                               "(one line per sample), or fairseq-interactive --task "
+                               "--skip-invalid-size-inputs-valid-test (one line per sample; longer "
+                               "lines are skipped), or fairseq-interactive --task "
                                "language_modeling (or the hub's sample()) to continue your own "
                                "prompts")
         super().prepare_for_inference_(cfg)

@@ -390,6 +390,7 @@ def _accepts(args, model, change):
 
 
 def _validate(args, model):
+    _check_shape(args, model)
     for option in OPTIONS:
         value = getattr(args, option.dest, option.default)
         if option.check not in ("", "tie"):
@@ -407,6 +408,42 @@ def _validate(args, model):
     _check_attention(args, model)
     _check_norm_and_init(args, model)
     _check_skipless(args)
+
+
+# fairseq's shape options of each side: (suffix, what a value must be)
+SHAPE = (("layers", "a model needs at least one layer"), ("embed_dim", "a width must be positive"),
+         ("ffn_embed_dim", "a width must be positive"),
+         ("attention_heads", "a model needs at least one attention head"))
+DROPOUTS = ("dropout", "attention_dropout", "activation_dropout", "relu_dropout")
+
+
+def _check_shape(args, model):
+    """fairseq's own shape and dropout options, which it does not check: a width, depth or head
+    count below one, or a dropout outside [0, 1), fails deep inside the build (a division by
+    zero, a tensor of negative size) or after training started (a crash.pt)."""
+    for side in _sides(args, model):
+        for suffix, problem in SHAPE:
+            value = getattr(args, f"{side}_{suffix}", None)
+            if isinstance(value, int) and value < 1:
+                flag = f"--{side}-{suffix.replace('_', '-')}"
+                fix = -value if value < 0 else 1
+                change = {flag: fix}
+                if suffix == "embed_dim":  # the widths the preset copied from it
+                    change.update({f"--{side}-{dep.replace('_', '-')}": fix for dep in ("input_dim", "output_dim")
+                                   if getattr(args, f"{side}_{dep}", None) == value})
+                raise option_error(flag, value, problem, alternatives=[change])
+    for suffix in ("input_dim", "output_dim"):
+        value = getattr(args, f"decoder_{suffix}", None)
+        if isinstance(value, int) and value < 1:
+            flag = f"--decoder-{suffix.replace('_', '-')}"
+            raise option_error(flag, value, "a width must be positive", alternatives=[
+                {flag: -value if value < 0 else args.decoder_embed_dim}])
+    for dest in DROPOUTS:
+        value = getattr(args, dest, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not 0 <= value < 1:
+            flag = f"--{dest.replace('_', '-')}"
+            raise option_error(flag, value, "a dropout is a probability in [0, 1)",
+                               alternatives=[{flag: 0.1}])
 
 
 def _check_feed_forward(args):

@@ -357,8 +357,54 @@ class ContractOverridesMixin:
         return out
 
 
+class WeightsCheckMixin:
+    """``load_state_dict`` that refuses, in one line, weights of another model (fairseq-train
+    resuming a --save-dir of another architecture or other options; fairseq would stop with a
+    traceback and "please ensure that the architectures match"). The refusal is a SystemExit
+    with the plugin's one line."""
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        try:
+            return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+        except RuntimeError:
+            if not strict:
+                raise
+            own = {k: tuple(v.shape) for k, v in self.state_dict().items()}
+            given = {k: tuple(v.shape) for k, v in state_dict.items() if hasattr(v, "shape")}
+            missing = sorted(set(own) - set(given))
+            unexpected = sorted(set(given) - set(own))
+            reshaped = sorted(k for k in set(own) & set(given) if own[k] != given[k])
+            example = (missing or unexpected or reshaped or ["?"])[0]
+            arch = getattr(getattr(self, "args", None), "arch", None) or type(self).__name__
+            error = option_error("--arch", arch, f"the checkpoint's weights are another model's "
+                                 f"({len(missing)} missing, {len(unexpected)} unexpected, {len(reshaped)} "
+                                 f"of another shape, e.g. {example})", "the arch and options the "
+                                 "checkpoint was trained with, or a --save-dir of its own when training")
+            # a SystemExit only: fairseq's trainer turns any Exception of this call into a
+            # traceback ("please ensure that the architectures match")
+            raise SystemExit(str(error.code)) from None
+
+
+def check_languages(args, task):
+    """The languages the model was trained to translate (its saved options) against those of
+    the task it is loaded into (fairseq-generate's --source-lang / --target-lang): swapped
+    languages would translate from the wrong side, BLEU near 0, without a word. When training,
+    the task's languages are recorded in the model's options."""
+    task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
+    reads = (getattr(task_cfg, "source_lang", None), getattr(task_cfg, "target_lang", None))
+    trained = (getattr(args, "source_lang", None), getattr(args, "target_lang", None))
+    if None in reads:
+        return
+    if None in trained:
+        args.source_lang, args.target_lang = reads
+    elif trained != reads:
+        raise option_error("--source-lang", reads[0], f"the model was trained to translate "
+                           f"{trained[0]} -> {trained[1]}, and this run reads {reads[0]} -> {reads[1]}",
+                           alternatives=[{"--source-lang": trained[0], "--target-lang": trained[1]}])
+
+
 @register_model("slim_transformer")
-class SlimTransformerModel(ContractOverridesMixin, TransformerModel):
+class SlimTransformerModel(WeightsCheckMixin, ContractOverridesMixin, TransformerModel):
     """Encoder-decoder transformer with the plugin's techniques as options (docs/DESIGN.md)."""
 
     @classmethod
@@ -380,6 +426,7 @@ class SlimTransformerModel(ContractOverridesMixin, TransformerModel):
         slim_transformer_base(args)
         with one_line_option_errors():
             cls.check_args(args, task)
+            check_languages(args, task)
             check_adaptive_cutoffs(args, len(task.target_dictionary))
             model = super().build_model(args, task)
             return finish_build(model, args, [model.encoder.layers, model.decoder.layers])

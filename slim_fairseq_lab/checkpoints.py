@@ -1,0 +1,218 @@
+"""Reading fairseq checkpoints without building the model or importing fairseq, and averaging
+them (scripts/average_checkpoints.py, scripts/checkpoint_info.py and the evaluation recipes).
+
+Loading uses ``torch.load(weights_only=True)`` with the allow-list of
+:mod:`slim_fairseq.checkpoint_safety` (docs/TECHNIQUES.md#safe-checkpoint-loading), which is
+loaded by its path so that reading a checkpoint does not import fairseq. A file that is not a
+complete checkpoint (a copy or a save that did not finish) is a one-line
+:class:`CheckpointError`, not torch's traceback.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import importlib.util
+import os
+import re
+import sys
+
+from slim_fairseq_lab.paths import PLUGIN_DIR
+
+EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
+UPDATE_PATTERN = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
+# the sections of a fairseq >= 0.10 config besides "model" (their options do not shape the model)
+RUN_SECTIONS = ("common", "common_eval", "distributed_training", "dataset", "optimization",
+                "checkpoint", "bmuf", "generation", "eval_lm", "interactive", "task", "criterion",
+                "optimizer", "lr_scheduler", "scoring", "bpe", "tokenizer", "ema")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or used; the message is one line naming the file."""
+
+
+@functools.lru_cache(maxsize=None)
+def _checkpoint_safety():
+    """slim_fairseq/checkpoint_safety.py, loaded by path (once per process) so that reading a
+    checkpoint does not import fairseq (the package's __init__ registers every model); the loaded
+    package's module when it is already imported."""
+    module = sys.modules.get("slim_fairseq.checkpoint_safety")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("_slim_fairseq_checkpoint_safety",
+                                                      os.path.join(PLUGIN_DIR, "checkpoint_safety.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
+
+
+def load(path: str, mmap: bool = False) -> dict:
+    """The checkpoint at ``path`` (torch.load with weights_only=True and fairseq's allow-list);
+    ``mmap``: tensors are mapped from the file, not read (to look at the configuration of a large
+    checkpoint)."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        if mmap and _zip_format(path):
+            import torch
+            with _checkpoint_safety().allowed():
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return _checkpoint_safety().load(path)
+    except Exception as error:  # noqa: BLE001 - torch raises several kinds for a damaged file
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"{path}: not a complete checkpoint ({reason}): a copy or a save "
+                              "that did not finish") from None
+
+
+def _zip_format(path: str) -> bool:
+    """Whether ``path`` is in torch's zip format (the one ``mmap`` reads; older files are not)."""
+    import zipfile
+    return zipfile.is_zipfile(path)
+
+
+def section(state: dict, name: str):
+    """cfg.NAME of a fairseq >= 0.10 checkpoint, or the flat args Namespace of an older one."""
+    cfg = state.get("cfg")
+    if cfg is not None and _get(cfg, name) is not None:
+        return _get(cfg, name)
+    return state.get("args")
+
+
+def _get(holder, key: str):
+    if holder is None:
+        return None
+    if isinstance(holder, dict) or hasattr(holder, "get"):
+        try:
+            return holder.get(key)
+        except Exception:  # noqa: BLE001 - an omegaconf node without the key
+            return None
+    return getattr(holder, key, None)
+
+
+def options(holder) -> dict:
+    """A config section (dict, omegaconf node or Namespace) as a plain dict."""
+    if holder is None:
+        return {}
+    if isinstance(holder, dict):
+        return dict(holder)
+    if hasattr(holder, "items"):
+        return {key: holder.get(key) for key in holder}
+    return dict(vars(holder))
+
+
+def value(state: dict, section_name: str, key: str):
+    return _get(section(state, section_name), key)
+
+
+def arch(state: dict) -> str | None:
+    model = section(state, "model")
+    return _get(model, "arch") or _get(model, "_name")
+
+
+def task_name(state: dict) -> str | None:
+    return _get(section(state, "task"), "_name") or _get(section(state, "task"), "task")
+
+
+def languages(state: dict) -> tuple[str | None, str | None]:
+    """(source, target) language the model was trained to translate (None where not recorded)."""
+    task = section(state, "task")
+    model = section(state, "model")
+    return (_get(task, "source_lang") or _get(model, "source_lang"),
+            _get(task, "target_lang") or _get(model, "target_lang"))
+
+
+def max_positions(state: dict) -> int | None:
+    """The model's max_target_positions, else the training tokens_per_sample (None if neither)."""
+    found = value(state, "model", "max_target_positions")
+    if found is None:
+        found = value(state, "task", "tokens_per_sample")
+    return int(found) if found is not None else None
+
+
+def training_block(state: dict) -> int | None:
+    """The tokens_per_sample of the task the model was trained with (None if not recorded)."""
+    found = value(state, "task", "tokens_per_sample")
+    return int(found) if found is not None else None
+
+
+def model_options(state: dict) -> dict:
+    """The options that define the model: its config section without the options of the other
+    sections (a model of fairseq's older kind keeps the whole command line there)."""
+    model = options(section(state, "model"))
+    cfg = state.get("cfg")
+    run = set(RUN_SECTIONS)  # their names too (a model of the older kind records e.g. its criterion)
+    for name in RUN_SECTIONS:
+        run |= set(options(_get(cfg, name))) if cfg is not None else set()
+    return {key: value for key, value in model.items() if key not in run}
+
+
+def option_differences(a: dict, b: dict, limit: int = 3) -> list[str]:
+    """``--flag A vs B`` for the options of two models that differ (at most ``limit``)."""
+    found = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            found.append(f"--{key.replace('_', '-')} {a.get(key)} vs {b.get(key)}")
+    return found[:limit] + (["..."] if len(found) > limit else [])
+
+
+def last_checkpoints(folder: str, count: int, pattern: re.Pattern, upper_bound: int | None = None) -> list[str]:
+    """The COUNT checkpoints of FOLDER with the highest epoch / update number, compared as
+    numbers (newest first)."""
+    found = []
+    for name in os.listdir(folder):
+        match = pattern.match(name)
+        if match:
+            number = int(match.group(1))
+            if upper_bound is None or number <= upper_bound:
+                found.append((number, os.path.join(folder, name)))
+    found.sort(reverse=True)
+    if len(found) < count:
+        raise CheckpointError(f"--inputs: {folder} holds {len(found)} matching checkpoints, {count} requested")
+    return [path for _, path in found[:count]]
+
+
+def average(paths: list[str]) -> dict:
+    """Element-wise mean of the ``model`` weights of PATHS (their other fields: the first's).
+    Refused when the checkpoints hold other parameters or were trained with other model
+    options (an average of two models would keep the first one's settings)."""
+    import torch
+
+    result = None
+    sums: dict = {}
+    keys = None
+    first_options = None
+    for path in paths:
+        state = load(path)
+        model = state["model"]
+        if keys is None:
+            keys = list(model.keys())
+            result = state
+            first_options = model_options(state)
+        elif set(model.keys()) != set(keys):
+            raise CheckpointError(f"--inputs: {path}: its parameters differ from those of {paths[0]}; "
+                                  "allowed: checkpoints of one run")
+        else:
+            differences = option_differences(first_options, model_options(state))
+            if differences:
+                raise CheckpointError(f"--inputs: {path} was trained with other model options than "
+                                      f"{paths[0]} ({', '.join(differences)}); allowed: checkpoints of "
+                                      "one run (the same --arch and model options)")
+        for key in keys:
+            tensor = model[key]
+            if tuple(tensor.shape) != tuple(result["model"][key].shape):
+                raise CheckpointError(f"--inputs: {path}: {key} is {tuple(tensor.shape)}, "
+                                      f"{tuple(result['model'][key].shape)} in {paths[0]}; allowed: "
+                                      "checkpoints of one run")
+            if not torch.is_floating_point(tensor):
+                sums.setdefault(key, tensor.clone())  # integer buffers are taken as they are
+                continue
+            total = tensor.to(torch.float64)
+            sums[key] = total if key not in sums else sums[key] + total
+    averaged = collections.OrderedDict()
+    for key in keys:
+        tensor = result["model"][key]
+        if torch.is_floating_point(tensor):
+            averaged[key] = (sums[key] / len(paths)).to(tensor.dtype)
+        else:
+            averaged[key] = sums[key]
+    result["model"] = averaged
+    result.pop("last_optimizer_state", None)
+    return result

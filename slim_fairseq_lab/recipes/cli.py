@@ -1,0 +1,221 @@
+"""The command line every recipe shares: argparse with the recipes' value types, the options
+that pass on to a fairseq tool, ``--help``, and the one-line errors.
+
+``--name=VALUE`` and ``--name VALUE`` are the same everywhere (argparse, without
+abbreviations: an option the recipe does not know goes to the fairseq tool it runs, as written).
+An option of the fairseq tool written before all positional arguments are given is refused: its
+value and the next positional argument cannot be told apart (``--dropout 0.2 DATA`` would read
+0.2 as DATA). A value is checked when it is read, by its kind: ``count`` (a whole number >= 1),
+``whole`` (>= 0), ``positive`` (a number > 0), ``fraction`` (in (0, 1]), ``size`` (bytes with
+an optional K, M, G or T) or ``choice:a|b|c``.
+
+Every refusal is one line, ``PROG: error: --name=VALUE: what is wrong; allowed: ...``, exit
+status 2; a failure of a tool the recipe ran is one line too, exit status 1.
+"""
+import argparse
+import re
+import sys
+import time
+
+SIZE = re.compile(r"^([0-9]+)([KkMmGgTt]?)$")
+SIZE_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+class RecipeError(Exception):
+    """What stops a recipe, as the one line to print after ``PROG: error: ``; ``status``: its
+    exit status (2: refused before anything ran, 1: a step failed)."""
+
+    def __init__(self, message, status=2):
+        super().__init__(message)
+        self.status = status
+
+
+def refuse(subject, problem, allowed):
+    """The one refusal format: ``SUBJECT: problem; allowed: allowed`` (SUBJECT: ``--flag=value``,
+    ``--flag`` or ``FILE``)."""
+    return RecipeError(f"{subject}: {problem}; allowed: {allowed}")
+
+
+def log(message):
+    """A progress line on stderr, as every recipe writes them: ``[HH:MM:SS] message``."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def parse_size(value):
+    """``9G`` -> bytes (K, M, G, T: powers of 1024)."""
+    number, unit = SIZE.fullmatch(value).groups()
+    return int(number) * 1024 ** SIZE_UNITS[unit.lower()]
+
+
+def check_value(flag, value, kind):
+    """``value`` of ``flag`` against its ``kind`` (None: any non-empty string)."""
+    if value == "":
+        raise RecipeError(f"{flag}: needs a value; allowed: {flag} VALUE")
+    if not kind:
+        return value
+    if kind.startswith("choice:"):
+        choices = kind.split(":", 1)[1].split("|")
+        if value not in choices:
+            raise refuse(f"{flag}={value}", "not one of the choices", "|".join(choices))
+        return value
+    if kind in ("count", "whole"):
+        least = 1 if kind == "count" else 0
+        if not re.fullmatch(r"[0-9]+", value) or int(value) < least:
+            raise refuse(f"{flag}={value}", f"not a whole number >= {least}", f"a whole number >= {least}")
+        return value
+    if kind in ("positive", "fraction"):
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if not (number > 0 and (kind == "positive" or number <= 1)):
+            allowed = "a number > 0" if kind == "positive" else "a number in (0, 1]"
+            raise refuse(f"{flag}={value}", f"not {allowed}", allowed)
+        return value
+    if kind == "size":
+        if not SIZE.fullmatch(value):
+            raise refuse(f"{flag}={value}", "not a size",
+                         "a number of bytes with an optional K, M, G or T (e.g. 500M, 9G)")
+        return value
+    raise ValueError(f"unknown kind {kind!r} of {flag}")
+
+
+class Value(argparse.Action):
+    """An option with a value of a ``kind`` (see :func:`check_value`); ``append=True`` keeps every
+    value given (a list)."""
+
+    def __init__(self, option_strings, dest, kind=None, append=False, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.kind, self.append = kind, append
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        value = check_value(option_string, values, self.kind)
+        if self.append:
+            setattr(namespace, self.dest, (getattr(namespace, self.dest, None) or []) + [value])
+        else:
+            setattr(namespace, self.dest, value)
+
+
+class Refused(argparse.Action):
+    """An option the recipe sets itself: refused whatever its spelling, with ``why``."""
+
+    def __init__(self, option_strings, dest, why="", **kwargs):
+        kwargs.setdefault("nargs", "?")
+        super().__init__(option_strings, dest, **kwargs)
+        self.why = why
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise RecipeError(f"{option_string}: {self.why}")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations or its own help, whose errors are the recipes' one line."""
+
+    def __init__(self, prog, **kwargs):
+        super().__init__(prog=prog, add_help=False, allow_abbrev=False, **kwargs)
+
+    def value(self, *flags, kind=None, default=None, dest=None, append=False):
+        """An option with a value (``kind``: :func:`check_value`)."""
+        return self.add_argument(*flags, action=Value, kind=kind, default=default, dest=dest,
+                                 append=append)
+
+    def flag(self, *flags, dest=None, const=True, default=None):
+        """An option without a value; it sets ``dest`` to ``const``."""
+        return self.add_argument(*flags, action="store_const", const=const, default=default, dest=dest)
+
+    def refused(self, flag, why):
+        return self.add_argument(flag, action=Refused, why=why, dest=argparse.SUPPRESS,
+                                 default=argparse.SUPPRESS)
+
+    def error(self, message):
+        match = re.match(r"argument (\S+?)(?:/\S+)?: (.*)$", message)
+        if match:
+            flag, problem = match.groups()
+            if problem.startswith("expected one argument"):
+                raise RecipeError(f"{flag}: needs a value; allowed: {flag} VALUE")
+            given = re.match(r"ignored explicit argument '(.*)'", problem)
+            if given:
+                raise RecipeError(f"{flag}={given.group(1)}: {flag} takes no value; allowed: {flag}")
+            other = re.match(r"not allowed with argument (\S+)", problem)
+            if other:
+                raise RecipeError(f"{other.group(1).split('/')[0]} and {flag} exclude each other; "
+                                  "allowed: one of them")
+        raise RecipeError(f"{message}; allowed: the options of --help")
+
+
+class Help(Exception):
+    """-h / --help was given."""
+
+
+def split(parser, argv, positional=(), pass_through=False):
+    """``argv`` read with ``parser`` (the recipe's options, in either spelling) and the names of
+    its ``positional`` arguments (``"DATA_BIN"``, ...: their values are set as ``data_bin``, ...).
+
+    Returns ``(args, passed)``: ``passed`` holds, as written, the options the recipe does not
+    know and the words after them, for the fairseq tool (``pass_through``; without it they are
+    refused). An unknown option before every positional argument is given is refused."""
+    own, values, passed = [], [], []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        i += 1
+        if word in ("-h", "--help"):
+            raise Help()
+        if not word.startswith("-") or word == "-":
+            if len(values) < len(positional):
+                values.append(word)
+            elif pass_through:
+                passed.append(word)
+            else:
+                raise RecipeError(f"unexpected argument {word!r}; allowed: the arguments and options of --help")
+            continue
+        name = word.split("=", 1)[0] if word.startswith("--") else word
+        action = parser._option_string_actions.get(name)
+        if action is None:
+            if not pass_through:
+                raise RecipeError(f"{name}: not an option of this recipe; allowed: the options of --help")
+            if len(values) < len(positional):
+                missing = positional[len(values):]
+                raise RecipeError(f"{name}: an option for the fairseq tool, written before "
+                                  + " and ".join(missing) + "; allowed: " + " ".join(missing)
+                                  + f" first, then the options ({name} V after them)")
+            passed.append(word)
+            continue
+        own.append(word)
+        takes_value = action.nargs != 0 and not isinstance(action, argparse._StoreConstAction)
+        if takes_value and "=" not in word:
+            if i < len(argv) and not argv[i].startswith("--"):
+                own.append(argv[i])
+                i += 1
+            elif not isinstance(action, Refused):
+                raise RecipeError(f"{name}: needs a value; allowed: {name} VALUE")
+    args = parser.parse_args(own)
+    for name in positional:
+        setattr(args, name.lower(), None)
+    for name, value in zip(positional, values):
+        setattr(args, name.lower(), value)
+    return args, passed
+
+
+def help_text(doc):
+    """A module docstring as its recipe's --help (the leading newline dropped)."""
+    return doc.lstrip("\n")
+
+
+def run(prog, doc, body, argv=None):
+    """Run ``body(argv)`` as the recipe ``prog``: ``--help`` prints ``doc``, a
+    :class:`RecipeError` ends in its one line; returns the exit status."""
+    from slim_fairseq_lab.recipes import tools
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with tools.signals_forwarded():
+        try:
+            status = body(argv)
+        except Help:
+            sys.stdout.write(help_text(doc))
+            return 0
+        except RecipeError as error:
+            sys.stdout.flush()
+            print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+            return error.status
+    return status or 0

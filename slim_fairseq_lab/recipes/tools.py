@@ -1,0 +1,229 @@
+"""The programs a recipe runs (fairseq's tools, sacremoses, subword-nmt, sacrebleu), each as a
+subprocess in a process group of its own.
+
+* A tool is looked up on PATH, then next to the interpreter running the recipe (a virtual
+  environment that is not activated); a missing one is a one-line error.
+* SIGINT, SIGTERM and SIGHUP that reach the recipe go to the tool's whole group (fairseq's
+  workers and data loaders included) and the recipe waits for it to end, then stops with exit
+  status 128 + the signal: no tool outlives a recipe that was stopped.
+* Output is streamed: to a log file, or to the recipe's own stdout, keeping its end; a tool that
+  fails ends the recipe in one line with the reason (its error line, or the last line of its
+  traceback) and where the whole output is.
+* Every tool gets glibc's malloc settings of :data:`slim_fairseq_lab.launcher.ALLOCATOR_ENV`
+  (docs/TRAINING.md#cpu-memory-allocator); values exported by the caller win.
+"""
+import collections
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from slim_fairseq_lab.launcher import ALLOCATOR_ENV
+from slim_fairseq_lab.recipes.cli import RecipeError
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_running = []       # the tools running now (their process groups get the signals)
+_pending = []       # a signal that arrived while a tool ran
+
+
+class Interrupted(RecipeError):
+    """The recipe received a signal; the tool it ran was sent it too and has ended."""
+
+    def __init__(self, signum):
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name}; the tools it ran were stopped too", 128 + signum)
+        self.signum = signum
+
+
+def _forward(signum, frame):
+    if not _running:
+        raise Interrupted(signum)
+    _pending.append(signum)
+    for proc in list(_running):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signum)
+
+
+@contextlib.contextmanager
+def signals_forwarded():
+    """While the block runs, the signals of :data:`FORWARDED` stop the recipe and the tool it
+    runs (only in the main thread, where Python delivers signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, _forward) for signum in FORWARDED}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _pending.clear()
+
+
+def find(tool):
+    """The path of ``tool``: on PATH, else next to this interpreter."""
+    path = shutil.which(tool)
+    if path is None:
+        beside = os.path.join(os.path.dirname(sys.executable), tool)
+        if os.path.isfile(beside) and os.access(beside, os.X_OK):
+            path = beside
+    if path is None:
+        raise RecipeError(f"{tool}: not found on PATH nor next to {sys.executable}; allowed: the "
+                          "environment `make setup` built (source .venv/bin/activate)", 1)
+    return path
+
+
+def user_dir():
+    """The plugin directory for --user-dir: ``SLIM_USER_DIR``, else the installed package's."""
+    import slim_fairseq_user_dir
+    return os.environ.get("SLIM_USER_DIR") or slim_fairseq_user_dir.user_dir()
+
+
+def environment(extra=None):
+    """The environment of a tool: the caller's, :data:`ALLOCATOR_ENV` under it, and ``extra``."""
+    env = dict(ALLOCATOR_ENV, **os.environ)
+    env.update(extra or {})
+    return env
+
+
+def failure_reason(text):
+    """The line that says why a tool failed: its ``error:`` line (argparse's and the plugin's),
+    else the last line of its traceback, else its last line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        match = re.search(r"(?:^|\s)error: (.+)$", line)
+        if match and not line.startswith("[") and "| ERROR |" not in line:
+            return match.group(1)
+    for line in reversed(lines):
+        match = re.match(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit))(?::\s*(.*))?$", line)
+        if match:
+            return f"{match.group(1)}: {match.group(2)}" if match.group(2) else match.group(1)
+    return lines[-1] if lines else "no output"
+
+
+def _feed(stream, paths):
+    try:
+        for path in paths:
+            with open(path, "rb") as f:
+                shutil.copyfileobj(f, stream, 1 << 20)
+    except BrokenPipeError:
+        pass
+    finally:
+        with contextlib.suppress(BrokenPipeError):
+            stream.close()
+
+
+def _relay(stream, out, tail):
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        tail.append(line)
+        out.write(line)
+        out.flush()
+
+
+def run(argv, *, log=None, stdout=None, stderr=None, stdin=None, env=None, cwd=None, progress=None,
+        interval=None, check=True, name=None, see=None):
+    """Run ``argv`` (``argv[0]``: a tool name, found with :func:`find`) in its own process group.
+
+    Output: ``log`` (a path) takes stdout and stderr; else ``stdout`` / ``stderr`` (paths, or
+    None: streamed to the recipe's stdout / stderr). ``stdin``: a path, or a list of paths read
+    one after the other. ``progress()`` is called every ``interval`` seconds while it runs.
+    Returns the exit status; with ``check``, a failure raises a one-line :class:`RecipeError`
+    naming the reason and ``see`` (default: the file that holds its errors)."""
+    name = name or os.path.basename(argv[0])
+    command = [find(argv[0]), *map(str, argv[1:])]
+    files = []
+    tail = collections.deque(maxlen=200)
+    relays = []
+    try:
+        out = err = None
+        if log is not None:
+            out = open(log, "wb")
+            files.append(out)
+            err = subprocess.STDOUT
+        else:
+            if stdout is not None:
+                out = open(stdout, "wb")
+                files.append(out)
+            if stderr is not None:
+                err = open(stderr, "wb")
+                files.append(err)
+        relay_out = out is None
+        relay_err = err is None and log is None
+        paths = [stdin] if isinstance(stdin, (str, os.PathLike)) else stdin
+        proc = subprocess.Popen(
+            command, cwd=cwd, env=environment(env), start_new_session=True,
+            stdin=subprocess.PIPE if paths else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if relay_out else out,
+            stderr=subprocess.PIPE if relay_err else err)
+        _running.append(proc)
+        try:
+            if relay_out:
+                relays.append(threading.Thread(target=_relay, args=(proc.stdout, sys.stdout, tail),
+                                               daemon=True))
+            if relay_err:
+                relays.append(threading.Thread(target=_relay, args=(proc.stderr, sys.stderr, tail),
+                                               daemon=True))
+            if paths:
+                relays.append(threading.Thread(target=_feed, args=(proc.stdin, paths), daemon=True))
+            for thread in relays:
+                thread.start()
+            every = interval if interval is not None else float(os.environ.get("PROGRESS_INTERVAL", "30"))
+            last = time.monotonic()
+            while True:
+                try:
+                    status = proc.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    if progress is not None and time.monotonic() - last >= every:
+                        last = time.monotonic()
+                        progress()
+            for thread in relays:
+                thread.join()
+        finally:
+            _running.remove(proc)
+            if proc.poll() is None:  # an exception while it ran: it goes too
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait()
+    finally:
+        for f in files:
+            f.close()
+    if _pending:
+        signum = _pending.pop()
+        _pending.clear()
+        raise Interrupted(signum)
+    if status != 0 and check:
+        where = see if see is not None else (log or stderr or stdout)
+        raise tool_failed(name, status, where or None, "".join(tail) if tail else None)
+    return status
+
+
+def tool_failed(name, status, where, text=None):
+    """The one-line failure of a tool: ``NAME failed (exit N): REASON; see WHERE``."""
+    if text is None and where is not None and os.path.exists(where):
+        with open(where, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    reason = failure_reason(text or "")
+    if len(reason) > 400:
+        reason = reason[:400] + " ..."
+    see = f"; see {where}" if where else " (its output is above)"
+    return RecipeError(f"{name} failed (exit {status}): {reason}{see}", 1)
+
+
+def output(argv, **kwargs):
+    """The stdout of ``argv`` (small outputs: scores, counts), run as :func:`run` does."""
+    import tempfile
+    with tempfile.NamedTemporaryFile(prefix="tool-", suffix=".out", delete=False) as f:
+        path = f.name
+    try:
+        run(argv, stdout=path, see="", **kwargs)
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    finally:
+        os.unlink(path)
