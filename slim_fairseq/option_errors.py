@@ -8,18 +8,15 @@ exits with status 1, without a traceback.
 Every option error has one format, ``--flag=value: what is wrong; allowed: what would work``
 (:func:`option_error`; a flag that takes no value is written without ``=value``).
 
-The plugin checks its options twice: right after fairseq parses the command line (the
-architecture preset is wrapped by :func:`checked_preset`, so nothing is loaded or logged
-before the error) and again when the model is built (``build_model``, also the hub route).
-The plugin's option errors start with the flag they name (``--tie-ffn: ...``);
-:func:`one_line_option_errors` turns those into :class:`OptionError` at the model boundary.
+The plugin checks its options right after fairseq parses the command line (the architecture's
+preset checks them, so nothing is loaded or logged before the error) and again when the model
+is built (``build_model``, also the hub route). The plugin's option
+errors start with the flag they name (``--tie-ffn: ...``); :func:`one_line_option_errors` turns
+those into :class:`OptionError` at the model boundary.
 """
 import contextlib
-import functools
 import os
 import sys
-
-from slim_fairseq.checkpoint_upgrade import upgrade_args
 
 
 class OptionError(ValueError, SystemExit):
@@ -144,34 +141,3 @@ def _task_name(task, cls):
         if value is cls:
             return key
     return cls.__name__
-
-
-def checked_preset(preset, model_cls):
-    """Wrap an architecture preset so that options stored by earlier versions take today's
-    names first (:func:`slim_fairseq.checkpoint_upgrade.upgrade_args`; fairseq calls the preset
-    when it builds a model from a checkpoint) and fairseq's ``parse_args_and_arch`` (which calls
-    the preset last) also checks the options with ``model_cls.check_args(args)``, and a
-    ``fairseq-train`` run with :func:`slim_fairseq.run_checks.check_command_line`."""
-
-    @functools.wraps(preset)
-    def checked(args):
-        from slim_fairseq import run_checks
-        upgrade_args(args)
-        preset(args)
-        with one_line_option_errors():
-            model_cls.check_args(args)
-            run_checks.check_command_line(args)
-
-    checked.slim_checked = True
-    return checked
-
-
-def install_checked_presets(package_prefix):
-    """Wrap every architecture preset registered by the plugin's model classes (idempotent)."""
-    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
-
-    for arch, model_cls in ARCH_MODEL_REGISTRY.items():
-        preset = ARCH_CONFIG_REGISTRY.get(arch)
-        if (model_cls.__module__.startswith(package_prefix) and preset is not None
-                and hasattr(model_cls, "check_args") and not getattr(preset, "slim_checked", False)):
-            ARCH_CONFIG_REGISTRY[arch] = checked_preset(preset, model_cls)

@@ -13,7 +13,7 @@ import sys
 
 from fairseq import options
 from fairseq.dataclass.utils import gen_parser_from_dataclass
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer_lm import (
     DEFAULT_MAX_TARGET_POSITIONS,
@@ -24,6 +24,7 @@ from fairseq.models.transformer_lm import (
 from fairseq.modules import AdaptiveInput
 
 from slim_fairseq.checkpoint_upgrade import upgrade_state_dict
+from slim_fairseq.models.presets import Preset, apply_preset, model_defaults
 from slim_fairseq.models.slim_options import (
     add_slim_args,
     check_adaptive_cutoffs,
@@ -82,7 +83,7 @@ class SlimLanguageModel(WeightsCheckMixin, ContractOverridesMixin, TransformerLa
 
     @classmethod
     def build_model(cls, args, task):
-        slim_lm_base(args)
+        apply_preset(args, "slim_lm")
         with one_line_option_errors():
             cls.check_args(args, task)
             return cls._build_model(args, task)
@@ -197,9 +198,9 @@ def add_translation_only_args(parser):
                                 nargs=0 if action.nargs == 0 else None, help=argparse.SUPPRESS)
 
 
-@register_model_architecture("slim_lm", "slim_lm")
-def slim_lm_base(args):
-    """fairseq's transformer_lm with every technique off, pre-norm unless
+@model_defaults("slim_lm")
+def slim_lm_defaults(args):
+    """The plugin's option defaults, then fairseq's transformer_lm base, pre-norm unless
     ``--no-decoder-normalize-before`` (fairseq's base_lm_architecture sets pre-norm whatever it
     is given)."""
     set_slim_defaults(args)
@@ -207,3 +208,7 @@ def slim_lm_base(args):
     base_lm_architecture(args)
     if post_norm:
         args.decoder_normalize_before = False
+
+
+SLIM_LM = Preset.row("slim_lm", "slim_lm", "fairseq's transformer_lm with every technique off, "
+                     "pre-norm unless --no-decoder-normalize-before.").register()

@@ -15,7 +15,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from fairseq.distributed import fsdp_wrap
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import register_model
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerDecoderBase,
@@ -28,6 +28,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq import utils
 
 from slim_fairseq.models import resolve
+from slim_fairseq.models.presets import Preset, apply_preset, model_defaults
 from slim_fairseq.models.slim_layers import (
     SkiplessDecoderLayer,
     SlimDecoderLayer,
@@ -423,7 +424,7 @@ class SlimTransformerModel(WeightsCheckMixin, ContractOverridesMixin, Transforme
 
     @classmethod
     def build_model(cls, args, task):
-        slim_transformer_base(args)
+        apply_preset(args, "slim_transformer")
         with one_line_option_errors():
             cls.check_args(args, task)
             check_languages(args, task)
@@ -452,8 +453,12 @@ class SlimTransformerModel(WeightsCheckMixin, ContractOverridesMixin, Transforme
                                       no_encoder_attn=args.no_cross_attention)
 
 
-@register_model_architecture("slim_transformer", "slim_transformer")
-def slim_transformer_base(args):
-    """fairseq's transformer base with every technique off."""
+@model_defaults("slim_transformer")
+def slim_transformer_defaults(args):
+    """The plugin's option defaults, then fairseq's transformer base."""
     set_slim_defaults(args)
     base_architecture(args)
+
+
+SLIM_TRANSFORMER = Preset.row("slim_transformer", "slim_transformer",
+                              "fairseq's transformer base with every technique off.").register()
