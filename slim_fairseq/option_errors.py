@@ -9,8 +9,9 @@ Every option error has one format, ``--flag=value: what is wrong; allowed: what 
 (:func:`option_error`; a flag that takes no value is written without ``=value``).
 
 The plugin checks its options right after fairseq parses the command line (the architecture's
-preset checks them, so nothing is loaded or logged before the error) and again when the model
-is built (``build_model``, also the hub route). The plugin's option
+preset checks them, so nothing is loaded or logged before the error), and when the model is
+built from a config that was not parsed so (a checkpoint, the hub route); equal options are
+checked once (:class:`slim_fairseq.models.slim_options.ModelOptions`). The plugin's option
 errors start with the flag they name (``--tie-ffn: ...``); :func:`one_line_option_errors` turns
 those into :class:`OptionError` at the model boundary.
 """
@@ -29,13 +30,16 @@ class OptionError(ValueError, SystemExit):
         prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fairseq"
         self.code = f"{prog}: error: {message}"
         self.alternatives = list(alternatives)
+        self.rule = None  # the name of the rule that refused (slim_fairseq.options.check_rules)
 
     def with_alternatives(self, alternatives):
         """The same refusal proposing only ``alternatives`` (a checker kept those that pass)."""
         head = str(self).rsplit("; allowed: ", 1)[0]
         allowed = render_alternatives(alternatives) if alternatives else \
             "another setting of the options named"
-        return OptionError(f"{head}; allowed: {allowed}", alternatives)
+        refusal = OptionError(f"{head}; allowed: {allowed}", alternatives)
+        refusal.rule = self.rule
+        return refusal
 
 
 def render_alternatives(alternatives):

@@ -23,7 +23,7 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
-from slim_fairseq.models import resolve
+from slim_fairseq.models.slim_options import ModelOptions
 from slim_fairseq.modules.activations import PLUGIN_ONLY, activation_function
 from slim_fairseq.modules.attention import build_attention
 from slim_fairseq.modules.dropout import slim_dropouts
@@ -64,7 +64,7 @@ class _SlimLayerMixin:
         """Run fairseq's constructor ``construct(cfg)`` for a layer of ``side``. fairseq looks
         the activation up by name and knows no silu: it gets a copy of ``cfg`` that names relu,
         and the activation is set afterwards (``cfg`` itself is not changed)."""
-        self.spec = resolve.layer(cfg, side)  # the build_* hooks read it
+        self.spec = ModelOptions.of(cfg).layer_spec(cfg, side)  # the build_* hooks read it
         activation = self.spec.ffn.activation
         if activation not in PLUGIN_ONLY:
             construct(cfg)
@@ -153,9 +153,10 @@ class SlimDecoderLayer(_SlimLayerMixin, TransformerDecoderLayerBase):
 
     def build_encoder_attention(self, embed_dim, cfg):
         """fairseq's hook; also called by the sandwich stack for a middle layer's
-        cross-attention at the model width, whose spec is resolved at that width."""
+        cross-attention at the model width, whose spec is the one at that width."""
         spec = (self.spec.cross_attn if embed_dim == self.embed_dim
-                else resolve.attention(cfg, "cross", embed_dim, cfg.decoder.attention_heads))
+                else ModelOptions.of(cfg).attention_spec("cross", embed_dim,
+                                                         cfg.decoder.attention_heads))
         return build_attention(spec, embed_dim, cfg.decoder.attention_heads, role="cross",
                                dropout=cfg.attention_dropout, kdim=cfg.encoder.embed_dim,
                                vdim=cfg.encoder.embed_dim,

@@ -57,15 +57,16 @@ class SlimLanguageModel(WeightsCheckMixin, ContractOverridesMixin, TransformerLa
 
     @classmethod
     def check_args(cls, args, task=None):
-        """Option checks that need no data (run right after parsing and again at build)."""
+        """Option checks that need no data (right after parsing, and with the task when the
+        model is built; the options' rules run once for equal options). Returns the
+        :class:`~slim_fairseq.models.slim_options.ModelOptions`."""
         given = getattr(args, "translation_only_flags", None)
         if given:
             raise option_error(given[0], None, f"an option of the encoder-decoder (translation) "
                                f"models, and {getattr(args, 'arch', 'slim_lm')} is a language model "
                                "(a decoder only, shaped by the --decoder-* options)",
                                alternatives=[{flag: None for flag in given}])
-        set_slim_defaults(args)
-        validate_slim_args(args, "slim_lm")
+        model_options = validate_slim_args(args, "slim_lm")
         check_task(True, getattr(args, "arch", "slim_lm"),
                    task if task is not None else getattr(args, "task", None))
         if getattr(args, "character_embeddings", False):
@@ -74,6 +75,7 @@ class SlimLanguageModel(WeightsCheckMixin, ContractOverridesMixin, TransformerLa
         if args.tie_adaptive_weights and not args.adaptive_input:
             raise option_error("--tie-adaptive-weights", None, "ties an adaptive input, which "
                                "is off", "add --adaptive-input")
+        return model_options
 
     @classmethod
     def contract_overrides(cls, arch):
@@ -85,11 +87,10 @@ class SlimLanguageModel(WeightsCheckMixin, ContractOverridesMixin, TransformerLa
     def build_model(cls, args, task):
         apply_preset(args, "slim_lm")
         with one_line_option_errors():
-            cls.check_args(args, task)
-            return cls._build_model(args, task)
+            return cls._build_model(args, task, cls.check_args(args, task))
 
     @classmethod
-    def _build_model(cls, args, task):
+    def _build_model(cls, args, task, model_options):
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if getattr(args, "max_target_positions", None) is None:
@@ -122,7 +123,7 @@ class SlimLanguageModel(WeightsCheckMixin, ContractOverridesMixin, TransformerLa
                                          task.target_dictionary, table, no_encoder_attn=True)
         model = cls(decoder)
         model.args = args  # the options it was built with (weight removal rebuilds it)
-        return finish_build(model, args, [decoder.layers])
+        return finish_build(model, model_options, [decoder.layers])
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Checkpoints of the earlier LM classes (their layer and table names;
