@@ -52,12 +52,12 @@ PLAIN_ATTENTION = AttentionSpec()
 
 @dataclass(frozen=True)
 class FeedForwardSpec:
-    """The feed-forward: a GLU (``--ffn-glu``, ``--glu-hidden``) or fairseq's two linears, the
-    activation, Tensor-Chain linears (``--tc-ff``/``--tc-layer``) and biases."""
+    """The feed-forward: ``variant`` the spec of the variant whose options are on (the GLU's,
+    ``--ffn-glu``, ``--glu-hidden``; None: fairseq's two linears), the activation, Tensor-Chain
+    linears (``--tc-ff``/``--tc-layer``) and biases."""
 
-    glu: bool = False
+    variant: object = None
     activation: str = "relu"
-    glu_hidden: str = "two-thirds"
     chain: ChainSpec = DENSE
     bias: bool = True
 

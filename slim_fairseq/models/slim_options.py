@@ -275,11 +275,27 @@ class TyingOptions(OptionSpec):
 
 # ---------------------------------------------------------------------------- feed-forward
 
+class FeedForwardVariant(OptionSpec):
+    """Base of a feed-forward variant's spec (docs/DESIGN.md, "Adding a technique"): its
+    options, with ``on`` saying whether they select it; the block builds the module registered
+    for it (:func:`slim_fairseq.models.slim_layers.register_feed_forward`), or the dense
+    feed-forward when no variant is on."""
+
+    @property
+    def on(self):
+        raise NotImplementedError
+
+    @property
+    def flag(self):
+        """The option that selects the variant (the first of its fields)."""
+        return type(self).options()[0].flag
+
+
 @register
 @dataclass(frozen=True)
 class FeedForwardOptions(OptionSpec):
     """What every feed-forward shares: ``--activation-fn`` (fairseq's option, the plugin's
-    reading)."""
+    reading) and one variant at a time."""
 
     @rule
     def activation(self, m):
@@ -287,10 +303,18 @@ class FeedForwardOptions(OptionSpec):
             raise option_error("--activation-fn", m.activation, "not an activation",
                                "|".join(ACTIVATIONS))
 
+    @rule
+    def one_variant(self, m):
+        on = [variant for variant in m.specs if isinstance(variant, FeedForwardVariant)
+              and variant.on]
+        if len(on) > 1:
+            raise option_error(on[1].flag, None, f"a feed-forward variant, and {on[0].flag} "
+                               "selects another", f"one of {on[0].flag} and {on[1].flag}")
+
 
 @register
 @dataclass(frozen=True)
-class GLUOptions(OptionSpec):
+class GLUOptions(FeedForwardVariant):
     """The GLU feed-forward ``w2(act(w1 x) * w3 x)`` (Anthe, arXiv:2305.10991;
     docs/TECHNIQUES.md#glu-feed-forward)."""
 
@@ -301,6 +325,10 @@ class GLUOptions(OptionSpec):
         "--glu-hidden", "two-thirds", "hidden width of the GLU: two-thirds = floor(2F/3) of the "
         "--*-ffn-embed-dim F (a plain FFN's parameters; Anthe), full = F (STLM, LLaMA-style "
         "shapes)", ANTHE, check="choice", choices=GLU_HIDDEN_RULES, metavar="RULE")
+
+    @property
+    def on(self):
+        return bool(self.ffn_glu)
 
     @staticmethod
     def fill_derived_defaults(args):
@@ -331,8 +359,10 @@ class FairseqExtras(OptionSpec):
     @staticmethod
     def custom(m):
         """The flags of the options on that replace or bypass fairseq's linears or attention."""
+        variants = [(spec.flag, True) for spec in m.specs
+                    if isinstance(spec, FeedForwardVariant) and spec.on]
         return [flag for flag, on in (
-            ("--ffn-glu", m.ffn_glu), ("--tc-ff/--tc-patt/--tc-layer",
+            *variants, ("--tc-ff/--tc-patt/--tc-layer",
                                        m.tc_ff or m.tc_patt or m.tc_layer),
             ("--self-attn-gate", m.self_attn_gate != "none"),
             ("--cross-attn-gate", (m.cross_attn_gate or "none") != "none"),
@@ -1220,11 +1250,12 @@ class ModelOptions:
         return self.get(AttentionOptions).spec(self, role, embed_dim, num_heads)
 
     def feed_forward_spec(self):
-        """The :class:`~slim_fairseq.specs.FeedForwardSpec`: a GLU or fairseq's two linears,
-        the activation, Tensor-Chain linears and biases."""
-        return FeedForwardSpec(glu=bool(self.ffn_glu), activation=self.activation,
-                               glu_hidden=self.glu_hidden, chain=self.chain("tc_ff"),
-                               bias=bool(self.linear_bias))
+        """The :class:`~slim_fairseq.specs.FeedForwardSpec`: the variant whose options are on
+        (None: the dense feed-forward), the activation, Tensor-Chain linears and biases."""
+        variant = next((spec for spec in self.specs if isinstance(spec, FeedForwardVariant)
+                        and spec.on), None)
+        return FeedForwardSpec(variant=variant, activation=self.activation,
+                               chain=self.chain("tc_ff"), bias=bool(self.linear_bias))
 
     def norm_spec(self, export=False):
         return self.get(BlockOptions).norm_spec(export)

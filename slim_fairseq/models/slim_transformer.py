@@ -88,24 +88,28 @@ def _without_layers(cfg, side):
 
 class _LayerStackMixin:
     """The layer stack of an encoder or decoder, built by the plugin (fairseq's constructor gets
-    a copy of the config with no layers): ``build_layer(cfg)`` for each layer, or the sandwich
-    stack (``--sandwich``) whose middle layers are built from a copy of ``cfg`` at the
+    a copy of the config with no layers): ``build_layer(cfg, spec)`` for each layer, or the
+    sandwich stack (``--sandwich``) whose middle layers are built from a copy of ``cfg`` at the
     middle's width."""
 
     def build_layers(self, cfg, side):
-        spec = self.options.sandwich_spec(cfg, side)
+        options = self.options
+        spec = options.sandwich_spec(cfg, side)
         if spec is None:
-            return [self.build_layer(cfg) for _ in range(getattr(cfg, side).layers)]
+            layer_spec = options.layer_spec(cfg, side)
+            return [self.build_layer(cfg, layer_spec) for _ in range(getattr(cfg, side).layers)]
         middle_cfg = SandwichOptions.middle_layer_cfg(cfg, side, spec)
-        first, middle = self.build_layer(cfg), []
+        middle_spec = options.layer_spec(middle_cfg, side)
+        first, middle = self.build_layer(cfg, options.layer_spec(cfg, side)), []
         for _ in range(spec.layers - 2):
-            layer = self.build_layer(middle_cfg)
+            layer = self.build_layer(middle_cfg, middle_spec)
             if spec.wider and getattr(layer, "encoder_attn", None) is not None:
                 # a wider middle attends to the encoder at the model width
                 layer.encoder_attn = SandwichCrossAttention.around(
                     layer.build_encoder_attention(spec.model_dim, cfg), spec)
             middle.append(layer)
-        return build_sandwich_stack(spec, first, middle, self.build_layer(cfg))
+        return build_sandwich_stack(spec, first, middle,
+                                    self.build_layer(cfg, options.layer_spec(cfg, side)))
 
 
 class SlimTransformerEncoder(_LayerStackMixin, TransformerEncoderBase):
@@ -127,11 +131,11 @@ class SlimTransformerEncoder(_LayerStackMixin, TransformerEncoderBase):
         self.layers.extend(self.build_layers(cfg, "encoder"))
         self.num_layers = len(self.layers)
 
-    def build_layer(self, cfg):
-        return self.build_encoder_layer(cfg)
+    def build_layer(self, cfg, spec=None):
+        return self.build_encoder_layer(cfg, spec)
 
-    def build_encoder_layer(self, cfg):
-        return _wrap_layer(cfg, SlimEncoderLayer(cfg, return_fc=self.return_fc))
+    def build_encoder_layer(self, cfg, spec=None):
+        return _wrap_layer(cfg, SlimEncoderLayer(cfg, return_fc=self.return_fc, spec=spec))
 
     def forward_embedding(self, src_tokens, token_embedding: Optional[Tensor] = None):
         if token_embedding is not None:
@@ -167,13 +171,13 @@ class SlimTransformerDecoder(_LayerStackMixin, TransformerDecoderBase):
         self.layers.extend(self.build_layers(cfg, "decoder"))
         self.num_layers = len(self.layers)
 
-    def build_layer(self, cfg):
-        return self.build_decoder_layer(cfg, self.no_encoder_attn)
+    def build_layer(self, cfg, spec=None):
+        return self.build_decoder_layer(cfg, self.no_encoder_attn, spec)
 
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+    def build_decoder_layer(self, cfg, no_encoder_attn=False, spec=None):
         if self.options.skipless_layout != "none":
-            return _wrap_layer(cfg, SkiplessDecoderLayer(cfg))
-        return _wrap_layer(cfg, SlimDecoderLayer(cfg, no_encoder_attn))
+            return _wrap_layer(cfg, SkiplessDecoderLayer(cfg, spec=spec))
+        return _wrap_layer(cfg, SlimDecoderLayer(cfg, no_encoder_attn, spec=spec))
 
     def build_output_projection(self, cfg, dictionary, embed_tokens):
         """Vocabulary projection: adaptive softmax, SAFE, Tensor Chain or dense (tied or not)."""
