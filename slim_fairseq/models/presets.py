@@ -24,6 +24,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Tuple
 
+from slim_fairseq import options
 from slim_fairseq.checkpoint_upgrade import upgrade_args
 from slim_fairseq.modules.attention import heads_for
 from slim_fairseq.option_errors import one_line_option_errors
@@ -133,12 +134,14 @@ _FILLED_KEYS = {}
 
 
 def _keys_filled_by(model):
-    """The options ``model``'s defaults set on an empty config."""
-    if model not in _FILLED_KEYS:
+    """The options ``model``'s defaults set on an empty config (with the options registered
+    now)."""
+    key = (model, options.specs())
+    if key not in _FILLED_KEYS:
         blank = argparse.Namespace()
         _MODEL_DEFAULTS[model](blank)
-        _FILLED_KEYS[model] = frozenset(vars(blank))
-    return _FILLED_KEYS[model]
+        _FILLED_KEYS[key] = frozenset(vars(blank))
+    return _FILLED_KEYS[key]
 
 
 @dataclass(frozen=True)
