@@ -8,18 +8,16 @@ exits with status 1, without a traceback.
 Every option error has one format, ``--flag=value: what is wrong; allowed: what would work``
 (:func:`option_error`; a flag that takes no value is written without ``=value``).
 
-The plugin checks its options twice: right after fairseq parses the command line (the
-architecture preset is wrapped by :func:`checked_preset`, so nothing is loaded or logged
-before the error) and again when the model is built (``build_model``, also the hub route).
-The plugin's option errors start with the flag they name (``--tie-ffn: ...``);
-:func:`one_line_option_errors` turns those into :class:`OptionError` at the model boundary.
+The plugin checks its options right after fairseq parses the command line (the architecture's
+preset checks them, so nothing is loaded or logged before the error), and when the model is
+built from a config that was not parsed so (a checkpoint, the hub route); equal options are
+checked once (:class:`slim_fairseq.models.slim_options.ModelOptions`). The plugin's option
+errors start with the flag they name (``--tie-ffn: ...``); :func:`one_line_option_errors` turns
+those into :class:`OptionError` at the model boundary.
 """
 import contextlib
-import functools
 import os
 import sys
-
-from slim_fairseq.checkpoint_upgrade import upgrade_args
 
 
 class OptionError(ValueError, SystemExit):
@@ -32,13 +30,16 @@ class OptionError(ValueError, SystemExit):
         prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fairseq"
         self.code = f"{prog}: error: {message}"
         self.alternatives = list(alternatives)
+        self.rule = None  # the name of the rule that refused (slim_fairseq.options.check_rules)
 
     def with_alternatives(self, alternatives):
         """The same refusal proposing only ``alternatives`` (a checker kept those that pass)."""
         head = str(self).rsplit("; allowed: ", 1)[0]
         allowed = render_alternatives(alternatives) if alternatives else \
             "another setting of the options named"
-        return OptionError(f"{head}; allowed: {allowed}", alternatives)
+        refusal = OptionError(f"{head}; allowed: {allowed}", alternatives)
+        refusal.rule = self.rule
+        return refusal
 
 
 def render_alternatives(alternatives):
@@ -144,34 +145,3 @@ def _task_name(task, cls):
         if value is cls:
             return key
     return cls.__name__
-
-
-def checked_preset(preset, model_cls):
-    """Wrap an architecture preset so that options stored by earlier versions take today's
-    names first (:func:`slim_fairseq.checkpoint_upgrade.upgrade_args`; fairseq calls the preset
-    when it builds a model from a checkpoint) and fairseq's ``parse_args_and_arch`` (which calls
-    the preset last) also checks the options with ``model_cls.check_args(args)``, and a
-    ``fairseq-train`` run with :func:`slim_fairseq.run_checks.check_command_line`."""
-
-    @functools.wraps(preset)
-    def checked(args):
-        from slim_fairseq import run_checks
-        upgrade_args(args)
-        preset(args)
-        with one_line_option_errors():
-            model_cls.check_args(args)
-            run_checks.check_command_line(args)
-
-    checked.slim_checked = True
-    return checked
-
-
-def install_checked_presets(package_prefix):
-    """Wrap every architecture preset registered by the plugin's model classes (idempotent)."""
-    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
-
-    for arch, model_cls in ARCH_MODEL_REGISTRY.items():
-        preset = ARCH_CONFIG_REGISTRY.get(arch)
-        if (model_cls.__module__.startswith(package_prefix) and preset is not None
-                and hasattr(model_cls, "check_args") and not getattr(preset, "slim_checked", False)):
-            ARCH_CONFIG_REGISTRY[arch] = checked_preset(preset, model_cls)

@@ -1,10 +1,10 @@
-"""What each block of a model is built from: the options resolved once into frozen specs.
+"""What each block of a model is built from: frozen specs, made from the checked options.
 
-The command line's options (``slim_fairseq/models/slim_options.py``) are read, defaulted and
-checked in one place, :mod:`slim_fairseq.models.resolve`, which turns them into the specs
-below; the modules (``slim_fairseq/modules/``) take a spec as a constructor argument and never
-read fairseq's config. docs/DESIGN.md ("From a flag to the code") maps every option to its
-spec field and the module that uses it.
+The command line's options are described, checked and turned into the specs below by the
+option specs of ``slim_fairseq/models/slim_options.py`` (one per technique); the modules
+(``slim_fairseq/modules/``) take a spec as a constructor argument and never read fairseq's
+config. docs/DESIGN.md ("From a flag to the code") maps every option to its spec field and the
+module that uses it.
 """
 from dataclasses import dataclass
 
@@ -52,12 +52,12 @@ PLAIN_ATTENTION = AttentionSpec()
 
 @dataclass(frozen=True)
 class FeedForwardSpec:
-    """The feed-forward: a GLU (``--ffn-glu``, ``--glu-hidden``) or fairseq's two linears, the
-    activation, Tensor-Chain linears (``--tc-ff``/``--tc-layer``) and biases."""
+    """The feed-forward: ``variant`` the spec of the variant whose options are on (the GLU's,
+    ``--ffn-glu``, ``--glu-hidden``; None: fairseq's two linears), the activation, Tensor-Chain
+    linears (``--tc-ff``/``--tc-layer``) and biases."""
 
-    glu: bool = False
+    variant: object = None
     activation: str = "relu"
-    glu_hidden: str = "two-thirds"
     chain: ChainSpec = DENSE
     bias: bool = True
 

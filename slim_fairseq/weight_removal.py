@@ -29,6 +29,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from slim_fairseq.checkpoint_upgrade import upgrade_state_dict
+from slim_fairseq.modules.attention import attention_head_dim
 from slim_fairseq.option_errors import option_error
 
 DEFAULT_MAX_CONDITION = 1e8
@@ -65,6 +66,13 @@ def check_removable(model_args, removed: str):
         raise option_error("--removed-weights", removed, f"W_{removed.upper()} is d x {kv_heads}*d_h, "
                            f"only square with MHA (--kv-heads {kv_heads}, {heads} heads)",
                            "q with MQA/GQA")
+    width = _get(model_args, "decoder_embed_dim")
+    head_dim = attention_head_dim(width, heads, _get(model_args, "head_dim", 0) or 0,
+                                  rope=bool(_get(model_args, "rope_theta", 0.0)))
+    if heads * head_dim != width:
+        raise option_error("--removed-weights", removed, f"W_{removed.upper()} is d x "
+                           f"{heads}*{head_dim}, not square (--head-dim {head_dim}, d {width})",
+                           "a model whose heads span the model width (no --head-dim)")
     for flag, dest in (("--self-attn-gate", "self_attn_gate"), ("--tc-ff", "tc_ff"),
                        ("--tc-layer", "tc_layer"), ("--tc-emb", "tc_emb")):
         if _get(model_args, dest, None) not in (None, "none", 0, 0.0):
@@ -88,9 +96,7 @@ def _bias(sd, key, width):
 
 def _checked_matrix(sd, key, layer, removed, max_condition):
     mat = _row(sd, key)
-    if mat.shape[0] != mat.shape[1]:
-        raise ValueError(f"--removed-weights={removed}: {key} is {tuple(mat.shape)}, not square; "
-                         "allowed: a model whose heads span the model width (no --head-dim)")
+    assert mat.shape[0] == mat.shape[1], (key, tuple(mat.shape))  # (check_removable's rule)
     cond = torch.linalg.cond(mat).item()
     if not math.isfinite(cond) or cond > max_condition:
         raise ValueError(

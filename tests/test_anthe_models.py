@@ -90,7 +90,9 @@ def test_layer_options_build_the_anthe_blocks():
     assert isinstance(layer.fc1.w1, TensorChainLinear) and isinstance(layer.fc2, TensorChainLinear)
     assert layer.self_attn.gate == "qgv" and layer.encoder_attn.gate == "vgk"
     assert isinstance(layer.self_attn.q_proj, TensorChainLinear)
-    assert layer.activation_fn(torch.tensor([-1.0])).item() == -1.0  # identity around the GLU
+    # one feed-forward module, whose parts are the layer's fc1 and fc2; the GLU applies the gate
+    assert layer.feed_forward.fc1 is layer.fc1 and layer.feed_forward.fc2 is layer.fc2
+    assert layer.activation_fn is torch.nn.functional.silu and layer.fc1.activation == "silu"
     x, enc = torch.randn(4, 2, 32), torch.randn(6, 2, 32)
     out = layer(x, enc, None)[0]
     out.sum().backward()

@@ -232,23 +232,23 @@ def test_k_limit_is_exact(small_task):
 
 
 def test_tie_option_parsing_and_distributed_refusals():
-    from slim_fairseq.models import resolve
-    from slim_fairseq.models.slim_options import validate_tying
+    from slim_fairseq.models.slim_options import TyingOptions, set_slim_defaults, validate_slim_args
 
     def ns(**given):
-        options = dict(tie_ffn="none", tie_attn_proj="none", ffn_lora_rank=0,
-                       ffn_lora_alpha=None, sandwich=False)
-        return argparse.Namespace(**{**options, **given})
+        args = argparse.Namespace(decoder_layers=8, decoder_embed_dim=32,
+                                  decoder_attention_heads=4, **given)
+        set_slim_defaults(args)
+        return args
 
-    assert resolve.tying(ns(tie_attn_proj="1")) == TyingSpec(ffn=None, attn_proj=1)
-    assert resolve.tying(ns(tie_ffn="0", ffn_lora_rank=4)) == TyingSpec(0, None, 4, 4.0)
+    assert TyingOptions.from_args(ns(tie_attn_proj="1")).spec() == TyingSpec(ffn=None, attn_proj=1)
+    assert TyingOptions.from_args(ns(tie_ffn="0", ffn_lora_rank=4)).spec() == TyingSpec(0, None, 4, 4.0)
     with pytest.raises(ValueError, match="--ddp-backend"):
-        validate_tying(ns(tie_ffn=0, ddp_backend="fully_sharded"), 8)
+        validate_slim_args(ns(tie_ffn=0, ddp_backend="fully_sharded"), "slim_lm")
     with pytest.raises(ValueError, match="legacy_ddp"):
-        validate_tying(ns(tie_attn_proj=0, ddp_backend="pytorch_ddp", checkpoint_activations=True,
-                          distributed_world_size=2), 8)
-    validate_tying(ns(tie_ffn=0, ddp_backend="legacy_ddp", checkpoint_activations=True,
-                      distributed_world_size=2), 8)
+        validate_slim_args(ns(tie_attn_proj=0, ddp_backend="pytorch_ddp",
+                              checkpoint_activations=True, distributed_world_size=2), "slim_lm")
+    validate_slim_args(ns(tie_ffn=0, ddp_backend="legacy_ddp", checkpoint_activations=True,
+                          distributed_world_size=2), "slim_lm")
 
 
 # ------------------------------------------------------------------------- modules

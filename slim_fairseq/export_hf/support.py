@@ -6,7 +6,7 @@ option and what to train with instead; the techniques that change the block's co
 (Anthe's gates, H-SoftPOS, SAFE, a sandwich middle of another width, adaptive input and softmax,
 skipless blocks with shaped attention) have no counterpart in any class.
 """
-from slim_fairseq.models import resolve
+from slim_fairseq.models.slim_options import SandwichOptions
 from slim_fairseq.option_errors import option_error
 
 # (option, whether it is on, what no class has, what to train with instead)
@@ -71,7 +71,7 @@ def check_no_class(src):
             width = getattr(args, f"{side}_embed_dim")
             heads = getattr(args, f"{side}_attention_heads")
             ffn = getattr(args, f"{side}_ffn_embed_dim")
-            middle_dim, middle_heads = resolve.sandwich_middle(args, width)
+            middle_dim, middle_heads = SandwichOptions.from_args(args).middle(width)
             middle_ffn = args.sandwich_ffn_dim or ffn
             for flag, value, own in (("--sandwich-dim", middle_dim, width),
                                      ("--sandwich-ffn-dim", middle_ffn, ffn),

@@ -1,39 +1,69 @@
-"""The plugin's layers: fairseq's encoder and decoder layers with the options' attention,
-feed-forward and normalisation, and the skipless decoder block.
+"""The plugin's blocks: an encoder or decoder layer that owns its attention(s), one
+feed-forward module and its norms, each built from the layer's
+:class:`~slim_fairseq.specs.LayerSpec`; and the skipless decoder block.
 
-They subclass fairseq's layer bases and only override the ``build_*`` hooks (the attention:
-:func:`~slim_fairseq.modules.attention.build_attention`; the feed-forward: GLU and Tensor-Chain
-linears, with or without biases) and swap the norms (``--norm``), so fairseq's forward runs
-unchanged; with every option off they are fairseq's layers (same parameters, same init order,
-same outputs). A GLU FFN is ``fc2(fc1(x))`` with ``fc1`` = :class:`GLUProjection` and the
-identity as the layer's activation.
+:class:`SlimEncoderLayer` and :class:`SlimDecoderLayer` are fairseq's layers (they subclass
+fairseq's layer bases, hold fairseq's attributes under fairseq's names, and run fairseq's
+forward with the feed-forward as one call): with every option off their parameters, init order
+and outputs are fairseq's (tests/test_anthe_models.py). The attention is
+:func:`~slim_fairseq.modules.attention.build_attention`'s, the feed-forward the module
+registered for the spec's variant (:func:`register_feed_forward`; the dense one when none is
+on), the norms ``--norm``'s.
 
-:class:`SkiplessDecoderLayer` (``--skipless-layout``; He & Hofmann, arXiv:2311.01906) is the one
-layer with its own forward: no residual and no norm, so fairseq's residual forward does not
-apply.
+:class:`SkiplessDecoderLayer` (``--skipless-layout``; He & Hofmann, arXiv:2311.01906) has its
+own forward: no residual and no norm.
 """
-import copy
 import math
+from typing import Dict, List, Optional
 
+import torch
 import torch.nn as nn
-import torch.nn.functional as F
+from fairseq import utils
 from fairseq.modules import LayerNorm
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
 )
+from torch import Tensor
 
-from slim_fairseq.models import resolve
-from slim_fairseq.modules.activations import PLUGIN_ONLY, activation_function
+from slim_fairseq import options as vocabulary
+from slim_fairseq.models.slim_options import GLUOptions, ModelOptions
 from slim_fairseq.modules.attention import build_attention
-from slim_fairseq.modules.dropout import slim_dropouts
-from slim_fairseq.modules.glu import GLUProjection, build_linear, glu_hidden_dim
+from slim_fairseq.modules.dropout import SlimDropout
+from slim_fairseq.modules.feed_forward import FeedForward, GLUFeedForward, mount
 from slim_fairseq.modules.rmsnorm import RMSNorm
-from slim_fairseq.modules.skipless import init_skipless_feed_forward
-from slim_fairseq.modules.tc_autograd import rebuildable_relu
-from slim_fairseq.modules.tensor_chain import TensorChainLinear
-from slim_fairseq.specs import NormSpec
+from slim_fairseq.specs import FeedForwardSpec, LayerSpec, NormSpec
 
+# ---------------------------------------------------------------------------- feed-forwards
+
+# the module of each feed-forward variant, by the variant's spec (docs/DESIGN.md, "Adding a
+# technique"); with no variant on, FeedForward
+FEED_FORWARDS = {GLUOptions: GLUFeedForward}
+
+
+def register_feed_forward(spec_cls, module_cls):
+    """Add a feed-forward variant: its spec ``spec_cls`` (a
+    :class:`~slim_fairseq.models.slim_options.FeedForwardVariant` whose fields are its options)
+    joins the option vocabulary, and a block whose options turn it on builds ``module_cls``
+    (called as :class:`~slim_fairseq.modules.feed_forward.FeedForward` is)."""
+    vocabulary.register(spec_cls)
+    FEED_FORWARDS[spec_cls] = module_cls
+    return module_cls
+
+
+def unregister_feed_forward(spec_cls):
+    """Remove a variant added by :func:`register_feed_forward`."""
+    FEED_FORWARDS.pop(spec_cls, None)
+    vocabulary.unregister(spec_cls)
+
+
+def build_feed_forward(spec: FeedForwardSpec, dim, hidden_dim, dropout, quant_noise=(0.0, 8)):
+    """The feed-forward module of ``spec``: its variant's, or the dense one."""
+    module_cls = FeedForward if spec.variant is None else FEED_FORWARDS[type(spec.variant)]
+    return module_cls(spec, dim, hidden_dim, dropout, quant_noise=quant_noise)
+
+
+# ---------------------------------------------------------------------------- norms
 
 def build_norm(spec: NormSpec, dim):
     """The norm ``--norm`` selects at width ``dim``: fairseq's LayerNorm, RMSNorm (weight only,
@@ -52,99 +82,142 @@ class _Identity(nn.Module):
         return x
 
 
-def _identity(x):
-    return x
+# ---------------------------------------------------------------------------- blocks
+
+class _Block:
+    """What the encoder and decoder layers share: their spec, norms and feed-forward."""
+
+    def _norm(self, dim):
+        return build_norm(self.spec.norm, dim) or _Identity()
+
+    def _dropouts(self, cfg):
+        self.dropout_module = SlimDropout(cfg.dropout, module_name=type(self).__name__)
+        activation_dropout_p = cfg.activation_dropout
+        if activation_dropout_p == 0:
+            # for backwards compatibility with models that use cfg.relu_dropout (fairseq's)
+            activation_dropout_p = cfg.relu_dropout or 0
+        return SlimDropout(float(activation_dropout_p), module_name=type(self).__name__)
+
+    def _mount_feed_forward(self, ffn_dim, activation_dropout):
+        mount(self, build_feed_forward(self.spec.ffn, self.embed_dim, ffn_dim, activation_dropout,
+                                       quant_noise=(self.quant_noise, self.quant_noise_block_size)))
+
+    @property
+    def activation_fn(self):
+        return self.feed_forward.activation_fn
+
+    def _attention_kwargs(self, xformers):
+        """fairseq's own extra arguments of the attention blocks of a layer."""
+        return dict(q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
+                    xformers_att_config=xformers)
 
 
-class _SlimLayerMixin:
-    """The layer's spec, read before fairseq's constructor runs the ``build_*`` hooks; the
-    feed-forward hooks; the norm swap."""
-
-    def _construct(self, cfg, side, construct):
-        """Run fairseq's constructor ``construct(cfg)`` for a layer of ``side``. fairseq looks
-        the activation up by name and knows no silu: it gets a copy of ``cfg`` that names relu,
-        and the activation is set afterwards (``cfg`` itself is not changed)."""
-        self.spec = resolve.layer(cfg, side)  # the build_* hooks read it
-        activation = self.spec.ffn.activation
-        if activation not in PLUGIN_ONLY:
-            construct(cfg)
-        else:
-            fairseq_cfg = copy.copy(cfg)
-            fairseq_cfg.activation_fn = "relu"
-            construct(fairseq_cfg)
-            if getattr(self, "cfg", None) is fairseq_cfg:
-                self.cfg = cfg
-            self.activation_fn = activation_function(activation)
-        slim_dropouts(self)  # one-byte dropout masks on the CPU
-        if self.spec.ffn.glu:
-            self.activation_fn = _identity  # the GLU projection applies its own activation
-        self._lean_ffn()
-        self._swap_norms()
-
-    def _swap_norms(self):
-        if self.spec.norm.kind == "layernorm":
-            return
-        for name in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
-            if getattr(self, name, None) is not None:
-                setattr(self, name, build_norm(self.spec.norm, self.embed_dim) or _Identity())
-
-    def _lean_ffn(self):
-        """A ReLU feed-forward of two Tensor Chains keeps fc1's input for backward, not the
-        hidden layer: fc1 marks its output, the ReLU keeps a one-byte mask, fc2 rebuilds its
-        input (``tc_autograd``)."""
-        if (self.activation_fn is F.relu and isinstance(self.fc1, TensorChainLinear)
-                and isinstance(self.fc2, TensorChainLinear)):
-            self.fc1.rebuildable_output = True
-            self.activation_fn = rebuildable_relu
-
-    def build_fc1(self, input_dim, output_dim, q_noise, qn_block_size):
-        ffn = self.spec.ffn
-        if ffn.glu:
-            return GLUProjection(input_dim, glu_hidden_dim(output_dim, ffn.glu_hidden),
-                                 activation=ffn.activation, chain=ffn.chain, bias=ffn.bias)
-        if ffn.chain.ratio or not ffn.bias:
-            return build_linear(input_dim, output_dim, ffn.chain, bias=ffn.bias)
-        return super().build_fc1(input_dim, output_dim, q_noise, qn_block_size)
-
-    def build_fc2(self, input_dim, output_dim, q_noise, qn_block_size):
-        ffn = self.spec.ffn
-        if ffn.glu:
-            input_dim = glu_hidden_dim(input_dim, ffn.glu_hidden)
-        if ffn.glu or ffn.chain.ratio or not ffn.bias:
-            return build_linear(input_dim, output_dim, ffn.chain, bias=ffn.bias,
-                                rebuild_input=ffn.glu)
-        return super().build_fc2(input_dim, output_dim, q_noise, qn_block_size)
-
-
-def _attention_kwargs(layer, xformers):
-    """fairseq's own extra arguments of the attention blocks of a layer."""
-    return dict(q_noise=layer.quant_noise, qn_block_size=layer.quant_noise_block_size,
-                xformers_att_config=xformers)
-
-
-class SlimEncoderLayer(_SlimLayerMixin, TransformerEncoderLayerBase):
+class SlimEncoderLayer(_Block, TransformerEncoderLayerBase):
     """fairseq's encoder layer with the plugin's self-attention, feed-forward and norms."""
 
-    def __init__(self, cfg, return_fc=False):
-        self._construct(cfg, "encoder", lambda layer_cfg: TransformerEncoderLayerBase.__init__(
-            self, layer_cfg, return_fc=return_fc))
+    def __init__(self, cfg, return_fc=False, spec: LayerSpec = None):
+        nn.Module.__init__(self)
+        self.spec = spec or ModelOptions.of(cfg).layer_spec(cfg, "encoder")
+        self.cfg = cfg
+        self.return_fc = return_fc
+        self.embed_dim = cfg.encoder.embed_dim
+        self.quant_noise = cfg.quant_noise.pq
+        self.quant_noise_block_size = cfg.quant_noise.pq_block_size
+        self.self_attn = self.build_self_attention(self.embed_dim, cfg)
+        self.self_attn_layer_norm = self._norm(self.embed_dim)
+        activation_dropout = self._dropouts(cfg)
+        self.normalize_before = cfg.encoder.normalize_before
+        self._mount_feed_forward(cfg.encoder.ffn_embed_dim, activation_dropout)
+        self.final_layer_norm = self._norm(self.embed_dim)
 
     def build_self_attention(self, embed_dim, cfg):
         return build_attention(self.spec.self_attn, embed_dim, cfg.encoder.attention_heads,
                                role="encoder_self", dropout=cfg.attention_dropout,
-                               **_attention_kwargs(self, cfg.encoder.xformers_att_config))
+                               **self._attention_kwargs(cfg.encoder.xformers_att_config))
+
+    def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
+        """fairseq's ``TransformerEncoderLayerBase.forward`` with the feed-forward as one call
+        (tests/test_anthe_models.py pins it to fairseq's output with every option off)."""
+        if attn_mask is not None:
+            attn_mask = attn_mask.masked_fill(
+                attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4)
+
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=encoder_padding_mask,
+                              need_weights=False, attn_mask=attn_mask)
+        x = self.dropout_module(x)
+        x = self.residual_connection(x, residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+
+        residual = x
+        if self.normalize_before:
+            x = self.final_layer_norm(x)
+        x = self.feed_forward(x)
+        fc_result = x
+        x = self.dropout_module(x)
+        x = self.residual_connection(x, residual)
+        if not self.normalize_before:
+            x = self.final_layer_norm(x)
+        if self.return_fc and not torch.jit.is_scripting():
+            return x, fc_result
+        return x
 
 
-class SlimDecoderLayer(_SlimLayerMixin, TransformerDecoderLayerBase):
-    """fairseq's decoder layer with the plugin's self-/cross-attention, feed-forward and norms."""
+def _restore_state(attention, incremental_state, prev_state):
+    """fairseq's ``prev_self_attn_state`` / ``prev_attn_state``: keys, values (and their padding
+    mask) given as a list, written into ``attention``'s incremental state."""
+    prev_key, prev_value = prev_state[:2]
+    saved_state: Dict[str, Optional[Tensor]] = {"prev_key": prev_key, "prev_value": prev_value}
+    if len(prev_state) >= 3:
+        saved_state["prev_key_padding_mask"] = prev_state[2]
+    assert incremental_state is not None
+    attention._set_input_buffer(incremental_state, saved_state)
 
-    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
-        self._construct(cfg, "decoder", lambda layer_cfg: TransformerDecoderLayerBase.__init__(
-            self, layer_cfg, no_encoder_attn=no_encoder_attn, add_bias_kv=add_bias_kv,
-            add_zero_attn=add_zero_attn))
+
+class SlimDecoderLayer(_Block, TransformerDecoderLayerBase):
+    """fairseq's decoder layer with the plugin's self-/cross-attention, feed-forward and norms
+    (and fairseq's NormFormer options: ``--scale-attn``, ``--scale-heads``, ``--scale-fc``,
+    ``--scale-resids``)."""
+
+    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False,
+                 spec: LayerSpec = None):
+        nn.Module.__init__(self)
+        self.spec = spec or ModelOptions.of(cfg).layer_spec(cfg, "decoder")
+        self.embed_dim = cfg.decoder.embed_dim
+        activation_dropout = self._dropouts(cfg)
+        self.quant_noise = cfg.quant_noise.pq
+        self.quant_noise_block_size = cfg.quant_noise.pq_block_size
+        self.cross_self_attention = cfg.cross_self_attention
+        self.self_attn = self.build_self_attention(self.embed_dim, cfg, add_bias_kv=add_bias_kv,
+                                                   add_zero_attn=add_zero_attn)
+        self.attn_ln = (LayerNorm(self.embed_dim) if utils.safe_getattr(cfg, "scale_attn", False)
+                        else None)
+        self.nh = self.self_attn.num_heads
+        self.head_dim = self.self_attn.head_dim
+        scale_heads = utils.safe_getattr(cfg, "scale_heads", False)
+        self.c_attn = nn.Parameter(torch.ones((self.nh,)), requires_grad=True) if scale_heads else None
+        self.normalize_before = cfg.decoder.normalize_before
+        self.self_attn_layer_norm = self._norm(self.embed_dim)
+        if no_encoder_attn:
+            self.encoder_attn = None
+            self.encoder_attn_layer_norm = None
+        else:
+            self.encoder_attn = self.build_encoder_attention(self.embed_dim, cfg)
+            self.encoder_attn_layer_norm = self._norm(self.embed_dim)
+        self.ffn_layernorm = (LayerNorm(cfg.decoder.ffn_embed_dim)
+                              if utils.safe_getattr(cfg, "scale_fc", False) else None)
+        self.w_resid = (nn.Parameter(torch.ones(self.embed_dim), requires_grad=True)
+                        if utils.safe_getattr(cfg, "scale_resids", False) else None)
+        self._mount_feed_forward(cfg.decoder.ffn_embed_dim, activation_dropout)
+        self.final_layer_norm = self._norm(self.embed_dim)
+        self.need_attn = True
+        self.onnx_trace = False
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        kwargs = _attention_kwargs(self, cfg.decoder.xformers_att_config)
+        kwargs = self._attention_kwargs(cfg.decoder.xformers_att_config)
         kwargs.update(add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
         if cfg.cross_self_attention:
             kwargs["self_attention"] = False
@@ -152,14 +225,116 @@ class SlimDecoderLayer(_SlimLayerMixin, TransformerDecoderLayerBase):
                                role="decoder_self", dropout=cfg.attention_dropout, **kwargs)
 
     def build_encoder_attention(self, embed_dim, cfg):
-        """fairseq's hook; also called by the sandwich stack for a middle layer's
-        cross-attention at the model width, whose spec is resolved at that width."""
-        spec = (self.spec.cross_attn if embed_dim == self.embed_dim
-                else resolve.attention(cfg, "cross", embed_dim, cfg.decoder.attention_heads))
+        """The cross-attention; also called by the sandwich stack for a middle layer's
+        cross-attention at the model width, whose spec is the one at that width."""
+        spec = (self.spec.cross_attn if embed_dim == self.embed_dim else
+                ModelOptions.of(cfg).attention_spec("cross", embed_dim, cfg.decoder.attention_heads))
         return build_attention(spec, embed_dim, cfg.decoder.attention_heads, role="cross",
                                dropout=cfg.attention_dropout, kdim=cfg.encoder.embed_dim,
                                vdim=cfg.encoder.embed_dim,
-                               **_attention_kwargs(self, cfg.encoder.xformers_att_config))
+                               **self._attention_kwargs(cfg.encoder.xformers_att_config))
+
+    def forward(
+        self,
+        x,
+        encoder_out: Optional[torch.Tensor] = None,
+        encoder_padding_mask: Optional[torch.Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        prev_self_attn_state: Optional[List[torch.Tensor]] = None,
+        prev_attn_state: Optional[List[torch.Tensor]] = None,
+        self_attn_mask: Optional[torch.Tensor] = None,
+        self_attn_padding_mask: Optional[torch.Tensor] = None,
+        need_attn: bool = False,
+        need_head_weights: bool = False,
+    ):
+        """fairseq's ``TransformerDecoderLayerBase.forward`` with the feed-forward as one call
+        (its hidden activations and its output when ``--scale-fc`` normalises between them;
+        tests/test_anthe_models.py pins it to fairseq's output with every option off)."""
+        if need_head_weights:
+            need_attn = True
+
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        if prev_self_attn_state is not None:
+            _restore_state(self.self_attn, incremental_state, prev_self_attn_state)
+        _self_attn_input_buffer = self.self_attn._get_input_buffer(incremental_state)
+        if self.cross_self_attention and not (
+            incremental_state is not None
+            and _self_attn_input_buffer is not None
+            and "prev_key" in _self_attn_input_buffer
+        ):
+            if self_attn_mask is not None:
+                assert encoder_out is not None
+                self_attn_mask = torch.cat(
+                    (x.new_zeros(x.size(0), encoder_out.size(0)), self_attn_mask), dim=1)
+            if self_attn_padding_mask is not None:
+                if encoder_padding_mask is None:
+                    assert encoder_out is not None
+                    encoder_padding_mask = self_attn_padding_mask.new_zeros(
+                        encoder_out.size(1), encoder_out.size(0))
+                self_attn_padding_mask = torch.cat(
+                    (encoder_padding_mask, self_attn_padding_mask), dim=1)
+            assert encoder_out is not None
+            y = torch.cat((encoder_out, x), dim=0)
+        else:
+            y = x
+
+        x, attn = self.self_attn(query=x, key=y, value=y, key_padding_mask=self_attn_padding_mask,
+                                 incremental_state=incremental_state, need_weights=False,
+                                 attn_mask=self_attn_mask)
+        if self.c_attn is not None:
+            tgt_len, bsz = x.size(0), x.size(1)
+            x = x.view(tgt_len, bsz, self.nh, self.head_dim)
+            x = torch.einsum("tbhd,h->tbhd", x, self.c_attn)
+            x = x.reshape(tgt_len, bsz, self.embed_dim)
+        if self.attn_ln is not None:
+            x = self.attn_ln(x)
+        x = self.dropout_module(x)
+        x = self.residual_connection(x, residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+
+        if self.encoder_attn is not None and encoder_out is not None:
+            residual = x
+            if self.normalize_before:
+                x = self.encoder_attn_layer_norm(x)
+            if prev_attn_state is not None:
+                _restore_state(self.encoder_attn, incremental_state, prev_attn_state)
+
+            x, attn = self.encoder_attn(
+                query=x, key=encoder_out, value=encoder_out,
+                key_padding_mask=encoder_padding_mask, incremental_state=incremental_state,
+                static_kv=True, need_weights=need_attn or (not self.training and self.need_attn),
+                need_head_weights=need_head_weights)
+            x = self.dropout_module(x)
+            x = self.residual_connection(x, residual)
+            if not self.normalize_before:
+                x = self.encoder_attn_layer_norm(x)
+
+        residual = x
+        if self.normalize_before:
+            x = self.final_layer_norm(x)
+        if self.ffn_layernorm is None:
+            x = self.feed_forward(x)
+        else:
+            x = self.feed_forward.output(self.ffn_layernorm(self.feed_forward.hidden(x)))
+        x = self.dropout_module(x)
+        if self.w_resid is not None:
+            residual = torch.mul(self.w_resid, residual)
+        x = self.residual_connection(x, residual)
+        if not self.normalize_before:
+            x = self.final_layer_norm(x)
+        if self.onnx_trace and incremental_state is not None:
+            saved_state = self.self_attn._get_input_buffer(incremental_state)
+            assert saved_state is not None
+            if self_attn_padding_mask is not None:
+                self_attn_state = [saved_state["prev_key"], saved_state["prev_value"],
+                                   saved_state["prev_key_padding_mask"]]
+            else:
+                self_attn_state = [saved_state["prev_key"], saved_state["prev_value"]]
+            return x, attn, self_attn_state
+        return x, attn, None
 
 
 class SkiplessDecoderLayer(SlimDecoderLayer):
@@ -173,19 +348,16 @@ class SkiplessDecoderLayer(SlimDecoderLayer):
     Called like fairseq's decoder layer; returns ``(y, None, None)``.
     """
 
-    def __init__(self, cfg, no_encoder_attn=True, add_bias_kv=False, add_zero_attn=False):
+    def __init__(self, cfg, no_encoder_attn=True, add_bias_kv=False, add_zero_attn=False,
+                 spec: LayerSpec = None):
         super().__init__(cfg, no_encoder_attn=True, add_bias_kv=add_bias_kv,
-                         add_zero_attn=add_zero_attn)
+                         add_zero_attn=add_zero_attn, spec=spec)
         self.self_attn_layer_norm = self.final_layer_norm = None
         self.parallel = self.spec.skipless == "parallel"
         self.mlp_branch_scale = self.spec.mlp_branch_scale
         # parallel sum of two unit-variance branches, rescaled to unit variance at init
         self.parallel_output_scale = 1.0 / math.sqrt(1.0 + self.mlp_branch_scale ** 2)
-        init_skipless_feed_forward(self.fc1, self.fc2, self.spec.ffn.activation)
-
-    def feed_forward(self, x):
-        x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
-        return self.fc2(x)
+        self.feed_forward.reset_skipless_parameters()
 
     def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
                 prev_self_attn_state=None, prev_attn_layer_state=None, self_attn_mask=None,

@@ -13,7 +13,7 @@ import sys
 
 from fairseq import options
 from fairseq.dataclass.utils import gen_parser_from_dataclass
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer_lm import (
     DEFAULT_MAX_TARGET_POSITIONS,
@@ -24,6 +24,7 @@ from fairseq.models.transformer_lm import (
 from fairseq.modules import AdaptiveInput
 
 from slim_fairseq.checkpoint_upgrade import upgrade_state_dict
+from slim_fairseq.models.presets import Preset, apply_preset, model_defaults
 from slim_fairseq.models.slim_options import (
     add_slim_args,
     check_adaptive_cutoffs,
@@ -56,15 +57,16 @@ class SlimLanguageModel(WeightsCheckMixin, ContractOverridesMixin, TransformerLa
 
     @classmethod
     def check_args(cls, args, task=None):
-        """Option checks that need no data (run right after parsing and again at build)."""
+        """Option checks that need no data (right after parsing, and with the task when the
+        model is built; the options' rules run once for equal options). Returns the
+        :class:`~slim_fairseq.models.slim_options.ModelOptions`."""
         given = getattr(args, "translation_only_flags", None)
         if given:
             raise option_error(given[0], None, f"an option of the encoder-decoder (translation) "
                                f"models, and {getattr(args, 'arch', 'slim_lm')} is a language model "
                                "(a decoder only, shaped by the --decoder-* options)",
                                alternatives=[{flag: None for flag in given}])
-        set_slim_defaults(args)
-        validate_slim_args(args, "slim_lm")
+        model_options = validate_slim_args(args, "slim_lm")
         check_task(True, getattr(args, "arch", "slim_lm"),
                    task if task is not None else getattr(args, "task", None))
         if getattr(args, "character_embeddings", False):
@@ -73,6 +75,7 @@ class SlimLanguageModel(WeightsCheckMixin, ContractOverridesMixin, TransformerLa
         if args.tie_adaptive_weights and not args.adaptive_input:
             raise option_error("--tie-adaptive-weights", None, "ties an adaptive input, which "
                                "is off", "add --adaptive-input")
+        return model_options
 
     @classmethod
     def contract_overrides(cls, arch):
@@ -82,13 +85,12 @@ class SlimLanguageModel(WeightsCheckMixin, ContractOverridesMixin, TransformerLa
 
     @classmethod
     def build_model(cls, args, task):
-        slim_lm_base(args)
+        apply_preset(args, "slim_lm")
         with one_line_option_errors():
-            cls.check_args(args, task)
-            return cls._build_model(args, task)
+            return cls._build_model(args, task, cls.check_args(args, task))
 
     @classmethod
-    def _build_model(cls, args, task):
+    def _build_model(cls, args, task, model_options):
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if getattr(args, "max_target_positions", None) is None:
@@ -121,7 +123,7 @@ class SlimLanguageModel(WeightsCheckMixin, ContractOverridesMixin, TransformerLa
                                          task.target_dictionary, table, no_encoder_attn=True)
         model = cls(decoder)
         model.args = args  # the options it was built with (weight removal rebuilds it)
-        return finish_build(model, args, [decoder.layers])
+        return finish_build(model, model_options, [decoder.layers])
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Checkpoints of the earlier LM classes (their layer and table names;
@@ -197,9 +199,9 @@ def add_translation_only_args(parser):
                                 nargs=0 if action.nargs == 0 else None, help=argparse.SUPPRESS)
 
 
-@register_model_architecture("slim_lm", "slim_lm")
-def slim_lm_base(args):
-    """fairseq's transformer_lm with every technique off, pre-norm unless
+@model_defaults("slim_lm")
+def slim_lm_defaults(args):
+    """The plugin's option defaults, then fairseq's transformer_lm base, pre-norm unless
     ``--no-decoder-normalize-before`` (fairseq's base_lm_architecture sets pre-norm whatever it
     is given)."""
     set_slim_defaults(args)
@@ -207,3 +209,7 @@ def slim_lm_base(args):
     base_lm_architecture(args)
     if post_norm:
         args.decoder_normalize_before = False
+
+
+SLIM_LM = Preset.row("slim_lm", "slim_lm", "fairseq's transformer_lm with every technique off, "
+                     "pre-norm unless --no-decoder-normalize-before.").register()

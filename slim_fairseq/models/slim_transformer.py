@@ -4,7 +4,9 @@ Anthe (gates, GLU, H-SoftPOS, Tensor Chain; arXiv:2305.10991), Subformer (SAFE, 
 sharing; arXiv:2101.00234), STLM (FFN / attention-projection tying with LoRA; the block's GQA,
 RoPE, RMSNorm; arXiv:2405.14159) switch on by options of :mod:`slim_options` and combine
 freely; the decoder and its layers are also ``slim_lm``'s. Named architectures are presets that
-only set defaults (``archs_*.py``). Extension points: docs/DESIGN.md.
+only set defaults (``archs_*.py``). The options are read into a
+:class:`~slim_fairseq.models.slim_options.ModelOptions` and checked once per build; every part is
+built from the specs it gives. Extension points: docs/DESIGN.md.
 """
 import argparse
 import copy
@@ -15,7 +17,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from fairseq.distributed import fsdp_wrap
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import register_model
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerDecoderBase,
@@ -27,7 +29,7 @@ from fairseq.modules import AdaptiveSoftmax
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq import utils
 
-from slim_fairseq.models import resolve
+from slim_fairseq.models.presets import Preset, apply_preset, model_defaults
 from slim_fairseq.models.slim_layers import (
     SkiplessDecoderLayer,
     SlimDecoderLayer,
@@ -35,6 +37,8 @@ from slim_fairseq.models.slim_layers import (
     build_norm,
 )
 from slim_fairseq.models.slim_options import (
+    ModelOptions,
+    SandwichOptions,
     add_slim_args,
     check_adaptive_cutoffs,
     extend_fairseq_args,
@@ -62,9 +66,9 @@ def _wrap_layer(cfg, layer):
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
-def _swap_final_norm(module, cfg):
+def _swap_final_norm(module, cfg, options):
     """fairseq's final LayerNorm (pre-norm stacks) as ``--norm`` selects."""
-    spec = resolve.norm(cfg)
+    spec = options.norm_spec(cfg.export)
     if getattr(module, "layer_norm", None) is not None and spec.kind != "layernorm":
         module.layer_norm = build_norm(spec, module.layer_norm.normalized_shape[0]
                                        if hasattr(module.layer_norm, "normalized_shape")
@@ -84,24 +88,28 @@ def _without_layers(cfg, side):
 
 class _LayerStackMixin:
     """The layer stack of an encoder or decoder, built by the plugin (fairseq's constructor gets
-    a copy of the config with no layers): ``build_layer(cfg)`` for each layer, or the sandwich
-    stack (``--sandwich``) whose middle layers are built from a copy of ``cfg`` at the
+    a copy of the config with no layers): ``build_layer(cfg, spec)`` for each layer, or the
+    sandwich stack (``--sandwich``) whose middle layers are built from a copy of ``cfg`` at the
     middle's width."""
 
     def build_layers(self, cfg, side):
-        spec = resolve.sandwich(cfg, side)
+        options = self.options
+        spec = options.sandwich_spec(cfg, side)
         if spec is None:
-            return [self.build_layer(cfg) for _ in range(getattr(cfg, side).layers)]
-        middle_cfg = resolve.middle_layer_cfg(cfg, side, spec)
-        first, middle = self.build_layer(cfg), []
+            layer_spec = options.layer_spec(cfg, side)
+            return [self.build_layer(cfg, layer_spec) for _ in range(getattr(cfg, side).layers)]
+        middle_cfg = SandwichOptions.middle_layer_cfg(cfg, side, spec)
+        middle_spec = options.layer_spec(middle_cfg, side)
+        first, middle = self.build_layer(cfg, options.layer_spec(cfg, side)), []
         for _ in range(spec.layers - 2):
-            layer = self.build_layer(middle_cfg)
+            layer = self.build_layer(middle_cfg, middle_spec)
             if spec.wider and getattr(layer, "encoder_attn", None) is not None:
                 # a wider middle attends to the encoder at the model width
                 layer.encoder_attn = SandwichCrossAttention.around(
                     layer.build_encoder_attention(spec.model_dim, cfg), spec)
             middle.append(layer)
-        return build_sandwich_stack(spec, first, middle, self.build_layer(cfg))
+        return build_sandwich_stack(spec, first, middle,
+                                    self.build_layer(cfg, options.layer_spec(cfg, side)))
 
 
 class SlimTransformerEncoder(_LayerStackMixin, TransformerEncoderBase):
@@ -110,22 +118,24 @@ class SlimTransformerEncoder(_LayerStackMixin, TransformerEncoderBase):
     ``embed_tokens`` is the token table; it is wrapped by :func:`build_input_embedding`.
     """
 
-    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
-        input_embedding = build_input_embedding(resolve.embedding(cfg, "encoder"), embed_tokens)
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False, options=None):
+        options = options or ModelOptions.of(cfg, "slim_transformer")
+        input_embedding = build_input_embedding(options.embedding_spec(cfg, "encoder"), embed_tokens)
         super().__init__(_without_layers(cfg, "encoder"), dictionary, input_embedding,
                          return_fc=return_fc)
         self.cfg = cfg
+        self.__dict__["options"] = options
         self.embed_positions = None  # positions live in the input embedding
         slim_dropouts(self, ("dropout_module",))
-        _swap_final_norm(self, cfg)
+        _swap_final_norm(self, cfg, options)
         self.layers.extend(self.build_layers(cfg, "encoder"))
         self.num_layers = len(self.layers)
 
-    def build_layer(self, cfg):
-        return self.build_encoder_layer(cfg)
+    def build_layer(self, cfg, spec=None):
+        return self.build_encoder_layer(cfg, spec)
 
-    def build_encoder_layer(self, cfg):
-        return _wrap_layer(cfg, SlimEncoderLayer(cfg, return_fc=self.return_fc))
+    def build_encoder_layer(self, cfg, spec=None):
+        return _wrap_layer(cfg, SlimEncoderLayer(cfg, return_fc=self.return_fc, spec=spec))
 
     def forward_embedding(self, src_tokens, token_embedding: Optional[Tensor] = None):
         if token_embedding is not None:
@@ -146,31 +156,32 @@ class SlimTransformerEncoder(_LayerStackMixin, TransformerEncoderBase):
 class SlimTransformerDecoder(_LayerStackMixin, TransformerDecoderBase):
     """Decoder whose input embedding, layer stack and output projection come from the options."""
 
-    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
-        input_embedding = build_input_embedding(resolve.embedding(cfg, "decoder"), embed_tokens)
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None,
+                 options=None):
+        options = options or ModelOptions.of(cfg, "slim_lm" if no_encoder_attn else "slim_transformer")
+        input_embedding = build_input_embedding(options.embedding_spec(cfg, "decoder"), embed_tokens)
         self.no_encoder_attn = no_encoder_attn
+        self.__dict__["options"] = options  # read by build_output_projection in fairseq's constructor
         super().__init__(_without_layers(cfg, "decoder"), dictionary, input_embedding,
                          no_encoder_attn=no_encoder_attn, output_projection=output_projection)
         self.cfg = cfg
         self.embed_positions = None  # positions live in the input embedding
         slim_dropouts(self, ("dropout_module",))
-        _swap_final_norm(self, cfg)
+        _swap_final_norm(self, cfg, options)
         self.layers.extend(self.build_layers(cfg, "decoder"))
         self.num_layers = len(self.layers)
 
-    def build_layer(self, cfg):
-        return self.build_decoder_layer(cfg, self.no_encoder_attn)
+    def build_layer(self, cfg, spec=None):
+        return self.build_decoder_layer(cfg, self.no_encoder_attn, spec)
 
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        if cfg.skipless_layout != "none":
-            return _wrap_layer(cfg, SkiplessDecoderLayer(cfg))
-        return _wrap_layer(cfg, SlimDecoderLayer(cfg, no_encoder_attn))
+    def build_decoder_layer(self, cfg, no_encoder_attn=False, spec=None):
+        if self.options.skipless_layout != "none":
+            return _wrap_layer(cfg, SkiplessDecoderLayer(cfg, spec=spec))
+        return _wrap_layer(cfg, SlimDecoderLayer(cfg, no_encoder_attn, spec=spec))
 
     def build_output_projection(self, cfg, dictionary, embed_tokens):
         """Vocabulary projection: adaptive softmax, SAFE, Tensor Chain or dense (tied or not)."""
-        if getattr(cfg, "base_layers", 0):
-            raise option_error("--base-layers", cfg.base_layers, "not built by slim_fairseq models",
-                               "0 (fairseq's transformer_lm for BASE layers)")
+        options = self.options
         table = embed_tokens.table if hasattr(embed_tokens, "table") else embed_tokens
         vocab = len(dictionary)
         if cfg.adaptive_softmax_cutoff is not None:
@@ -180,23 +191,21 @@ class SlimTransformerDecoder(_LayerStackMixin, TransformerDecoderBase):
                 dropout=cfg.adaptive_softmax_dropout,
                 adaptive_inputs=table if cfg.tie_adaptive_weights else None,
                 factor=cfg.adaptive_softmax_factor, tie_proj=cfg.tie_adaptive_proj)
-        elif cfg.safe_embed_dim:
+        elif options.safe_embed_dim:
             self.output_projection = SAFEOutputProjection.from_spec(
-                resolve.safe_output(cfg), table, self.output_embed_dim, vocab)
-        elif cfg.tc_output:
-            chain = resolve.chain(cfg, "tc_output")
+                options.safe_output_spec(), table, self.output_embed_dim, vocab)
+        elif options.tc_output:
+            chain = options.chain("tc_output")
             self.output_projection = TensorChainLinear(
                 self.output_embed_dim, vocab, ratio=chain.ratio, length=chain.length,
-                bias=cfg.output_bias, min_bond=chain.min_bond)
+                bias=options.output_bias, min_bond=chain.min_bond)
         else:
-            bias = cfg.output_bias
+            bias = options.output_bias
             if self.share_input_output_embed:
                 weight = getattr(table, "weight", None)
-                if not isinstance(weight, nn.Parameter) or weight.shape != (vocab, self.output_embed_dim):
-                    raise ValueError(
-                        "--share-decoder-input-output-embed: a tied output needs a dense token "
-                        f"table of width {self.output_embed_dim}, which this input embedding "
-                        "does not have; allowed: drop it (and --share-all-embeddings)")
+                # the options' rules leave a tied output only a dense table of its width
+                assert isinstance(weight, nn.Parameter) and \
+                    weight.shape == (vocab, self.output_embed_dim), weight
                 self.output_projection = nn.Linear(self.output_embed_dim, vocab, bias=bias)
                 self.output_projection.weight = weight
             else:
@@ -278,31 +287,32 @@ class SlimTransformerDecoder(_LayerStackMixin, TransformerDecoderBase):
 
 def token_table(args, dictionary, model_dim):
     """The token table for an input embedding at ``model_dim`` with the options of ``args``:
-    its width (the model's, H-SoftPOS's d_emb or SAFE's d_e) and its Tensor Chain resolved."""
+    its width (the model's, H-SoftPOS's d_emb or SAFE's d_e) and its Tensor Chain."""
+    options = ModelOptions.of(args)
     cfg = TransformerConfig.from_namespace(args)
-    return build_token_table(resolve.chain(cfg, "tc_emb"), dictionary,
-                             resolve.token_table_dim(cfg, model_dim))
+    return build_token_table(options.chain("tc_emb"), dictionary,
+                             options.token_table_dim(cfg, model_dim))
 
 
-def finish_build(model, cfg, stacks):
+def finish_build(model, options, stacks):
     """Post-build steps shared by the encoder-decoder model and the LM, in this order: the
     whole-model init (``--bert-init``, ``--init-std``; skipless token tables), weight tying
     with LoRA over each layer stack in ``stacks``, and ``--tc-forward`` / ``--tc-backward`` on every
-    Tensor Chain."""
-    if getattr(cfg, "bert_init", False):
+    Tensor Chain (``options``: the model's :class:`ModelOptions`)."""
+    if options.bert_init:
         bert_init_(model)
-    if getattr(cfg, "init_std", 0.0):
-        gpt2_init_(model, cfg.init_std, stacks)
-    if getattr(cfg, "skipless_layout", "none") not in (None, "none"):
+    if options.init_std:
+        gpt2_init_(model, options.init_std, stacks)
+    if options.skipless_layout != "none":
         table = getattr(model.decoder.embed_tokens, "table", None)
         # RMS 1 at the first block: the sqrt(d) scale, or rows that long under --no-scale-embedding
-        row_norm = math.sqrt(cfg.decoder_embed_dim) / model.decoder.embed_scale
+        row_norm = math.sqrt(options.decoder_embed_dim) / model.decoder.embed_scale
         init_skipless_table_(table, getattr(table, "padding_idx", None), row_norm)
-    tying = resolve.tying(cfg)
+    tying = options.tying_spec()
     if tying.on:  # STLM FFN / attention-projection tying + LoRA (arXiv:2405.14159)
         for layers in stacks:
             apply_weight_tying(layers, tying)
-    force_modes_(model, getattr(cfg, "tc_forward", "auto"), getattr(cfg, "tc_backward", "auto"))
+    force_modes_(model, options.tc_forward, options.tc_backward)
     return model
 
 
@@ -415,30 +425,28 @@ class SlimTransformerModel(WeightsCheckMixin, ContractOverridesMixin, Transforme
 
     @classmethod
     def check_args(cls, args, task=None):
-        """Option checks that need no data (run right after parsing and again at build)."""
-        set_slim_defaults(args)
-        validate_slim_args(args, "slim_transformer")
+        """Option checks that need no data (right after parsing, and with the task when the
+        model is built; the options' rules run once for equal options). Returns the
+        :class:`ModelOptions`."""
+        options = validate_slim_args(args, "slim_transformer")
         check_task(False, getattr(args, "arch", "slim_transformer"),
                    task if task is not None else getattr(args, "task", None))
+        return options
 
     @classmethod
     def build_model(cls, args, task):
-        slim_transformer_base(args)
+        apply_preset(args, "slim_transformer")
         with one_line_option_errors():
-            cls.check_args(args, task)
+            options = cls.check_args(args, task)
             check_languages(args, task)
             check_adaptive_cutoffs(args, len(task.target_dictionary))
             model = super().build_model(args, task)
-            return finish_build(model, args, [model.encoder.layers, model.decoder.layers])
+            return finish_build(model, options, [model.encoder.layers, model.decoder.layers])
 
     @classmethod
     def build_embedding(cls, args, dictionary, embed_dim, path=None):
         table = token_table(args, dictionary, embed_dim)
-        if path:
-            if args.tc_emb or table.embedding_dim != embed_dim:
-                raise option_error("--encoder-embed-path/--decoder-embed-path", path, "needs the "
-                                   "standard dense embedding of the model width", "no "
-                                   "--hsoftpos-levels, --safe-embed-dim or --tc-emb with it")
+        if path:  # (the options' rules leave a path only to a dense table of the model width)
             utils.load_embedding(utils.parse_embedding(path), dictionary, table)
         return table
 
@@ -452,8 +460,12 @@ class SlimTransformerModel(WeightsCheckMixin, ContractOverridesMixin, Transforme
                                       no_encoder_attn=args.no_cross_attention)
 
 
-@register_model_architecture("slim_transformer", "slim_transformer")
-def slim_transformer_base(args):
-    """fairseq's transformer base with every technique off."""
+@model_defaults("slim_transformer")
+def slim_transformer_defaults(args):
+    """The plugin's option defaults, then fairseq's transformer base."""
     set_slim_defaults(args)
     base_architecture(args)
+
+
+SLIM_TRANSFORMER = Preset.row("slim_transformer", "slim_transformer",
+                              "fairseq's transformer base with every technique off.").register()

@@ -152,9 +152,7 @@ def glu_hidden_dim(ffn_dim, rule="two-thirds"):
     """Hidden width of a GLU FFN for ``--*-ffn-embed-dim f`` (``--glu-hidden``): ``two-thirds``
     = floor(2f/3), the parameters of a plain FFN of width f (1365 for 2048; Anthe); ``full`` = f
     (STLM, LLaMA-style shapes)."""
-    if rule not in GLU_HIDDEN_RULES:
-        raise ValueError(f"rule={rule!r}: no GLU hidden width of that name; allowed: "
-                         + "|".join(GLU_HIDDEN_RULES))
+    assert rule in GLU_HIDDEN_RULES, rule  # (the options' rule: --glu-hidden's choices)
     return ffn_dim if rule == "full" else (2 * ffn_dim) // 3
 
 
@@ -176,9 +174,7 @@ class GLUProjection(BackwardModeMixin, nn.Module):
     def __init__(self, in_features, hidden_features, activation="silu",
                  chain: ChainSpec = DENSE, bias=True):
         super().__init__()
-        if activation not in GLU_ACTIVATIONS:
-            raise ValueError(f"activation={activation!r}: no gated form in this module; "
-                             "allowed: " + "|".join(GLU_ACTIVATIONS))
+        assert activation in GLU_ACTIVATIONS, activation  # (the options' rule: a gated form)
         self.in_features = in_features
         self.out_features = hidden_features
         self.activation = activation

@@ -28,8 +28,6 @@ from torch import Tensor
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import PositionalEmbedding
 
-from slim_fairseq.option_errors import option_error
-
 KERNEL_SIZE = 3
 
 
@@ -58,18 +56,11 @@ def hsoftpos_dims(model_dim, levels, min_token_dim=0):
     table to at least that width by narrowing the soft-position slots:
     d_sp = floor((d - min_token_dim) / (2l - 1)) when the paper's d_emb is narrower.
     """
-    if levels < 1:
-        raise option_error("--hsoftpos-levels", levels, "not a level count", "an integer >= 1 (0 = off)")
+    assert levels >= 1, levels
     d_sp = model_dim // (2 * levels)
-    if d_sp < 1:
-        raise option_error("--hsoftpos-levels", levels, f"too many for model width {model_dim}",
-                           f"1..{model_dim // 2}")
     if model_dim - (2 * levels - 1) * d_sp < min_token_dim:
         d_sp = (model_dim - min_token_dim) // (2 * levels - 1)
-        if d_sp < 1:
-            raise option_error("--hsoftpos-min-token-dim", min_token_dim, "leaves no "
-                               f"soft-position width at d={model_dim}, l={levels}",
-                               f"0..{model_dim - (2 * levels - 1)}")
+    assert d_sp >= 1, (model_dim, levels, min_token_dim)  # (the options' rule: widths fit)
     return d_sp, d_sp, model_dim - (2 * levels - 1) * d_sp
 
 

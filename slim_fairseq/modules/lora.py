@@ -30,12 +30,9 @@ class LoRALinear(nn.Module):
     def __init__(self, shared: nn.Module, rank: int, alpha: float):
         super().__init__()
         weight = getattr(shared, "weight", None)
-        if not isinstance(weight, nn.Parameter) or weight.dim() != 2:
-            raise ValueError(f"shared={type(shared).__name__}: no dense 2-D weight to adapt; "
-                             "allowed: an nn.Linear or a module with such a weight")
-        if rank < 1:
-            raise ValueError(f"rank={rank}: an adapter has at least one rank; allowed: an "
-                             "integer >= 1")
+        # (the options' rules: LoRA adapts dense linears, of rank >= 1 where it is on)
+        assert isinstance(weight, nn.Parameter) and weight.dim() == 2, type(shared).__name__
+        assert rank >= 1, rank
         self.out_features, self.in_features = weight.shape
         self.weight = weight
         self.bias: Optional[nn.Parameter] = getattr(shared, "bias", None)

@@ -30,9 +30,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, theta: float = 10000.0):
         super().__init__()
-        if head_dim <= 0 or head_dim % 2 != 0:
-            raise ValueError(f"head_dim={head_dim}: no whole number of channel pairs to rotate; "
-                             "allowed: an even number > 0")
+        assert head_dim > 0 and head_dim % 2 == 0, head_dim  # (the options' rule: pairs)
         self.head_dim = head_dim
         self.theta = float(theta)
         self._tables = {}  # (dtype, device) -> (cos, signed sin), each (length, head_dim)

@@ -48,9 +48,7 @@ class SAFEInputEmbedding(nn.Module):
                  max_positions=1024, learned_pos=False, normalize_before=False,
                  scale=True, positions=True, attention_heads=0):
         super().__init__()
-        if not isinstance(table, nn.Embedding):
-            raise ValueError(f"table={type(table).__name__}: SAFE reads a plain token table; "
-                             "allowed: an nn.Embedding")
+        assert isinstance(table, nn.Embedding), type(table).__name__  # (the options' rule)
         self.table = table
         self.padding_idx = table.padding_idx
         self.num_embeddings = table.num_embeddings
@@ -145,9 +143,7 @@ class SAFEOutputProjection(nn.Module):
 
     def __init__(self, table, model_dim, mlp=False, activation="relu"):
         super().__init__()
-        if not isinstance(table, nn.Embedding):
-            raise ValueError(f"table={type(table).__name__}: the tied output reads a plain token "
-                             "table; allowed: an nn.Embedding")
+        assert isinstance(table, nn.Embedding), type(table).__name__  # (the options' rule)
         self.table = table
         self.proj = nn.Linear(model_dim, table.embedding_dim)
         self.activation_fn = activation_function(activation) if mlp else None

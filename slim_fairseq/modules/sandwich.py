@@ -41,17 +41,17 @@ def tie_parameters_(target: nn.Module, source: nn.Module, keep_own=lambda name, 
             continue
         dst_module = target.get_submodule(name) if name else target
         if type(dst_module) is not type(src_module):
-            raise RuntimeError(f"--sandwich: cannot share {name} between "
+            raise RuntimeError(f"{name or 'layer'}: cannot share weights between "
                                f"{type(src_module).__name__} and {type(dst_module).__name__}; "
                                "allowed: middle layers of one class")
         for pname, param in src_module._parameters.items():
             if param is None:
                 continue
             if pname not in dst_module._parameters or dst_module._parameters[pname] is None:
-                raise RuntimeError(f"--sandwich: cannot share {name}.{pname}, missing in a "
-                                   "middle layer; allowed: middle layers of one shape")
+                raise RuntimeError(f"{name}.{pname}: cannot be shared, missing in a middle "
+                                   "layer; allowed: middle layers of one shape")
             if dst_module._parameters[pname].shape != param.shape:
-                raise RuntimeError(f"--sandwich: cannot share {name}.{pname}, shapes differ; "
+                raise RuntimeError(f"{name}.{pname}: cannot be shared, shapes differ; "
                                    "allowed: middle layers of one shape")
             setattr(dst_module, pname, param)
     return target
@@ -166,9 +166,7 @@ def build_sandwich_stack(spec: SandwichSpec, first: nn.Module, middle: List[nn.M
     middle's (a wider middle's decoder layers with a :class:`SandwichCrossAttention` as their
     ``encoder_attn``), which come to share one set of weights; a wider middle gets its width
     projections folded into the first and last layer."""
-    if len(middle) != spec.layers - 2:
-        raise ValueError(f"middle={len(middle)} layers: a sandwich of {spec.layers} layers has "
-                         f"{spec.layers - 2} middle layers; allowed: that many")
+    assert len(middle) == spec.layers - 2, (len(middle), spec.layers)
     _share_middle_layers(list(middle))
     if spec.wider:
         first = SandwichBoundaryLayer(first, SandwichProjection(spec.model_dim, spec.middle_dim,

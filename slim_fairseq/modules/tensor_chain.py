@@ -44,7 +44,7 @@ def factorize(n, length):
     gets factor 1 in the remaining slots and a warning.
     """
     if n < 1 or length < 1:
-        raise ValueError(f"--tc-length={length}: no factorisation of {n} into {length} factors; "
+        raise ValueError(f"length={length}: no factorisation of {n} into {length} factors; "
                          "allowed: a dimension and a length >= 1")
     primes = prime_factors(n)
     if len(primes) < length:
@@ -123,15 +123,11 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
     def __init__(self, in_features, out_features, ratio=None, bond=None, length=2, bias=True,
                  init_std=None, forward_mode="auto", min_bond=0):
         super().__init__()
-        if length < 2:
-            raise ValueError(f"length={length}: a chain has two cores or more; allowed: an "
-                             "integer >= 2")
+        assert length >= 2, length  # (the options' rule: --tc-length)
         if (ratio is None) == (bond is None):
             raise ValueError(f"ratio={ratio}, bond={bond}: a chain needs exactly one of them; "
                              "allowed: a parameter ratio or a bond")
-        if forward_mode not in ("auto", "materialise", "contract"):
-            raise ValueError(f"forward_mode={forward_mode!r}: not a mode; allowed: "
-                             "auto|materialise|contract")
+        assert forward_mode in tensor_chain_policy.FORWARD_MODES, forward_mode
         self.in_features = in_features
         self.out_features = out_features
         self.length = length
@@ -352,9 +348,7 @@ class TensorChainEmbedding(nn.Module):
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None, ratio=None, length=2,
                  bond=None, min_bond=0):
         super().__init__()
-        if length < 2:
-            raise ValueError(f"length={length}: a chain has two cores or more; allowed: an "
-                             "integer >= 2")
+        assert length >= 2, length  # (the options' rule: --tc-length)
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.padding_idx = padding_idx

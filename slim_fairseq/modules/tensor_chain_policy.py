@@ -191,12 +191,9 @@ class BackwardModeMixin:
 def force_modes_(model, forward_mode="auto", backward_mode="auto"):
     """``--tc-forward`` / ``--tc-backward`` on every Tensor-Chain layer of ``model`` and every GLU
     whose projections are chains (dense layers keep their memory savings)."""
-    if forward_mode not in FORWARD_MODES:
-        raise ValueError(f"forward_mode={forward_mode!r}: no forward of that name; allowed: "
-                         + "|".join(FORWARD_MODES))
-    if backward_mode not in BACKWARD_MODES:
-        raise ValueError(f"backward_mode={backward_mode!r}: no backward of that name; allowed: "
-                         + "|".join(BACKWARD_MODES))
+    # (the options' rules: --tc-forward's and --tc-backward's choices)
+    assert forward_mode in FORWARD_MODES and backward_mode in BACKWARD_MODES, (forward_mode,
+                                                                              backward_mode)
     for module in model.modules():
         if is_chain(module):
             module.forward_mode = forward_mode

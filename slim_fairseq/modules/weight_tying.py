@@ -23,28 +23,7 @@ from typing import Callable, Dict, List, Optional
 from torch import nn
 
 from slim_fairseq.modules.lora import LoRALinear
-from slim_fairseq.option_errors import option_error
 from slim_fairseq.specs import TyingSpec
-
-TIE_ALLOWED = "none or an integer K >= 0"
-
-
-def parse_tie_option(value, flag: str) -> Optional[int]:
-    """``none``/None -> None (off); an int >= 0 (or its string) -> that int."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text == "none":
-            return None
-        try:
-            value = int(text)
-        except ValueError:
-            raise option_error(flag, value, "not a layer offset", TIE_ALLOWED) from None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise option_error(flag, value, "not a layer offset", TIE_ALLOWED)
-    return value
-
 
 def tied_layer_range(k: Optional[int], num_layers: int) -> List[int]:
     """0-based layers sharing the weights of layer 1+k: ``[1+k, ..., D-k-1]`` ([] if off)."""
@@ -78,16 +57,16 @@ def default_ffn_linears(layer: nn.Module) -> Dict[str, nn.Module]:
         found = _linear_children(layer.fc1, "fc1")
         found.update(_linear_children(layer.fc2, "fc2"))
         return found
-    raise ValueError(f"--tie-ffn: {type(layer).__name__} has no feed-forward fc1/fc2; allowed: "
-                     "--tie-ffn none with this layer")
+    raise ValueError(f"layer={type(layer).__name__}: no feed-forward fc1/fc2 to tie; allowed: "
+                     "a layer with fc1 and fc2, or an ffn_linears resolver for it")
 
 
 def default_attn_out_proj(layer: nn.Module) -> nn.Module:
     """``layer.self_attn.out_proj``."""
     attn = getattr(layer, "self_attn", None)
     if attn is None or getattr(attn, "out_proj", None) is None:
-        raise ValueError(f"--tie-attn-proj: {type(layer).__name__} has no self_attn.out_proj; "
-                         "allowed: --tie-attn-proj none with this layer")
+        raise ValueError(f"layer={type(layer).__name__}: no self_attn.out_proj to tie; allowed: "
+                         "a layer with one, or an attn_out_proj resolver for it")
     return attn.out_proj
 
 
@@ -125,7 +104,8 @@ def apply_weight_tying(
 
     A no-op when every scheme is off. Returns ``{"ffn": [...], "attn_proj": [...],
     "lora": [...]}`` with the 0-based layer indices each scheme covers. The options were
-    checked against the layer count before (``slim_options.validate_tying``).
+    checked against the layer count before (``TyingOptions``'s rules in
+    ``slim_fairseq/models/slim_options.py``).
     """
     layers = list(layers)
     rank, alpha = spec.lora_rank, spec.lora_alpha
@@ -137,8 +117,8 @@ def apply_weight_tying(
         for index in ffn_range[1:]:
             mine = ffn_linears(layers[index])
             if set(mine) != set(owner):
-                raise ValueError(f"--tie-ffn: layer {index} has another feed-forward layout "
-                                 "than the layer it shares with; allowed: layers of one shape")
+                raise ValueError(f"layers[{index}]: another feed-forward layout than the layer "
+                                 "it shares with; allowed: layers of one shape")
             for path, module in owner.items():
                 share_parameters(module, mine[path])
         if rank > 0:

@@ -1,0 +1,131 @@
+"""The feed-forward a block owns, one module built from its
+:class:`~slim_fairseq.specs.FeedForwardSpec` (docs/DESIGN.md, "Layers" and "Adding a
+technique"): the dense ``fc2(act(fc1 x))`` (fairseq's linears, or Tensor Chains, with or
+without biases) and the GLU ``w2(act(w1 x) * w3 x)`` (:mod:`~slim_fairseq.modules.glu`).
+
+A feed-forward module is called with the block's input ``x`` and returns its output; it computes
+:meth:`FeedForward.hidden` (the activations after the activation dropout) then
+:meth:`FeedForward.output` (fairseq's NormFormer option ``--scale-fc`` normalises between the
+two). Its parts are named as fairseq's layer names them (``fc1``, ``fc2``), and the block holds
+them as its own children (:func:`mount`), so that a checkpoint's parameter names are fairseq's
+(``layers.N.fc1.weight``) whatever the variant, and tying and LoRA, which replace parts of a
+layer, replace the parts the feed-forward runs.
+"""
+from collections.abc import MutableMapping
+
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq.modules.quant_noise import quant_noise as fairseq_quant_noise
+
+from slim_fairseq.modules.activations import activation_function
+from slim_fairseq.modules.glu import GLUProjection, build_linear, glu_hidden_dim
+from slim_fairseq.modules.skipless import init_skipless_feed_forward
+from slim_fairseq.modules.tc_autograd import rebuildable_relu
+from slim_fairseq.modules.tensor_chain import TensorChainLinear
+from slim_fairseq.specs import FeedForwardSpec
+
+
+class FeedForward(nn.Module):
+    """The dense feed-forward ``fc2(dropout(act(fc1 x)))`` of width ``dim`` and hidden width
+    ``hidden_dim``: fairseq's two linears (with fairseq's quant noise ``quant_noise`` = (p,
+    block size)), Tensor-Chain linears (``spec.chain``) or linears without biases.
+
+    Every feed-forward variant takes these arguments: its spec, the widths, and ``dropout``, the
+    block's activation dropout (a module, applied to the hidden activations)."""
+
+    def __init__(self, spec: FeedForwardSpec, dim, hidden_dim, dropout, quant_noise=(0.0, 8)):
+        super().__init__()
+        self.spec = spec
+        self.activation_fn = activation_function(spec.activation)
+        self.activation_dropout_module = dropout
+        self.fc1 = self.build_linear(dim, hidden_dim, quant_noise)
+        self.fc2 = self.build_linear(hidden_dim, dim, quant_noise)
+        if (self.activation_fn is F.relu and isinstance(self.fc1, TensorChainLinear)
+                and isinstance(self.fc2, TensorChainLinear)):
+            # two ReLU-joined chains keep fc1's input for backward, not the hidden layer: fc1
+            # marks its output, the ReLU keeps a one-byte mask, fc2 rebuilds its input
+            self.fc1.rebuildable_output = True
+            self.activation_fn = rebuildable_relu
+
+    def build_linear(self, in_features, out_features, quant_noise):
+        spec = self.spec
+        if spec.chain.ratio or not spec.bias:
+            return build_linear(in_features, out_features, spec.chain, bias=spec.bias)
+        return fairseq_quant_noise(nn.Linear(in_features, out_features), *quant_noise)
+
+    def hidden(self, x):
+        return self.activation_dropout_module(self.activation_fn(self.fc1(x)))
+
+    def output(self, h):
+        return self.fc2(h)
+
+    def forward(self, x):
+        return self.output(self.hidden(x))
+
+    def reset_skipless_parameters(self):
+        """The signal-preserving init of a skipless block (:mod:`~slim_fairseq.modules.skipless`)."""
+        init_skipless_feed_forward(self.fc1, self.fc2, self.spec.activation)
+
+
+class GLUFeedForward(FeedForward):
+    """The GLU feed-forward ``fc2(dropout(act(w1 x) * w3 x))`` (Anthe, arXiv:2305.10991;
+    docs/TECHNIQUES.md#glu-feed-forward): ``fc1`` is the :class:`GLUProjection` holding w1 and
+    w3, whose hidden width is ``spec.variant.glu_hidden``'s rule of ``hidden_dim``; ``fc2``
+    rebuilds its input for backward (a dense one is a ``RebuildingLinear``)."""
+
+    def __init__(self, spec: FeedForwardSpec, dim, hidden_dim, dropout, quant_noise=(0.0, 8)):
+        nn.Module.__init__(self)
+        self.spec = spec
+        hidden_dim = glu_hidden_dim(hidden_dim, spec.variant.glu_hidden)
+        self.activation_dropout_module = dropout
+        self.fc1 = GLUProjection(dim, hidden_dim, activation=spec.activation, chain=spec.chain,
+                                 bias=spec.bias)
+        self.fc2 = build_linear(hidden_dim, dim, spec.chain, bias=spec.bias, rebuild_input=True)
+
+    @property
+    def activation_fn(self):
+        """The gate's activation (``fc1`` applies it)."""
+        return activation_function(self.fc1.activation)
+
+    def hidden(self, x):
+        return self.activation_dropout_module(self.fc1(x))
+
+
+class _Parts(MutableMapping):
+    """A mounted feed-forward's children: the entries ``names`` of the block's own children."""
+
+    def __init__(self, children, names):
+        self.children, self.names = children, list(names)
+
+    def __getitem__(self, name):
+        if name not in self.names:
+            raise KeyError(f"{name}: not a part of this feed-forward; allowed: "
+                           + "|".join(self.names))
+        return self.children[name]
+
+    def __setitem__(self, name, module):
+        if name not in self.names:
+            self.names.append(name)
+        self.children[name] = module
+
+    def __delitem__(self, name):
+        self.names.remove(name)
+        del self.children[name]
+
+    def __iter__(self):
+        return iter(list(self.names))
+
+    def __len__(self):
+        return len(self.names)
+
+
+def mount(block, feed_forward):
+    """Make ``feed_forward`` the feed-forward of ``block`` (``block.feed_forward``): its parts
+    become children of ``block`` under their own names, in one store, so that a part replaced
+    on the block is the part the feed-forward runs, and ``feed_forward`` itself is no child of
+    ``block`` (its parameters are named once, by their part: ``fc1.weight``)."""
+    for name, part in feed_forward.named_children():
+        block.add_module(name, part)
+    feed_forward.__dict__["_modules"] = _Parts(block._modules, feed_forward._modules.keys())
+    block.__dict__["feed_forward"] = feed_forward
+    return feed_forward
