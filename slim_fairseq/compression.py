@@ -308,10 +308,16 @@ def model_flags(model_cfg, model_name):
                 if getattr(model_cfg, a.dest, None) is not None
                 and not same(getattr(model_cfg, a.dest), getattr(defaults, a.dest, None))}
 
+    def derivable(rest):
+        try:
+            return not differing(derived(rest)).keys() - rest.keys()
+        except SystemExit:  # the arch refuses ``rest`` alone (e.g. --glu-hidden without --ffn-glu)
+            return False
+
     chosen = differing(derived({}))
     for key in reversed(list(chosen)):  # drop what the arch derives from the other chosen flags
         rest = {k: v for k, v in chosen.items() if k != key}
-        if not differing(derived(rest)).keys() - rest.keys():
+        if derivable(rest):
             chosen = rest
     flags = ["--arch", model_name]
     for action in actions:

@@ -1,6 +1,7 @@
 """Post-training Tensor-Chain compression of fairseq transformers and dense export of TC
 checkpoints: scripts/compress_checkpoint.py, scripts/export_dense.py,
 slim_fairseq/compression.py."""
+import argparse
 import math
 import os
 import shlex
@@ -433,3 +434,26 @@ def test_compress_demo_tiny(tmp_path):
     train_log = (tmp_path / "demo" / "runs" / "tc0.5_ft" / "train.log").read_text()
     assert "Loaded checkpoint" in train_log and "(epoch 1 @ 0 updates)" in train_log
     assert "TC 0.5 scratch" in (tmp_path / "demo" / "table.md").read_text()
+
+
+@pytest.mark.parametrize("arch, lm, overrides", [
+    ("stlm_tied", True, ["--decoder-embed-dim", "64", "--decoder-layers", "2"]),
+    ("anthe_lm_gpt2_small", True, ["--decoder-embed-dim", "64", "--decoder-layers", "2"]),
+    ("subformer_base", False, ["--encoder-embed-dim", "64", "--decoder-embed-dim", "64"])])
+def test_model_flags_rebuild_the_model_of_a_preset(arch, lm, overrides):
+    """The flags model_flags gives, with --arch the preset's model, build a config equal in every
+    model option; a preset whose options are refused one at a time (a GLU's --glu-hidden without
+    --ffn-glu) is no exception."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    from helpers import parse_train_args, task_args
+    from slim_fairseq import compression
+    args = parse_train_args(task_args(lm) + ["--arch", arch, "--cpu"] + overrides)
+    flags = compression.model_flags(args, compression._model_name(arch))
+    again = parse_train_args(task_args(lm) + ["--cpu"] + flags)
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS, add_help=False)
+    ARCH_MODEL_REGISTRY[arch].add_args(parser)
+    # a language model's positions are the task's (--tokens-per-sample), not a model option
+    options = [a.dest for a in parser._actions if a.option_strings
+               and not (lm and a.dest.startswith("max_"))]
+    assert options and flags[:2] == ["--arch", compression._model_name(arch)]
+    assert {k: getattr(again, k, None) for k in options} == {k: getattr(args, k, None) for k in options}
