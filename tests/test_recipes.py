@@ -885,7 +885,8 @@ def test_evaluate_failed_or_refused_run_leaves_the_earlier_results(fakes, tmp_pa
     assert os.path.isfile(error.split("; see ")[1]) and _tree(tmp_path / "eval") == before
     (fake_dir / "test.hyp").write_text("\n".join(refs) + "\n", encoding="utf-8")
     proc = run("translation/evaluate.sh", data, model, "--beam", "0x", cwd=tmp_path, env=env, expect_ok=False)
-    assert proc.stderr == "evaluate.sh: error: --beam=0x: not a whole number >= 1; allowed: a whole number >= 1\n"
+    assert proc.stderr == ("evaluate.sh: error: --beam=0x: not a whole number >= 1; allowed: a whole number >= 1, or "
+                           "drop --beam (default 5)\n")
     calls = len(fixtures.fake_calls(fake_dir, "fairseq-generate"))
     (data / "test.raw.de").unlink()
     proc = run("translation/evaluate.sh", data, model, cwd=tmp_path, env=env, expect_ok=False)
