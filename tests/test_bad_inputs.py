@@ -429,6 +429,32 @@ def test_recipe_fix_that_a_refusal_proposes_is_accepted(script, argv, tmp_path):
     assert longest > 64  # the lines that complete blocks of 64 tokens could not hold
 
 
+def test_truncated_checkpoint_refusal_names_a_complete_one_beside_it(tmp_path):
+    """The newest other checkpoint of the folder that loads, never the truncated file itself nor
+    another truncated one; a folder without one says so."""
+    import time
+    from slim_fairseq_lab.recipes import evaluation
+    from slim_fairseq_lab.recipes.cli import RecipeError
+    whole = os.path.join(REPO, "tests", "fixtures", "checkpoints_0_2_0", "stlm_tied", "checkpoint.pt")
+    with open(whole, "rb") as f:
+        head = f.read(5000)
+    (tmp_path / "checkpoint1.pt").symlink_to(whole)
+    for name in ("checkpoint2.pt", "checkpoint_last.pt"):  # newer than checkpoint1.pt, and truncated
+        (tmp_path / name).write_bytes(head)
+        os.utime(tmp_path / name, (time.time() + 10, time.time() + 10))
+    with pytest.raises(RecipeError) as caught:
+        evaluation.read(str(tmp_path / "checkpoint_last.pt"))
+    assert str(caught.value) == (f"CKPT={tmp_path}/checkpoint_last.pt: not a complete checkpoint ([Errno 22] Invalid "
+                                 "argument): a copy or a save that did not finish; allowed: "
+                                 f"CKPT={tmp_path}/checkpoint1.pt (a complete checkpoint in the same folder)")
+    assert evaluation.read(str(tmp_path / "checkpoint1.pt"))["cfg"]["model"].arch == "stlm_tied"
+    (tmp_path / "checkpoint1.pt").unlink()
+    with pytest.raises(RecipeError) as caught:
+        evaluation.read(str(tmp_path / "checkpoint_last.pt"))
+    assert str(caught.value).endswith(f"; allowed: a checkpoint fairseq saved completely (none other in {tmp_path} "
+                                      "loads)")
+
+
 def test_refused_or_failed_train_leaves_what_it_found(tmp_path):
     """A train recipe writes its save-dir (recipe.data) only when every check passed: a run
     refused for the wrong data, an option the plugin refuses or a missing split, or one whose

@@ -232,8 +232,11 @@ def check_save_dir(save_dir, data, arch, restore_file):
     try:
         state = checkpoints.load(last, mmap=True)
     except checkpoints.CheckpointError as error:
+        earlier = checkpoints.complete_neighbour(last)
+        restore = f"--restore-file {earlier} (an earlier checkpoint of that run)" if earlier else \
+            "--restore-file with an earlier checkpoint of that run"
         raise refuse(f"--save-dir={save_dir}", f"fairseq would resume from {error}",
-                     "a --save-dir of its own, or --restore-file with an earlier checkpoint of that run") from None
+                     f"a --save-dir of its own, or {restore}") from None
     old = checkpoints.arch(state)
     if old and old != arch:
         raise refuse(f"--save-dir={save_dir}", f"its checkpoint_last.pt is a {old} model, which fairseq would "
