@@ -169,6 +169,24 @@ def last_checkpoints(folder: str, count: int, pattern: re.Pattern, upper_bound: 
     return [path for _, path in found[:count]]
 
 
+def complete_neighbour(path: str) -> str | None:
+    """The newest other checkpoint (checkpoint*.pt) in the folder of ``path`` that loads, or
+    None: what to use in place of ``path`` when it is not complete."""
+    folder = os.path.dirname(path) or "."
+    found = []
+    for name in os.listdir(folder):
+        other = os.path.join(folder, name)
+        if re.fullmatch(r"checkpoint.*\.pt", name) and name != os.path.basename(path) and os.path.isfile(other):
+            found.append((-os.path.getmtime(other), name, other))
+    for _, _, other in sorted(found):
+        try:
+            load(other, mmap=True)
+        except CheckpointError:
+            continue
+        return other
+    return None
+
+
 def average(paths: list[str]) -> dict:
     """Element-wise mean of the ``model`` weights of PATHS (their other fields: the first's).
     Refused when the checkpoints hold other parameters or were trained with other model

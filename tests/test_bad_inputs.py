@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -191,169 +192,234 @@ def _recipe(script, *argv, env=None, cwd=None):
     return run_recipe(script, *argv, cwd=cwd or REPO, env=env, gpus=0)
 
 
-# (recipe, its arguments, the line's pattern); {ende} / {lm} are the small data-bins of the
-# tests, the other placeholders the damaged copies _placeholders makes of them
+# (recipe, its arguments, the line it must end in, exactly, and the fixes it proposes: (what the
+# line's "allowed" says, the recipe and arguments that do it), each tried and accepted);
+# {ende} / {lm} are the small data-bins of the tests, {tmp} the test's folder, the other
+# placeholders what _placeholders makes of them
+EVAL = ["{ende}", "{mtckpt}", "--lenpens", "1.0"]  # an evaluation, on one length penalty
 RECIPES = [
     ("translation/train-subformer.sh", ["--dropout", "0.2", "{ende}", "--dry-run"],
-     r"^train-subformer\.sh: error: --dropout: an option for the fairseq tool, written before "
-     r"DATA_BIN; allowed: DATA_BIN first"),
-    ("translation/evaluate.sh", ["--max-len-b", "5", "{ende}", "ckpt"],
-     r"^evaluate\.sh: error: --max-len-b: an option for the fairseq tool, written before "
-     r"DATA_BIN and CKPT"),
+     "train-subformer.sh: error: --dropout: an option for the fairseq tool, written before DATA_BIN; allowed: "
+     "DATA_BIN first, then the options (--dropout V after them)",
+     [("DATA_BIN first", "translation/train-subformer.sh", ["{ende}", "--dropout", "0.2", "--dry-run"])]),
+    ("translation/evaluate.sh", ["--max-len-b", "5", "{ende}", "{mtckpt}", "--lenpens", "1.0"],
+     "evaluate.sh: error: --max-len-b: an option for the fairseq tool, written before DATA_BIN and CKPT; allowed: "
+     "DATA_BIN CKPT first, then the options (--max-len-b V after them)",
+     [("DATA_BIN CKPT first", "translation/evaluate.sh", ["{ende}", "{mtckpt}", "--max-len-b", "5", "--lenpens",
+                                                          "1.0"])]),
     ("translation/train-anthe.sh", ["{ende}", "--arch", "anthe_bse", "--dry-run", "--gpus", "0"],
-     r"^train-anthe\.sh: error: --arch=anthe_bse: not an architecture; allowed: the closest: "
-     r"anthe_base"),
+     "train-anthe.sh: error: --arch=anthe_bse: not an architecture; allowed: the closest: anthe_base, "
+     "anthe_base_nopatt, bart_base; slim-fairseq-help --archs lists every architecture",
+     [("anthe_base", "translation/train-anthe.sh", ["{ende}", "--arch", "anthe_base", "--dry-run", "--gpus", "0"])]),
     ("translation/train-anthe.sh", ["{ende}", "--frobnicate", "3", "--dry-run", "--gpus", "0"],
-     r"^train-anthe\.sh: error: --frobnicate 3: not options of fairseq-train with --arch anthe_base"),
+     "train-anthe.sh: error: --frobnicate 3: not options of fairseq-train with --arch anthe_base --task "
+     "translation; allowed: drop --frobnicate 3, or the options of fairseq-train --help and slim-fairseq-help "
+     "anthe_base",
+     [("drop --frobnicate 3", "translation/train-anthe.sh", ["{ende}", "--dry-run", "--gpus", "0"])]),
     ("translation/train-anthe.sh", ["{lm}", "--dry-run", "--gpus", "0"],
-     r"^train-anthe\.sh: error: DATA_BIN=.*: language-model data .*; allowed: a translation data-bin"),
+     "train-anthe.sh: error: DATA_BIN={lm}: language-model data (dict.txt, no language pair), and this recipe "
+     "trains a translation model; allowed: a translation data-bin (examples/translation/prepare-*.sh), or a "
+     "language-model recipe (examples/lm/train-*.sh)",
+     [("a translation data-bin", "translation/train-anthe.sh", ["{ende}", "--dry-run", "--gpus", "0"]),
+      ("a language-model recipe", "lm/train-stlm.sh", ["{lm}", "--dry-run", "--gpus", "0"])]),
     ("lm/train-stlm.sh", ["{ende}", "--dry-run", "--gpus", "0"],
-     r"^train-stlm\.sh: error: DATA_BIN=.*: translation data .*; allowed: a language-model data-bin"),
+     "train-stlm.sh: error: DATA_BIN={ende}: translation data (dict.de.txt, dict.en.txt), and this recipe trains a "
+     "language model; allowed: a language-model data-bin (fairseq-preprocess --only-source, "
+     "examples/lm/prepare-wikitext-103.sh), or a translation recipe (examples/translation/train-*.sh)",
+     [("a language-model data-bin", "lm/train-stlm.sh", ["{lm}", "--dry-run", "--gpus", "0"]),
+      ("a translation recipe", "translation/train-anthe.sh", ["{ende}", "--dry-run", "--gpus", "0"])]),
     ("translation/train-anthe.sh", ["{novalid}", "--dry-run", "--gpus", "0"],
-     r"^train-anthe\.sh: error: DATA_BIN=.*: no valid split \(valid\*\.idx; --valid-subset "
-     r"valid\); allowed: a data-bin binarized with --validpref, or --disable-validation$"),
+     "train-anthe.sh: error: DATA_BIN={novalid}: no valid split (valid*.idx; --valid-subset valid); allowed: a "
+     "data-bin binarized with --validpref, or --disable-validation",
+     [("--disable-validation", "translation/train-anthe.sh", ["{novalid}", "--disable-validation", "--dry-run",
+                                                              "--gpus", "0"]),
+      ("a data-bin binarized with --validpref", "translation/train-anthe.sh", ["{ende}", "--dry-run", "--gpus", "0"])]),
     ("translation/train-anthe.sh", ["{ende}", "--max-tokens", "4k", "--dry-run"],
-     r"^train-anthe\.sh: error: --max-tokens=4k: not a whole number >= 1"),
+     "train-anthe.sh: error: --max-tokens=4k: not a whole number >= 1; allowed: a whole number >= 1, or drop "
+     "--max-tokens (its default)",
+     [("drop --max-tokens", "translation/train-anthe.sh", ["{ende}", "--dry-run"]),
+      ("a whole number >= 1", "translation/train-anthe.sh", ["{ende}", "--max-tokens", "4096", "--dry-run"])]),
     ("translation/prepare-wmt16enro.sh", ["--max-len", "abc", "--dry-run"],
-     r"^prepare-wmt16enro\.sh: error: --max-len=abc: not a whole number >= 1"),
+     "prepare-wmt16enro.sh: error: --max-len=abc: not a whole number >= 1; allowed: a whole number >= 1, or drop "
+     "--max-len (default 250)",
+     [("drop --max-len", "translation/prepare-wmt16enro.sh", ["--dry-run"])]),
     ("translation/prepare-wmt16enro.sh", ["--max-len=0", "--dry-run"],
-     r"^prepare-wmt16enro\.sh: error: --max-len=0: not a whole number >= 1"),
+     "prepare-wmt16enro.sh: error: --max-len=0: not a whole number >= 1; allowed: a whole number >= 1, or drop "
+     "--max-len (default 250)",
+     [("drop --max-len", "translation/prepare-wmt16enro.sh", ["--dry-run"]),
+      ("a whole number >= 1", "translation/prepare-wmt16enro.sh", ["--max-len=1", "--dry-run"])]),
     ("translation/prepare-wmt16enro.sh", ["--ratio", "abc", "--dry-run"],
-     r"^prepare-wmt16enro\.sh: error: --ratio=abc: not a number > 0"),
+     "prepare-wmt16enro.sh: error: --ratio=abc: not a number > 0; allowed: a number > 0, or drop --ratio (default "
+     "1.5)",
+     [("drop --ratio", "translation/prepare-wmt16enro.sh", ["--dry-run"])]),
     ("translation/prepare-wmt16enro.sh", ["--bpe-merges", "abc", "--dry-run"],
-     r"^prepare-wmt16enro\.sh: error: --bpe-merges=abc: not a whole number >= 1"),
+     "prepare-wmt16enro.sh: error: --bpe-merges=abc: not a whole number >= 1; allowed: a whole number >= 1, or "
+     "drop --bpe-merges (its default)",
+     [("drop --bpe-merges", "translation/prepare-wmt16enro.sh", ["--dry-run"])]),
     ("translation/prepare-wmt14en2de.sh", ["--vocab-size", "abc", "--dry-run"],
-     r"^prepare-wmt14en2de\.sh: error: --vocab-size=abc: not a whole number >= 1"),
+     "prepare-wmt14en2de.sh: error: --vocab-size=abc: not a whole number >= 1; allowed: a whole number >= 1, or "
+     "drop --vocab-size (its default)",
+     [("drop --vocab-size", "translation/prepare-wmt14en2de.sh", ["--dry-run"])]),
     ("translation/prepare-wmt14en2de.sh", ["--paper", "antthe", "--dry-run"],
-     r"^prepare-wmt14en2de\.sh: error: --paper=antthe: not one of the choices; allowed: "
-     r"anthe\|subformer"),
+     "prepare-wmt14en2de.sh: error: --paper=antthe: not one of the choices; allowed: anthe|subformer",
+     [("anthe", "translation/prepare-wmt14en2de.sh", ["--paper", "anthe", "--dry-run"]),
+      ("subformer", "translation/prepare-wmt14en2de.sh", ["--paper", "subformer", "--dry-run"])]),
     ("translation/prepare-wmt17.sh", ["de-en", "--spm-sample", "abc", "--dry-run"],
-     r"^prepare-wmt17\.sh: error: --spm-sample=abc: not a whole number >= 1"),
+     "prepare-wmt17.sh: error: --spm-sample=abc: not a whole number >= 1; allowed: a whole number >= 1, or drop "
+     "--spm-sample (its default)",
+     [("drop --spm-sample", "translation/prepare-wmt17.sh", ["de-en", "--dry-run"])]),
     ("translation/prepare-wmt17.sh", ["de-en", "--skip", "europarll", "--dry-run"],
-     r"^prepare-wmt17\.sh: error: --skip=europarll: not one of the choices; allowed: europarl\|"),
+     "prepare-wmt17.sh: error: --skip=europarll: not one of the choices; allowed: europarl|commoncrawl|"
+     "news-commentary|rapid|wiki-titles|leta|dcep|books|setimes|un",
+     [("europarl", "translation/prepare-wmt17.sh", ["de-en", "--skip", "europarl", "--dry-run"])]),
     ("translation/prepare-wmt17.sh", ["de-en", "--skip", "leta", "--dry-run"],
-     r"^prepare-wmt17\.sh: error: --skip=leta: not a training corpus of de-en; allowed: "
-     r"europarl\|commoncrawl\|news-commentary\|rapid$"),
+     "prepare-wmt17.sh: error: --skip=leta: not a training corpus of de-en; allowed: "
+     "europarl|commoncrawl|news-commentary|rapid",
+     [("rapid", "translation/prepare-wmt17.sh", ["de-en", "--skip", "rapid", "--dry-run"])]),
     ("translation/prepare-wmt17.sh", ["de-en", "--max-size", "9X", "--dry-run"],
-     r"^prepare-wmt17\.sh: error: --max-size=9X: not a size"),
-    ("lm/evaluate-lm.sh", ["{lm}", "ckpt", "--tokens-per-sample", "x"],
-     r"^evaluate-lm\.sh: error: --tokens-per-sample=x: not a whole number >= 1"),
-    ("lm/evaluate-lm.sh", ["{lm}:{lm}", "ckpt"],
-     r"^evaluate-lm\.sh: error: DATA_BIN=.*: shards of a data-bin .*; allowed: one data-bin"),
-    ("translation/evaluate.sh", ["{ende}", "ckpt", "--beam", "0x"],
-     r"^evaluate\.sh: error: --beam=0x: not a whole number >= 1"),
+     "prepare-wmt17.sh: error: --max-size=9X: not a size; allowed: a number of bytes with an optional K, M, G or "
+     "T (e.g. 500M, 9G), or drop --max-size (its default)",
+     [("9G", "translation/prepare-wmt17.sh", ["de-en", "--max-size", "9G", "--dry-run"]),
+      ("drop --max-size", "translation/prepare-wmt17.sh", ["de-en", "--dry-run"])]),
+    ("lm/evaluate-lm.sh", ["{lm}", "{lmckpt}", "--tokens-per-sample", "x"],
+     "evaluate-lm.sh: error: --tokens-per-sample=x: not a whole number >= 1; allowed: a whole number >= 1, or "
+     "drop --tokens-per-sample (its default)",
+     [("drop --tokens-per-sample", "lm/evaluate-lm.sh", ["{lm}", "{lmckpt}"])]),
+    ("lm/evaluate-lm.sh", ["{lm}:{lm}", "{lmckpt}"],
+     "evaluate-lm.sh: error: DATA_BIN={lm}:{lm}: shards of a data-bin (fairseq's DIR1:DIR2); allowed: one "
+     "data-bin, e.g. {lm} (evaluate-lm.sh scores a whole subset; run fairseq-eval-lm itself on each shard)",
+     [("one data-bin, e.g. {lm}", "lm/evaluate-lm.sh", ["{lm}", "{lmckpt}"])]),
+    ("translation/evaluate.sh", EVAL + ["--beam", "0x"],
+     "evaluate.sh: error: --beam=0x: not a whole number >= 1; allowed: a whole number >= 1, or drop --beam "
+     "(default 5)",
+     [("drop --beam", "translation/evaluate.sh", EVAL)]),
     # a recipe's own options on an arch of the other kind, or of fairseq: named as the recipe's
     ("translation/train-subformer.sh", ["{ende}", "--arch", "stlm_tied", "--dry-run"],
-     r"^train-subformer\.sh: error: --arch=stlm_tied: a language model, and train-subformer\.sh "
-     r"trains translation models; allowed: --arch subformer_base, or a language-model recipe "
-     r"\(examples/lm/train-\*\.sh\)$"),
+     "train-subformer.sh: error: --arch=stlm_tied: a language model, and train-subformer.sh trains translation "
+     "models; allowed: --arch subformer_base, or a language-model recipe (examples/lm/train-*.sh)",
+     [("--arch subformer_base", "translation/train-subformer.sh", ["{ende}", "--arch", "subformer_base",
+                                                                   "--dry-run"]),
+      ("a language-model recipe", "lm/train-stlm.sh", ["{lm}", "--arch", "stlm_tied", "--dry-run"])]),
     ("translation/train-subformer.sh", ["{ende}", "--arch", "transformer", "--dry-run"],
-     r"^train-subformer\.sh: error: --arch=transformer: train-subformer\.sh sets --bert-init for "
-     r"its archs, which transformer refuses \(--bert-init: not options of fairseq-train .*\); "
-     r"allowed: --arch subformer_base$"),
+     "train-subformer.sh: error: --arch=transformer: train-subformer.sh sets --bert-init for its archs, which "
+     "transformer refuses (--bert-init: not options of fairseq-train with --arch transformer --task translation); "
+     "allowed: --arch subformer_base",
+     [("--arch subformer_base", "translation/train-subformer.sh", ["{ende}", "--arch", "subformer_base",
+                                                                   "--dry-run"])]),
     # a dry run checks the data-bin it prints a command for
     ("translation/train-anthe.sh", ["nowhere/data-bin", "--dry-run"],
-     r"^train-anthe\.sh: error: DATA_BIN=nowhere/data-bin: not a folder; allowed: the data-bin a "
-     r"prepare script \(or fairseq-preprocess\) wrote$"),
+     "train-anthe.sh: error: DATA_BIN=nowhere/data-bin: not a folder; allowed: the data-bin a prepare script (or "
+     "fairseq-preprocess) wrote",
+     [("the data-bin a prepare script", "translation/train-anthe.sh", ["{ende}", "--dry-run"])]),
     ("lm/train-stlm.sh", ["{emptytrain}", "--dry-run"],
-     r"^train-stlm\.sh: error: DATA_BIN=.*: its train split is empty \(train\.bin holds no tokens: "
-     r"an empty text file was binarized\); allowed: a data-bin binarized from a --trainpref text "
-     r"that has lines$"),
-    # the GPUs a run asks for (this machine shows none)
-    ("translation/train-anthe.sh", ["{ende}", "--gpus", "2", "--save-dir", "{tmp}/ckpt"],
-     r"^train-anthe\.sh: error: --gpus=2: this machine shows 0 CUDA GPU\(s\); allowed: --gpus 0$"),
+     "train-stlm.sh: error: DATA_BIN={emptytrain}: its train split is empty (train.bin holds no tokens: an empty "
+     "text file was binarized); allowed: a data-bin binarized from a --trainpref text that has lines",
+     [("a data-bin binarized from a --trainpref text that has lines", "lm/train-stlm.sh", ["{lm}", "--dry-run"])]),
+    # the GPUs a run asks for (this machine shows none): the fix trains (a stand-in fairseq-train)
+    ("translation/train-anthe.sh", ["{ende}", "--gpus", "2", "--save-dir", "{tmp}/ckpt", "--max-update", "3"],
+     "train-anthe.sh: error: --gpus=2: this machine shows 0 CUDA GPU(s); allowed: --gpus 0",
+     [("--gpus 0", "translation/train-anthe.sh", ["{ende}", "--gpus", "0", "--save-dir", "{tmp}/ckpt", "--max-update",
+                                                  "3"])]),
     ("lm/train-stlm.sh", ["{lm}", "--fp16", "--dry-run"],
-     r"^train-stlm\.sh: error: --fp16: mixed precision needs CUDA GPUs, and this run trains on the "
-     r"CPU; allowed: drop --fp16, or --gpus N on a machine with GPUs$"),
+     "train-stlm.sh: error: --fp16: mixed precision needs CUDA GPUs, and this run trains on the CPU; allowed: drop "
+     "--fp16, or --gpus N on a machine with GPUs",
+     [("drop --fp16", "lm/train-stlm.sh", ["{lm}", "--dry-run"])]),
     ("translation/train-anthe.sh", ["{ende}", "--nodes", "2", "--gpus", "0", "--dry-run"],
-     r"^train-anthe\.sh: error: --nodes=2: several nodes need GPUs; allowed: --gpus N$"),
-    ("translation/evaluate.sh", ["{ende}", "{mtckpt}", "--avg", "2"],
-     r"^evaluate\.sh: error: --avg=2: needs a checkpoint folder, got the file \S+/mt\.pt; allowed: --avg 1, "
-     r"or the folder of mt\.pt$"),
+     "train-anthe.sh: error: --nodes=2: several nodes need GPUs; allowed: --gpus N",
+     [("--gpus N", "translation/train-anthe.sh", ["{ende}", "--nodes", "2", "--gpus", "8", "--dry-run"])]),
+    ("translation/evaluate.sh", EVAL + ["--avg", "2"],
+     "evaluate.sh: error: --avg=2: needs a checkpoint folder, got the file {mtckpt}; allowed: --avg 1, or the "
+     "folder of mt.pt",
+     [("--avg 1", "translation/evaluate.sh", EVAL + ["--avg", "1"])]),
     # a save-dir whose checkpoint fairseq would resume from is not a complete checkpoint
     ("lm/train-stlm.sh", ["{lm}", "--save-dir", "{truncdir}", "--dry-run"],
-     r"^train-stlm\.sh: error: --save-dir=.*: fairseq would resume from .*/checkpoint_last\.pt: not a "
-     r"complete checkpoint \(.*\): a copy or a save that did not finish; allowed: a --save-dir of "
-     r"its own, or --restore-file with an earlier checkpoint of that run$"),
+     "train-stlm.sh: error: --save-dir={truncdir}: fairseq would resume from {truncated}: not a complete "
+     "checkpoint ([Errno 22] Invalid argument): a copy or a save that did not finish; allowed: a --save-dir of its "
+     "own, or --restore-file {truncdir}/checkpoint1.pt (an earlier checkpoint of that run)",
+     [("a --save-dir of its own", "lm/train-stlm.sh", ["{lm}", "--save-dir", "{tmp}/own", "--dry-run"]),
+      ("--restore-file {truncdir}/checkpoint1.pt", "lm/train-stlm.sh",
+       ["{lm}", "--save-dir", "{truncdir}", "--restore-file", "{truncdir}/checkpoint1.pt", "--dry-run"])]),
     # a save-dir whose checkpoint_last.pt is another architecture's
     ("lm/train-skipless.sh", ["{lm}", "--save-dir", "{otherarch}", "--dry-run"],
-     r"^train-skipless\.sh: error: --save-dir=.*: its checkpoint_last\.pt is a stlm_tied model, which "
-     r"fairseq would resume as skipless_lm; allowed: --arch stlm_tied \(to go on training it\), or a "
-     r"--save-dir of its own$"),
+     "train-skipless.sh: error: --save-dir={otherarch}: its checkpoint_last.pt is a stlm_tied model, which fairseq "
+     "would resume as skipless_lm; allowed: --arch stlm_tied (to go on training it), or a --save-dir of its own",
+     [("--arch stlm_tied", "lm/train-skipless.sh", ["{lm}", "--arch", "stlm_tied", "--save-dir", "{otherarch}",
+                                                    "--dry-run"]),
+      ("a --save-dir of its own", "lm/train-skipless.sh", ["{lm}", "--save-dir", "{tmp}/own", "--dry-run"])]),
     # the options the WMT14 default segmentation does not read
     ("translation/prepare-wmt14en2de.sh", ["--vocab-size", "8000", "--dry-run"],
-     r"^prepare-wmt14en2de\.sh: error: --vocab-size=8000: the sentencepiece vocabulary of --paper "
-     r"anthe, and this setting learns BPE merges instead; allowed: --bpe-merges 8000, or --paper "
-     r"anthe$"),
+     "prepare-wmt14en2de.sh: error: --vocab-size=8000: the sentencepiece vocabulary of --paper anthe, and this "
+     "setting learns BPE merges instead; allowed: --bpe-merges 8000, or --paper anthe",
+     [("--bpe-merges 8000", "translation/prepare-wmt14en2de.sh", ["--bpe-merges", "8000", "--dry-run"]),
+      ("--paper anthe", "translation/prepare-wmt14en2de.sh", ["--vocab-size", "8000", "--paper", "anthe",
+                                                              "--dry-run"])]),
     # an archive of the user's own that is not the archive
     ("lm/prepare-wikitext-103.sh", ["--archive", "/etc/hostname", "--dry-run"],
-     r"^prepare-wikitext-103\.sh: error: --archive=/etc/hostname: not a zip archive; allowed: the "
-     r"wikitext-103-v1\.zip archive \(downloaded from https://wikitext\.smerity\.com/"
-     r"wikitext-103-v1\.zip\)$"),
+     "prepare-wikitext-103.sh: error: --archive=/etc/hostname: not a zip archive; allowed: the wikitext-103-v1.zip "
+     "archive (downloaded from https://wikitext.smerity.com/wikitext-103-v1.zip)",
+     [("the wikitext-103-v1.zip archive", "lm/prepare-wikitext-103.sh", ["--archive", "{wtzip}", "--dry-run"])]),
     # evaluations: the model kind, the data kind, the checkpoint file, the references
     ("translation/evaluate.sh", ["{ende}", "{lmckpt}", "--lenpens", "1.0"],
-     r"^evaluate\.sh: error: CKPT=.*: a language model \(stlm_tied, task language_modeling\), and "
-     r"evaluate\.sh scores translation models; allowed: examples/lm/evaluate-lm\.sh DATA_BIN CKPT$"),
+     "evaluate.sh: error: CKPT={lmckpt}: a language model (stlm_tied, task language_modeling), and evaluate.sh "
+     "scores translation models; allowed: examples/lm/evaluate-lm.sh DATA_BIN CKPT",
+     [("examples/lm/evaluate-lm.sh DATA_BIN CKPT", "lm/evaluate-lm.sh", ["{lm}", "{lmckpt}"])]),
     ("translation/evaluate.sh", ["{ende}", "{deenckpt}", "--lenpens", "1.0"],
-     r"^evaluate\.sh: error: CKPT=.*: the model translates de -> en, and .*/recipe\.info says en -> de; "
-     r"allowed: a data-bin of de -> en \(a prepare script's --src de --tgt en\)$"),
+     "evaluate.sh: error: CKPT={deenckpt}: the model translates de -> en, and {ende}/recipe.info says en -> de; "
+     "allowed: a data-bin of de -> en (a prepare script's --src de --tgt en)",
+     [("a data-bin of de -> en", "translation/evaluate.sh", ["{deen}", "{deenckpt}", "--lenpens", "1.0"])]),
     ("lm/evaluate-lm.sh", ["{lm}", "{mtckpt}"],
-     r"^evaluate-lm\.sh: error: CKPT=.*: a translation model \(anthe_base, task translation\), and "
-     r"evaluate-lm\.sh scores language models; allowed: examples/translation/evaluate\.sh DATA_BIN "
-     r"CKPT$"),
+     "evaluate-lm.sh: error: CKPT={mtckpt}: a translation model (anthe_base, task translation), and evaluate-lm.sh "
+     "scores language models; allowed: examples/translation/evaluate.sh DATA_BIN CKPT",
+     [("examples/translation/evaluate.sh DATA_BIN CKPT", "translation/evaluate.sh", EVAL)]),
     ("lm/evaluate-lm.sh", ["{ende}", "{mtckpt}"],
-     r"^evaluate-lm\.sh: error: DATA_BIN=.*: translation data \(dict\.de\.txt, dict\.en\.txt\), and "
-     r"evaluate-lm\.sh scores language models; allowed: examples/translation/evaluate\.sh "
-     r"DATA_BIN CKPT$"),
+     "evaluate-lm.sh: error: DATA_BIN={ende}: translation data (dict.de.txt, dict.en.txt), and evaluate-lm.sh "
+     "scores language models; allowed: examples/translation/evaluate.sh DATA_BIN CKPT",
+     [("examples/translation/evaluate.sh DATA_BIN CKPT", "translation/evaluate.sh", EVAL)]),
+    # a truncated checkpoint: the complete one beside it
     ("lm/evaluate-lm.sh", ["{lm}", "{truncated}"],
-     r"^evaluate-lm\.sh: error: CKPT=.*: not a complete checkpoint \(.*\): a copy or a save that "
-     r"did not finish; allowed: a checkpoint fairseq saved completely"),
+     "evaluate-lm.sh: error: CKPT={truncated}: not a complete checkpoint ([Errno 22] Invalid argument): a copy or a "
+     "save that did not finish; allowed: CKPT={truncdir}/checkpoint1.pt (a complete checkpoint in the same folder)",
+     [("CKPT={truncdir}/checkpoint1.pt", "lm/evaluate-lm.sh", ["{lm}", "{truncdir}/checkpoint1.pt"])]),
     ("lm/evaluate-lm.sh", ["{lm}", "{lmckpt}", "--sample-break-mode", "complete"],
-     r"^evaluate-lm\.sh: error: --sample-break-mode complete: the longest line of test holds \d+ "
-     r"tokens, more than a block of --tokens-per-sample 64; allowed: --sample-break-mode none "
-     r"\(blocks cross lines\)$"),
+     "evaluate-lm.sh: error: --sample-break-mode complete: the longest line of test holds {longest} tokens, more "
+     "than a block of --tokens-per-sample 64; allowed: --sample-break-mode none (blocks cross lines)",
+     [("--sample-break-mode none", "lm/evaluate-lm.sh", ["{lm}", "{lmckpt}", "--sample-break-mode", "none"])]),
     ("translation/evaluate.sh", ["{shifted}", "{mtckpt}", "--lenpens", "1.0"],
-     r"^evaluate\.sh: error: .*/test\.raw\.de: 99 lines, and the binarized test split holds 100 "
-     r"sentences: its hypotheses would be scored against other sentences' references; allowed: the "
-     r"test\.raw\.de written with the data-bin \(one line per sentence\)$"),
+     "evaluate.sh: error: {shifted}/test.raw.de: 99 lines, and the binarized test split holds 100 sentences: its "
+     "hypotheses would be scored against other sentences' references; allowed: the test.raw.de written with the "
+     "data-bin (one line per sentence)",
+     [("the test.raw.de written with the data-bin", "translation/evaluate.sh", EVAL)]),
     ("translation/evaluate.sh", ["{latin1}", "{mtckpt}", "--lenpens", "1.0"],
-     r"^evaluate\.sh: error: .*/test\.raw\.de: line 3 is not UTF-8 text \(byte 0xe9 at \d+\); "
-     r"allowed: the text as UTF-8 \(e\.g\. iconv -f LATIN1 -t UTF-8\)$"),
-    # an option fairseq-generate does not know: the reason on the screen, and where its log is
-    ("translation/evaluate.sh", ["{ende}", "{mtckpt}", "--lenpens", "1.0", "--frobnicate", "3"],
-     r"^evaluate\.sh: error: fairseq-generate failed \(exit 2\): unrecognized arguments: "
-     r"--frobnicate 3; see \S+/test\.lenpen1\.0\.err$"),
+     "evaluate.sh: error: {latin1}/test.raw.de: line 3 is not UTF-8 text (byte 0xe9 at 4); allowed: the text as "
+     "UTF-8 (e.g. iconv -f LATIN1 -t UTF-8)",
+     [("iconv -f LATIN1 -t UTF-8", "translation/evaluate.sh", ["{utf8}", "{mtckpt}", "--lenpens", "1.0"])]),
+    # an option fairseq-generate does not know: refused before anything is translated
+    ("translation/evaluate.sh", EVAL + ["--frobnicate", "3"],
+     "evaluate.sh: error: --frobnicate 3: not options of fairseq-generate with --task translation; allowed: drop "
+     "--frobnicate 3, or the options of fairseq-generate --help",
+     [("drop --frobnicate 3", "translation/evaluate.sh", EVAL)]),
 ]
 
-# a fix each refusal above proposes, run: (recipe, its arguments); the placeholders as above
-ACCEPTED = [
-    ("translation/train-subformer.sh", ["{ende}", "--arch", "subformer_base", "--dry-run"]),
-    ("translation/train-anthe.sh", ["{ende}", "--gpus", "0", "--dry-run"]),
-    ("lm/train-stlm.sh", ["{lm}", "--dry-run"]),
-    ("lm/train-stlm.sh", ["{lm}", "--save-dir", "{tmp}/own", "--dry-run"]),
-    ("translation/prepare-wmt14en2de.sh", ["--bpe-merges", "8000", "--dry-run"]),
-    ("translation/prepare-wmt14en2de.sh", ["--vocab-size", "8000", "--paper", "anthe", "--dry-run"]),
-    ("lm/evaluate-lm.sh", ["--cpu", "{lm}", "{lmckpt}", "--sample-break-mode", "none"]),
-    ("translation/evaluate.sh", ["--cpu", "{ende}", "{mtckpt}", "--lenpens", "1.0"]),
-    ("translation/evaluate.sh", ["{deen}", "{deenckpt}", "--lenpens", "1.0"]),
-    ("lm/train-skipless.sh", ["{lm}", "--arch", "stlm_tied", "--save-dir", "{otherarch}", "--dry-run"]),
-    ("translation/train-anthe.sh", ["{ende}", "--nodes", "2", "--gpus", "8", "--dry-run"]),
-]
+# every fix a refusal above proposes, once: (recipe, its arguments)
+ACCEPTED = list(dict.fromkeys((script, tuple(argv)) for *_, fixes in RECIPES for _, script, argv in fixes))
 
 
 def _placeholders(tmp_path):
     """{ende}, {lm} and damaged copies of them: without a valid split ({novalid}), with an empty
     training split ({emptytrain}), with line 50 of test.raw.de deleted ({shifted}), with a
-    Latin-1 reference ({latin1}), in the other direction ({deen}); checkpoints of a language model, of en -> de and of de -> en
-    translation (their configuration only), a truncated one, and save-dirs holding it or an
-    stlm_tied checkpoint."""
+    Latin-1 reference ({latin1}) and that reference converted to UTF-8 as iconv -f LATIN1 -t UTF-8
+    does ({utf8}), in the other direction ({deen}); checkpoints of a language model, of en -> de
+    and of de -> en translation (their configuration only), a truncated one ({truncated}) in a
+    save-dir ({truncdir}) that holds a complete earlier one (checkpoint1.pt), and a save-dir
+    holding an stlm_tied checkpoint; a zip archive ({wtzip}). {longest}: the tokens of the
+    longest line of {lm}'s test split."""
     import shutil
     from recipes_fixtures import stand_in_checkpoint
     ende, lm = ende_data_bin(), wikitext_data_bin()
     found = {"{ende}": ende, "{lm}": lm, "{tmp}": str(tmp_path)}
     for name, source, skip in (("novalid", ende, "valid."), ("shifted", ende, "test.raw.de"),
-                               ("latin1", ende, "test.raw.de"), ("emptytrain", lm, "train."),
-                               ("deen", ende, "recipe.info")):
+                               ("latin1", ende, "test.raw.de"), ("utf8", ende, "test.raw.de"),
+                               ("emptytrain", lm, "train."), ("deen", ende, "recipe.info")):
         folder = tmp_path / name
         folder.mkdir()
         for entry in os.listdir(source):
@@ -365,6 +431,8 @@ def _placeholders(tmp_path):
     (tmp_path / "shifted" / "test.raw.de").write_text("".join(refs[:49] + refs[50:]), encoding="utf-8")
     (tmp_path / "latin1" / "test.raw.de").write_bytes("".join(refs[:2]).encode("utf-8") + "caf\u00e9\n".encode(
         "latin-1") + "".join(refs[3:]).encode("utf-8"))
+    (tmp_path / "utf8" / "test.raw.de").write_bytes(
+        (tmp_path / "latin1" / "test.raw.de").read_bytes().decode("latin-1").encode("utf-8"))
     (tmp_path / "deen" / "recipe.info").write_text("SRC=de\nTGT=en\nSCHEME=moses-bpe\n")
     (tmp_path / "emptytrain" / "train.bin").write_bytes(b"")
     shutil.copy(os.path.join(lm, "train.idx"), tmp_path / "emptytrain" / "train.idx")
@@ -378,11 +446,16 @@ def _placeholders(tmp_path):
     (tmp_path / "truncdir").mkdir()
     with open(whole, "rb") as f:
         (tmp_path / "truncdir" / "checkpoint_last.pt").write_bytes(f.read()[:5000])
+    os.symlink(whole, tmp_path / "truncdir" / "checkpoint1.pt")
     found["{truncdir}"] = str(tmp_path / "truncdir")
     (tmp_path / "otherarch").mkdir()
     os.symlink(whole, tmp_path / "otherarch" / "checkpoint_last.pt")
     found["{otherarch}"] = str(tmp_path / "otherarch")
     found["{truncated}"] = str(tmp_path / "truncdir" / "checkpoint_last.pt")
+    with zipfile.ZipFile(tmp_path / "wikitext-103-v1.zip", "w") as archive:
+        archive.writestr("wikitext-103/wiki.train.tokens", " = Valkyria Chronicles = \n")
+    found["{wtzip}"] = str(tmp_path / "wikitext-103-v1.zip")
+    found["{longest}"] = str(subset_tokens(lm, "test")[1])
     return found
 
 
@@ -392,41 +465,74 @@ def _filled(argv, found):
     return argv
 
 
-@pytest.mark.parametrize("script, argv, pattern", RECIPES,
-                         ids=[f"{c[0]} {' '.join(c[1])}" for c in RECIPES])
-def test_recipe_mistake_ends_in_one_line(script, argv, pattern, tmp_path):
+def _run_recipe(script, argv, tmp_path, env=None):
+    """The recipe run in TMP_PATH (a preparation with its --work-dir there)."""
+    if script.split("/")[1].startswith("prepare"):
+        argv = [*argv, "--work-dir", str(tmp_path / "work")]
+    return _recipe(script, *argv, env=env, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("script, argv, line, fixes", RECIPES, ids=[f"{c[0]} {' '.join(c[1])}" for c in RECIPES])
+def test_recipe_mistake_ends_in_one_line(script, argv, line, fixes, tmp_path):
+    """The exact line, nothing written; it proposes at least one fix, each named in its
+    ``allowed`` (and run by test_recipe_fix_that_a_refusal_proposes_is_accepted)."""
     found = _placeholders(tmp_path)
-    argv = _filled(argv, found)
     before = sorted(os.listdir(tmp_path))
-    proc = _recipe(script, *argv, "--work-dir", str(tmp_path / "work"), cwd=tmp_path) \
-        if script.split("/")[1].startswith("prepare") else _recipe(script, *argv, cwd=tmp_path)
-    assert proc.returncode != 0, proc.stdout[-2000:]
+    proc = _run_recipe(script, _filled(argv, found), tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
     assert len(errors) == 1 and "Traceback" not in proc.stderr and "usage:" not in proc.stderr, \
         proc.stderr[-3000:]
-    assert re.search(pattern, errors[0]), errors[0]
-    if "fairseq-generate failed" not in errors[0]:  # refused: nothing was written
-        assert sorted(os.listdir(tmp_path)) == before
+    assert errors[0] == _filled([line], found)[0]
+    assert sorted(os.listdir(tmp_path)) == before  # refused: nothing was written
+    assert "; allowed: " in line and fixes, f"proposes no fix a test can try: {line}"
+    allowed = line.rsplit("; allowed: ", 1)[1]
+    for proposed, fixed_script, fixed in fixes:
+        assert proposed in allowed and (fixed_script, fixed) != (script, argv), proposed
 
 
 @pytest.mark.parametrize("script, argv", ACCEPTED, ids=[f"{c[0]} {' '.join(c[1])}" for c in ACCEPTED])
 def test_recipe_fix_that_a_refusal_proposes_is_accepted(script, argv, tmp_path):
-    """What the refusals above propose runs (the evaluations with stand-ins of fairseq's tools)."""
+    """What the refusals above propose runs (the evaluations and training with stand-ins of
+    fairseq's tools)."""
     from recipes_fixtures import install_fake_tools
     fake = install_fake_tools(tmp_path / "fake" / "bin", sys.executable)
     found = _placeholders(tmp_path)
     with open(os.path.join(found["{ende}"], "test.raw.de"), encoding="utf-8") as f:
         (tmp_path / "fake" / "test.hyp").write_text(f.read(), encoding="utf-8")
-    _, longest = subset_tokens(found["{lm}"], "test")
-    tokens = subset_tokens(found["{lm}"], "test")[0]
+    tokens, longest = subset_tokens(found["{lm}"], "test")
     (tmp_path / "fake" / "eval-lm.out").write_text(f"Evaluated {tokens} tokens in 1.0s\nLoss (base 2): 6.0000, "
                                                    "Perplexity: 64.00\n")
     env = {"PATH": f"{fake}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}", "FAKE_DIR": str(tmp_path / "fake")}
-    argv = _filled(argv, found)
-    proc = _recipe(script, *argv, "--work-dir", str(tmp_path / "work"), env=env, cwd=tmp_path) \
-        if script.split("/")[1].startswith("prepare") else _recipe(script, *argv, env=env, cwd=tmp_path)
+    proc = _run_recipe(script, _filled(argv, found), tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert longest > 64  # the lines that complete blocks of 64 tokens could not hold
+
+
+def test_truncated_checkpoint_refusal_names_a_complete_one_beside_it(tmp_path):
+    """The newest other checkpoint of the folder that loads, never the truncated file itself nor
+    another truncated one; a folder without one says so."""
+    import time
+    from slim_fairseq_lab.recipes import evaluation
+    from slim_fairseq_lab.recipes.cli import RecipeError
+    whole = os.path.join(REPO, "tests", "fixtures", "checkpoints_0_2_0", "stlm_tied", "checkpoint.pt")
+    with open(whole, "rb") as f:
+        head = f.read(5000)
+    (tmp_path / "checkpoint1.pt").symlink_to(whole)
+    for name in ("checkpoint2.pt", "checkpoint_last.pt"):  # newer than checkpoint1.pt, and truncated
+        (tmp_path / name).write_bytes(head)
+        os.utime(tmp_path / name, (time.time() + 10, time.time() + 10))
+    with pytest.raises(RecipeError) as caught:
+        evaluation.read(str(tmp_path / "checkpoint_last.pt"))
+    assert str(caught.value) == (f"CKPT={tmp_path}/checkpoint_last.pt: not a complete checkpoint ([Errno 22] Invalid "
+                                 "argument): a copy or a save that did not finish; allowed: "
+                                 f"CKPT={tmp_path}/checkpoint1.pt (a complete checkpoint in the same folder)")
+    assert evaluation.read(str(tmp_path / "checkpoint1.pt"))["cfg"]["model"].arch == "stlm_tied"
+    (tmp_path / "checkpoint1.pt").unlink()
+    with pytest.raises(RecipeError) as caught:
+        evaluation.read(str(tmp_path / "checkpoint_last.pt"))
+    assert str(caught.value).endswith(f"; allowed: a checkpoint fairseq saved completely (none other in {tmp_path} "
+                                      "loads)")
 
 
 def test_refused_or_failed_train_leaves_what_it_found(tmp_path):
@@ -437,9 +543,16 @@ def test_refused_or_failed_train_leaves_what_it_found(tmp_path):
     from recipes_fixtures import install_fake_tools
     found = _placeholders(tmp_path)
     save = tmp_path / "checkpoints" / "stlm_tied"
-    for argv in ([found["{ende}"]], [found["{lm}"], "--tc-ff", "2.0"], [found["{emptytrain}"]]):
-        proc = _recipe("lm/train-stlm.sh", *argv, "--gpus", "0", cwd=tmp_path)
-        assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    def stated(argv):  # the line RECIPES states for train-stlm.sh ARGV
+        return next(row[2] for row in RECIPES if row[:2] == ("lm/train-stlm.sh", argv))
+
+    refused = {("{ende}",): stated(["{ende}", "--dry-run", "--gpus", "0"]),
+               ("{lm}", "--tc-ff", "2.0"): "train-stlm.sh: error: --tc-ff=2.0: not a parameter ratio; allowed: a "
+                                           "ratio in [0, 1] (0 = dense)",
+               ("{emptytrain}",): stated(["{emptytrain}", "--dry-run"])}
+    for argv, line in refused.items():
+        proc = _recipe("lm/train-stlm.sh", *_filled(argv, found), "--gpus", "0", cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr == _filled([line], found)[0] + "\n", proc.stderr
         assert not (tmp_path / "checkpoints").exists()
     fake = install_fake_tools(tmp_path / "fake" / "bin", sys.executable)
     (fake / "fairseq-train").write_text(
@@ -491,61 +604,67 @@ def test_killed_evaluation_stops_the_fairseq_tool_it_runs(tmp_path):
 
 # fairseq-train's own command line (no recipe): what the plugin checks when fairseq parses it,
 # before it reads any data or starts a worker; (arguments after the data-bin, the data-bin's
-# placeholder as in RECIPES, the line's pattern)
+# placeholder as in RECIPES, the line, exactly, the fix it proposes: (what its "allowed" says,
+# the arguments, the data-bin))
+LM_TASK = ["--task", "language_modeling", "--arch", "stlm_tied"]
+RESUME = ["--task", "language_modeling", "--tokens-per-sample", "16", "--arch", "slim_lm", "--decoder-layers", "2",
+          "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "48", "--cpu", "--optimizer", "adam",
+          "--max-tokens", "256", "--max-update", "1", "--num-workers", "0"]
 FAIRSEQ_TRAIN = [
-    (["--task", "language_modeling", "--arch", "stlm_tied"], "{ende}",
-     r"^fairseq-train: error: DATA=.*: translation data \(dict\.de\.txt, dict\.en\.txt\), and --task "
-     r"language_modeling reads dict\.txt; allowed: a language-model data-bin \(fairseq-preprocess "
-     r"--only-source\), or --task translation with an encoder-decoder arch$"),
-    (["--task", "language_modeling", "--arch", "stlm_tied"], "{emptytrain}",
-     r"^fairseq-train: error: DATA=.*: its train split is empty \(train\.bin holds no tokens: an "
-     r"empty text file was binarized\); allowed: a data-bin binarized from a --trainpref text that "
-     r"has lines$"),
-    (["--task", "language_modeling", "--arch", "stlm_tied", "--fp16"], "{lm}",
-     r"^fairseq-train: error: --fp16: mixed precision runs on CUDA GPUs, and torch sees none here; "
-     r"allowed: drop --fp16 \(float32 on the CPU\)$"),
-    (["--task", "language_modeling", "--arch", "stlm_tied", "--distributed-world-size", "2"], "{lm}",
-     r"^fairseq-train: error: --distributed-world-size=2: one worker per CUDA GPU, and torch sees "
-     r"none here; allowed: --distributed-world-size 1$"),
-    # resuming a save-dir that holds another architecture's checkpoint
-    (["--task", "language_modeling", "--tokens-per-sample", "16", "--arch", "slim_lm", "--decoder-layers", "2",
-      "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "48", "--cpu", "--save-dir", "{truncdir}/../resume",
-      "--optimizer", "adam", "--max-tokens", "256", "--max-update", "1", "--num-workers", "0"], "{lm}",
-     r"^fairseq-train: error: --arch=slim_lm: the checkpoint's weights are another model's \(\d+ "
-     r"missing, \d+ unexpected, \d+ of another shape, e\.g\. \S+\); allowed: the arch and options the "
-     r"checkpoint was trained with, or a --save-dir of its own when training$"),
+    (LM_TASK, "{ende}",
+     "fairseq-train: error: DATA={ende}: translation data (dict.de.txt, dict.en.txt), and --task language_modeling "
+     "reads dict.txt; allowed: a language-model data-bin (fairseq-preprocess --only-source), or --task translation "
+     "with an encoder-decoder arch",
+     ("a language-model data-bin", LM_TASK, "{lm}")),
+    (LM_TASK, "{emptytrain}",
+     "fairseq-train: error: DATA={emptytrain}: its train split is empty (train.bin holds no tokens: an empty text "
+     "file was binarized); allowed: a data-bin binarized from a --trainpref text that has lines",
+     ("a data-bin binarized from a --trainpref text that has lines", LM_TASK, "{lm}")),
+    (LM_TASK + ["--fp16"], "{lm}",
+     "fairseq-train: error: --fp16: mixed precision runs on CUDA GPUs, and torch sees none here; allowed: drop "
+     "--fp16 (float32 on the CPU)",
+     ("drop --fp16", LM_TASK, "{lm}")),
+    (LM_TASK + ["--distributed-world-size", "2"], "{lm}",
+     "fairseq-train: error: --distributed-world-size=2: one worker per CUDA GPU, and torch sees none here; "
+     "allowed: --distributed-world-size 1",
+     ("--distributed-world-size 1", LM_TASK + ["--distributed-world-size", "1"], "{lm}")),
+    # resuming a save-dir that holds another architecture's checkpoint: the fix trains
+    (RESUME + ["--save-dir", "{tmp}/resume"], "{lm}",
+     "fairseq-train: error: --arch=slim_lm: the checkpoint's weights are another model's (19 missing, 13 "
+     "unexpected, 6 of another shape, e.g. decoder.layer_norm.bias); allowed: the arch and options the checkpoint "
+     "was trained with, or a --save-dir of its own when training",
+     ("a --save-dir of its own", RESUME + ["--save-dir", "{tmp}/own"], "{lm}")),
 ]
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="these are mistakes on a machine without CUDA")
-@pytest.mark.parametrize("argv, data, pattern", FAIRSEQ_TRAIN, ids=[" ".join(c[0][2:5]) + " " + c[1]
-                                                                     for c in FAIRSEQ_TRAIN])
-def test_fairseq_train_mistake_ends_in_one_line(argv, data, pattern, tmp_path):
+@pytest.mark.parametrize("argv, data, line, fix", FAIRSEQ_TRAIN, ids=[" ".join(c[0][2:5]) + " " + c[1]
+                                                                      for c in FAIRSEQ_TRAIN])
+def test_fairseq_train_mistake_ends_in_one_line(argv, data, line, fix, tmp_path):
     """Tracebacks fairseq-train would stop with, each one line from the plugin instead; the fix
-    each proposes passes the same checks (slim_fairseq/run_checks.py) or trains."""
+    it proposes passes the same checks (slim_fairseq/run_checks.py), or trains."""
     import shutil
     from slim_fairseq import run_checks
     found = _placeholders(tmp_path)
     (tmp_path / "resume").mkdir()
     shutil.copy(os.path.join(REPO, "tests", "fixtures", "checkpoints_0_2_0", "stlm_tied", "checkpoint.pt"),
                 tmp_path / "resume" / "checkpoint_last.pt")
-    argv = _filled([found[data], "--user-dir", os.path.join(REPO, "slim_fairseq"), *argv], found)
+    plugin = ["--user-dir", os.path.join(REPO, "slim_fairseq")]
+    argv = _filled([found[data], *plugin, *argv], found)
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     proc = subprocess.run([os.path.join(BIN, "fairseq-train"), *argv], capture_output=True, text=True, env=env,
                           timeout=300, cwd=tmp_path)
     errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
     assert proc.returncode != 0 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert re.search(pattern, errors[0]), errors[0]
-    if "--save-dir" in argv:  # the fix: a save-dir of its own
-        argv[argv.index("--save-dir") + 1] = str(tmp_path / "own")
-        proc = subprocess.run([os.path.join(BIN, "fairseq-train"), *argv], capture_output=True, text=True, env=env,
+    assert errors[0] == _filled([line], found)[0]
+    proposed, fixed, fixed_data = fix
+    assert proposed in line.rsplit("; allowed: ", 1)[1]
+    fixed = _filled([found[fixed_data], *plugin, *fixed], found)
+    if "--save-dir" in fixed:  # it trains
+        proc = subprocess.run([os.path.join(BIN, "fairseq-train"), *fixed], capture_output=True, text=True, env=env,
                               timeout=300, cwd=tmp_path)
         assert proc.returncode == 0 and (tmp_path / "own" / "checkpoint_last.pt").is_file(), proc.stderr[-3000:]
         return
-    fixed = [a for a in argv if a != "--fp16"]
-    if "--distributed-world-size" in fixed:
-        fixed[fixed.index("--distributed-world-size") + 1] = "1"
-    fixed[0] = found["{lm}"]
     args = parse_train_args(fixed)
     run_checks.check_devices(args)
     run_checks.check_data_bin(args.data, args.task, args.train_subset, run_checks._valid_subsets(args))
@@ -596,22 +715,25 @@ def test_scripts_refuse_what_would_lose_their_inputs(tmp_path, capsys):
     kept = (tmp_path / "a.pt").read_bytes()
     assert average.main(["--inputs", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), "--output",
                          str(tmp_path / "avg.pt"), "--quiet"]) == 1
-    assert re.fullmatch(r"error: --inputs: \S+/b\.pt was trained with other model options than \S+/a\.pt "
-                        r"\(--dropout 0\.0 vs 0\.3\); allowed: checkpoints of one run \(the same --arch and model "
-                        r"options\)\n", capsys.readouterr().err)
+    assert capsys.readouterr().err == (
+        f"error: --inputs: {tmp_path}/b.pt was trained with other model options than {tmp_path}/a.pt (--dropout 0.0 "
+        "vs 0.3); allowed: checkpoints of one run (the same --arch and model options)\n")
     assert average.main(["--inputs", str(tmp_path / "a.pt"), str(tmp_path / "a.pt"), "--output",
                          str(tmp_path / "a.pt")]) == 1
-    assert "--output=" in capsys.readouterr().err and (tmp_path / "a.pt").read_bytes() == kept
+    assert capsys.readouterr().err == (f"error: --output={tmp_path}/a.pt: is the input {tmp_path}/a.pt, which "
+                                       "averaging would overwrite; allowed: another file\n")
+    assert (tmp_path / "a.pt").read_bytes() == kept
     assert average.main(["--inputs", str(tmp_path / "a.pt"), str(tmp_path / "a.pt"), "--output",
                          str(tmp_path / "avg.pt")]) == 0 and not (tmp_path / "avg.pt").stat().st_size == 0
+    capsys.readouterr()  # what it averaged
     export = load_script("export_dense")
     folder = tmp_path / "export"
     shutil.copytree(os.path.dirname(fixture), folder)
     kept = (folder / "checkpoint.pt").read_bytes()
     assert export.main([str(folder / "checkpoint.pt"), str(folder / "checkpoint.pt"), "--data", str(folder)]) == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (
+    assert capsys.readouterr().err == (
         f"export_dense: error: OUTPUT={folder}/checkpoint.pt: is the checkpoint it reads ({folder}/checkpoint.pt), "
-        "which writing would overwrite; allowed: another file")
+        "which writing would overwrite; allowed: another file\n")
     assert (folder / "checkpoint.pt").read_bytes() == kept
     assert export.main([str(folder / "checkpoint.pt"), str(folder / "dense.pt"), "--data", str(folder)]) == 0
     assert (folder / "dense.pt").is_file() and (folder / "checkpoint.pt").read_bytes() == kept
@@ -648,10 +770,12 @@ def test_generate_on_a_language_model_ends_in_one_line_and_its_advice_works(tmp_
     errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
     assert proc.returncode != 0 and len(errors) == 1 and "Traceback" not in proc.stderr, \
         proc.stderr[-3000:]
-    assert re.search(r"--tokens-per-sample=1024: longer than the 16 positions the model has: .*"
-                     r"allowed: --tokens-per-sample 16 or less with --sample-break-mode eos "
-                     r"--skip-invalid-size-inputs-valid-test \(one line per sample; longer lines are skipped\)",
-                     errors[0]), errors[0]
+    assert errors[0] == (
+        "fairseq-generate: error: --tokens-per-sample=1024: longer than the 16 positions the model has: "
+        "fairseq-generate refuses every longer sample; allowed: --tokens-per-sample 16 or less with "
+        "--sample-break-mode eos --skip-invalid-size-inputs-valid-test (one line per sample; longer lines are "
+        "skipped), or fairseq-interactive --task language_modeling (or the hub's sample()) to continue your own "
+        "prompts")
     proc = subprocess.run(generate + ["--tokens-per-sample", "16", "--sample-break-mode", "eos",
                                       "--skip-invalid-size-inputs-valid-test"],
                           capture_output=True, text=True, env=env, timeout=300)
@@ -720,8 +844,6 @@ def test_every_error_of_the_plugin_is_one_line_naming_what_is_allowed():
 
 # ------------------------------------------------------- slim-fairseq-export-hf (transformers)
 
-# (arch, language model?, options after the tiny widths, export options, the line's pattern,
-# (arch, options) of what the line allows, which must export)
 # (arch, language model?, its options after the tiny widths, export options, the line, exactly,
 # the model that the line's "allowed" describes: it must export)
 EXPORT_HF = [

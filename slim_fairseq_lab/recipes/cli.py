@@ -7,7 +7,8 @@ An option of the fairseq tool written before all positional arguments are given 
 value and the next positional argument cannot be told apart (``--dropout 0.2 DATA`` would read
 0.2 as DATA). A value is checked when it is read, by its kind: ``count`` (a whole number >= 1),
 ``whole`` (>= 0), ``positive`` (a number > 0), ``fraction`` (in (0, 1]), ``size`` (bytes with
-an optional K, M, G or T) or ``choice:a|b|c``.
+an optional K, M, G or T) or ``choice:a|b|c``; the refusal of a value proposes the choices, or
+dropping the option (its default).
 
 Every refusal is one line, ``PROG: error: --name=VALUE: what is wrong; allowed: ...``, exit
 status 2; a failure of a tool the recipe ran is one line too, exit status 1.
@@ -47,8 +48,9 @@ def parse_size(value):
     return int(number) * 1024 ** SIZE_UNITS[unit.lower()]
 
 
-def check_value(flag, value, kind):
-    """``value`` of ``flag`` against its ``kind`` (None: any non-empty string)."""
+def check_value(flag, value, kind, default=None):
+    """``value`` of ``flag`` against its ``kind`` (None: any non-empty string); a refusal proposes
+    the choices, or dropping ``flag`` (for its ``default``, when it has one the parser knows)."""
     if value == "":
         raise RecipeError(f"{flag}: needs a value; allowed: {flag} VALUE")
     if not kind:
@@ -58,10 +60,11 @@ def check_value(flag, value, kind):
         if value not in choices:
             raise refuse(f"{flag}={value}", "not one of the choices", "|".join(choices))
         return value
+    drop = f"drop {flag} (" + (f"default {default}" if default is not None else "its default") + ")"
     if kind in ("count", "whole"):
         least = 1 if kind == "count" else 0
         if not re.fullmatch(r"[0-9]+", value) or int(value) < least:
-            raise refuse(f"{flag}={value}", f"not a whole number >= {least}", f"a whole number >= {least}")
+            raise refuse(f"{flag}={value}", f"not a whole number >= {least}", f"a whole number >= {least}, or {drop}")
         return value
     if kind in ("positive", "fraction"):
         try:
@@ -70,12 +73,12 @@ def check_value(flag, value, kind):
             number = float("nan")
         if not (number > 0 and (kind == "positive" or number <= 1)):
             allowed = "a number > 0" if kind == "positive" else "a number in (0, 1]"
-            raise refuse(f"{flag}={value}", f"not {allowed}", allowed)
+            raise refuse(f"{flag}={value}", f"not {allowed}", f"{allowed}, or {drop}")
         return value
     if kind == "size":
         if not SIZE.fullmatch(value):
             raise refuse(f"{flag}={value}", "not a size",
-                         "a number of bytes with an optional K, M, G or T (e.g. 500M, 9G)")
+                         f"a number of bytes with an optional K, M, G or T (e.g. 500M, 9G), or {drop}")
         return value
     raise ValueError(f"unknown kind {kind!r} of {flag}")
 
@@ -89,7 +92,8 @@ class Value(argparse.Action):
         self.kind, self.append = kind, append
 
     def __call__(self, parser, namespace, values, option_string=None):
-        value = check_value(option_string, values, self.kind)
+        default = None if isinstance(self.default, list) else self.default
+        value = check_value(option_string, values, self.kind, default)
         if self.append:
             setattr(namespace, self.dest, (getattr(namespace, self.dest, None) or []) + [value])
         else:

@@ -32,7 +32,8 @@ logs its progress.
 Refused before anything is translated: references that are not UTF-8, or whose lines are not
 the sentences of the binarized subset (a line deleted or added would score every later
 hypothesis against another sentence), a checkpoint that is not complete, a language model,
-and a model trained to translate other languages than recipe.info names.
+a model trained to translate other languages than recipe.info names, and options that
+fairseq-generate does not know.
 
 Paper protocols: the Subformer paper scores the best checkpoint (no averaging) with beam 5
 and a length penalty tuned on valid over 0.0-2.0 (--paper: --lenpens 0.0 0.2 ... 2.0, no
@@ -153,6 +154,7 @@ class Evaluation:
         # 1. the checkpoint, checked before anything is written
         self.model = evaluation.resolve(ckpt, args.avg, self.out_dir)
         self.check_model()
+        self.check_options()
 
     def check_alignment(self, subset, ref):
         """The reference lines against the sentences of the binarized subset."""
@@ -179,6 +181,21 @@ class Evaluation:
             raise refuse(f"CKPT={where}", f"the model translates {src} -> {tgt}, and {self.data}/recipe.info "
                          f"says {self.src} -> {self.tgt}", f"a data-bin of {src} -> {tgt} (a prepare script's "
                          f"--src {src} --tgt {tgt})")
+
+    def check_options(self):
+        """The options passed on to fairseq-generate are ones it knows (else it would stop with
+        its usage at the first subset it translates)."""
+        from fairseq import options
+        unknown = tools.unknown_fairseq_options(options.get_generation_parser(),
+                                                self.generate_argv("test", self.lenpens[0], self.model.path)[1:])
+        if unknown:
+            raise tools.not_options(unknown, "fairseq-generate", " with --task translation")
+
+    def generate_argv(self, subset, lenpen, model):
+        return ["fairseq-generate", self.data, "--user-dir", tools.user_dir(), "--path", model, "--task",
+                "translation", "--source-lang", self.src, "--target-lang", self.tgt, "--gen-subset", subset,
+                "--beam", self.beam, "--lenpen", lenpen, "--batch-size", self.batch_size,
+                "--required-batch-size-multiple", "1", *self.postprocess, *self.cpu, *self.extra]
 
     # -----------------------------------------------------------------------------------------
 
@@ -266,11 +283,8 @@ class Evaluation:
                 done = sum(line.startswith("H-") for line in f)
             log(f"{subset}, length penalty {lenpen}: sentences translated: {done} of {count}")
 
-        tools.run(["fairseq-generate", self.data, "--user-dir", tools.user_dir(), "--path", self.fairseq_model,
-                   "--task", "translation", "--source-lang", self.src, "--target-lang", self.tgt,
-                   "--gen-subset", subset, "--beam", self.beam, "--lenpen", lenpen, "--batch-size", self.batch_size,
-                   "--required-batch-size-multiple", "1", *self.postprocess, *self.cpu, *self.extra],
-                  stdout=out + ".log", stderr=out + ".err", env={"PYTHONUNBUFFERED": "1"}, progress=progress)
+        tools.run(self.generate_argv(subset, lenpen, self.fairseq_model), stdout=out + ".log", stderr=out + ".err",
+                  env={"PYTHONUNBUFFERED": "1"}, progress=progress)
         hyps = {}
         with open(out + ".log", encoding="utf-8") as f:
             for line in f:

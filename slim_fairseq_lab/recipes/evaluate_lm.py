@@ -78,8 +78,9 @@ def evaluate_lm(argv):
     if not (data and ckpt):
         raise refuse("DATA_BIN and CKPT", "required", "evaluate-lm.sh DATA_BIN CKPT (see --help)")
     if ":" in data:
-        raise RecipeError(f"DATA_BIN={data}: shards of a data-bin (fairseq's DIR1:DIR2); allowed: one data-bin "
-                          "(evaluate-lm.sh scores a whole subset; run fairseq-eval-lm itself on each shard)")
+        raise refuse(f"DATA_BIN={data}", "shards of a data-bin (fairseq's DIR1:DIR2)", f"one data-bin, e.g. "
+                     f"{data.split(':')[0]} (evaluate-lm.sh scores a whole subset; run fairseq-eval-lm itself on "
+                     "each shard)")
     if not os.path.isdir(data):
         raise refuse(f"DATA_BIN={data}", "not a folder", "the data-bin of a prepare script (or fairseq-preprocess "
                      "--only-source)")

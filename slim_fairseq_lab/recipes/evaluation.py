@@ -78,12 +78,14 @@ def resolve(ckpt, avg, out_dir):
 
 def read(path):
     """The saved configuration of a checkpoint (its tensors mapped, not read); a damaged file is
-    a one-line refusal."""
+    a one-line refusal naming a complete checkpoint beside it."""
     try:
         return checkpoints.load(path, mmap=True)
     except checkpoints.CheckpointError as error:
-        raise refuse(f"CKPT={path}", re.sub(r"^\S+: ", "", str(error)),
-                     "a checkpoint fairseq saved completely (another one of the run, e.g. checkpoint_last.pt)") from None
+        other = checkpoints.complete_neighbour(path)
+        allowed = (f"CKPT={other} (a complete checkpoint in the same folder)" if other else
+                   f"a checkpoint fairseq saved completely (none other in {os.path.dirname(path) or '.'} loads)")
+        raise refuse(f"CKPT={path}", re.sub(r"^\S+: ", "", str(error)), allowed) from None
 
 
 def describe(state):

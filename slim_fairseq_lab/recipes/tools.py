@@ -84,6 +84,37 @@ def user_dir():
     return os.environ.get("SLIM_USER_DIR") or slim_fairseq_user_dir.user_dir()
 
 
+def not_options(flags, tool, context="", more=""):
+    """The refusal of ``flags`` (as written on the command line) that fairseq's ``tool`` does not
+    know (``context``: the options its parser depended on): dropping them is what it proposes."""
+    return RecipeError(f"{flags}: not options of {tool}{context}; allowed: drop {flags}, or the options of "
+                       f"{tool} --help{more}")
+
+
+def unknown_fairseq_options(parser, argv):
+    """The words of ``argv`` that fairseq's ``parser`` (``fairseq.options.get_*_parser()``) does
+    not know, as written ("" when it knows them all), read as the tool reads them with the plugin
+    of argv's --user-dir loaded; mistakes of another kind are left to the tool to report."""
+    import argparse
+    from fairseq import options, utils
+
+    class Other(Exception):
+        pass
+
+    if "--user-dir" in argv:
+        utils.import_user_module(argparse.Namespace(user_dir=argv[argv.index("--user-dir") + 1]))
+
+    def error(message):
+        raise Other(message)
+
+    parser.error = error
+    try:
+        _, unknown = options.parse_args_and_arch(parser, input_args=list(map(str, argv)), parse_known=True)
+    except (Other, SystemExit):
+        return ""
+    return " ".join(unknown)
+
+
 def environment(extra=None):
     """The environment of a tool: the caller's, :data:`ALLOCATOR_ENV` under it, and ``extra``."""
     env = dict(ALLOCATOR_ENV, **os.environ)

@@ -157,9 +157,8 @@ def parse_train_argv(argv):
         if message.startswith("unrecognized arguments: "):
             flags = message.split(": ", 1)[1]
             task = _value(argv, "--task")
-            message = (f"{flags}: not options of fairseq-train with --arch {arch}"
-                       + (f" --task {task}" if task else "")
-                       + "; allowed: the options of fairseq-train --help and slim-fairseq-help " + (arch or "ARCH"))
+            context = f" with --arch {arch}" + (f" --task {task}" if task else "")
+            raise tools.not_options(flags, "fairseq-train", context, f" and slim-fairseq-help {arch or 'ARCH'}")
         raise RecipeError(message)
 
     train_parser.error = error
@@ -206,8 +205,9 @@ def check_command(recipe, argv, given, arch):
         subject = str(error).split(": ", 1)[0]  # the options the refusal is about
         named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", subject))
         if named and not named & given and arch != recipe.arch:
+            why = str(error).split("; allowed: ", 1)[0]  # what it proposes is about the user's options
             raise refuse(f"--arch={arch}", f"{recipe.prog} sets {', '.join(sorted(named))} for its "
-                         f"archs, which {arch} refuses ({error})", f"--arch {recipe.arch}") from None
+                         f"archs, which {arch} refuses ({why})", f"--arch {recipe.arch}") from None
         raise
 
 
@@ -232,8 +232,11 @@ def check_save_dir(save_dir, data, arch, restore_file):
     try:
         state = checkpoints.load(last, mmap=True)
     except checkpoints.CheckpointError as error:
+        earlier = checkpoints.complete_neighbour(last)
+        restore = f"--restore-file {earlier} (an earlier checkpoint of that run)" if earlier else \
+            "--restore-file with an earlier checkpoint of that run"
         raise refuse(f"--save-dir={save_dir}", f"fairseq would resume from {error}",
-                     "a --save-dir of its own, or --restore-file with an earlier checkpoint of that run") from None
+                     f"a --save-dir of its own, or {restore}") from None
     old = checkpoints.arch(state)
     if old and old != arch:
         raise refuse(f"--save-dir={save_dir}", f"its checkpoint_last.pt is a {old} model, which fairseq would "
