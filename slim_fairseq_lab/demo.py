@@ -1,4 +1,5 @@
-"""`make demo`: what the plugin is for, in a few minutes on 2 CPU cores.
+"""`make demo`: what the plugin is for, in about 7 minutes on 2 idle cores, the first
+run's data preparation (1 minute) included (make setup first on a fresh clone).
 
   1. binarize the bundled corpora: WikiText-2 (word level, vocabulary capped at 5,000) and
      en-de (Moses + 8,000 joint BPE merges), with slim_fairseq_lab.data (first run only);
@@ -174,6 +175,13 @@ def minutes(seconds):
     return -(-int(seconds) // 60)
 
 
+def time_said(record):
+    """The demo's time as the README, the guide and its help give it, from docs/demo.json."""
+    data = minutes(record["stage_seconds"]["data"])
+    return (f"about {minutes(record['seconds'])} minutes on 2 idle cores, the first run's data "
+            f"preparation ({data} minute{'s' if data > 1 else ''}) included")
+
+
 def run(settings, demo_dir, python, update_docs):
     start = time.monotonic()
     bin_dir = os.path.dirname(python)
@@ -281,8 +289,11 @@ def _compare_with_guide(table, settings, seconds, times, lm_out, update_docs):
         write_guide_table(table)
         with open(os.path.join(lm_out, "results.json"), encoding="utf-8") as f:
             results = json.load(f)
+        # the recorded command line with the paths of this checkout made relative to it
+        results["argv"] = [os.path.relpath(a, REPO) if a.startswith(REPO + os.sep) else a
+                           for a in results["argv"]]
         record = {"seconds": round(seconds), "stage_seconds": {k: round(v) for k, v in times.items()},
-                  "lm_argv": lm_argv("python", "OUT", "LM_BIN", DEFAULTS)[1:],
+                  "lm_argv": lm_argv("python", "OUT", "LM_BIN", DEFAULTS)[2:],
                   "results": results, "fingerprint": fingerprint()}
         with open(RECORD, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=1)
