@@ -216,6 +216,11 @@ RECIPES = [
      "translation; allowed: drop --frobnicate 3, or the options of fairseq-train --help and slim-fairseq-help "
      "anthe_base",
      [("drop --frobnicate 3", "translation/train-anthe.sh", ["{ende}", "--dry-run", "--gpus", "0"])]),
+    # fairseq-train's own parser: its argparse message in the one-line format
+    ("translation/train-anthe.sh", ["{ende}", "--optimizer", "adamw", "--dry-run", "--gpus", "0"],
+     "train-anthe.sh: error: --optimizer=adamw: not one of the choices; allowed: adadelta|adafactor|adagrad|adam|"
+     "adamax|composite|cpu_adam|lamb|nag|sgd",
+     [("adam", "translation/train-anthe.sh", ["{ende}", "--optimizer", "adam", "--dry-run", "--gpus", "0"])]),
     ("translation/train-anthe.sh", ["{lm}", "--dry-run", "--gpus", "0"],
      "train-anthe.sh: error: DATA_BIN={lm}: language-model data (dict.txt, no language pair), and this recipe "
      "trains a translation model; allowed: a translation data-bin (examples/translation/prepare-*.sh), or a "
@@ -838,6 +843,44 @@ def test_every_error_of_the_plugin_is_one_line_naming_what_is_allowed():
     """Every raise in slim_fairseq/ states SUBJECT=VALUE: problem; allowed: what works."""
     found = list(_raises(os.path.join(REPO, "slim_fairseq")))
     assert len(found) > 100  # the scan sees the plugin's raises
+    bad = [f"{where} {func}: {problem}" for where, func, problem in found if problem]
+    assert not bad, "\n".join(bad)
+
+
+def _recipe_refusals(root):
+    """(file:line, the call, what is wrong or None) for each refusal the recipes build: a
+    RecipeError without a failure status (1), ``refuse(subject, problem, allowed)`` and
+    ``Parser.refused(flag, why, allowed)``. A message made elsewhere and passed on (a name, a
+    call: the plugin's own, scanned above, or argparse's, rewritten by cli.argparse_refusal) is
+    not read here."""
+    import ast
+    for name in sorted(os.listdir(root)):
+        if not name.endswith(".py"):
+            continue
+        path = os.path.join(root, name)
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func, where = ast.unparse(node.func), f"{os.path.relpath(path, REPO)}:{node.lineno}"
+            arity = len(node.args) + sum(isinstance(a, ast.Starred) for a in node.args)
+            if func in ("refuse", "cli.refuse") or func.endswith(".refused"):
+                yield where, func, None if arity == 3 else "not (subject, problem, allowed)"
+            elif func.split(".")[-1] == "RecipeError":
+                if len(node.args) > 1 or any(k.arg == "status" for k in node.keywords):
+                    continue  # a step that failed, not a refusal
+                text = _template(node.args[0])
+                if text is None and not isinstance(node.args[0], (ast.Constant, ast.JoinedStr)):
+                    yield where, func, None  # passed on
+                    continue
+                yield where, func, None if text and ONE_LINE.match(text) else repr(text)
+
+
+def test_every_refusal_of_the_recipes_is_one_line_naming_what_is_allowed():
+    """The recipes refuse in the plugin's format: SUBJECT=VALUE: problem; allowed: what works."""
+    found = list(_recipe_refusals(os.path.join(REPO, "slim_fairseq_lab", "recipes")))
+    assert len(found) > 60  # the scan sees the recipes' refusals
     bad = [f"{where} {func}: {problem}" for where, func, problem in found if problem]
     assert not bad, "\n".join(bad)
 

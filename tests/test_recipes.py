@@ -269,11 +269,15 @@ def test_download_is_offline_safe_and_verified(work):
     # --raw-dir: a missing file is named with its download address
     proc = run("translation/prepare-wmt16enro.sh", "--raw-dir", raw, "--work-dir", "wt-missing", cwd=work,
                expect_ok=False)
-    assert proc.returncode != 0 and "training-parallel-ep-v8.tgz is missing" in proc.stderr
-    assert "https://data.statmt.org/wmt16/translation-task/training-parallel-ep-v8.tgz" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr == (
+        f"prepare-wmt16enro.sh: error: --raw-dir={raw}: no training-parallel-ep-v8.tgz; allowed: a folder holding "
+        "training-parallel-ep-v8.tgz (download https://data.statmt.org/wmt16/translation-task/"
+        "training-parallel-ep-v8.tgz and save it under that name)\n")
     # the miniature zip is not the published archive: the SHA-1 check refuses it
     proc = run("lm/prepare-wikitext-103.sh", "--raw-dir", raw, "--work-dir", "wt-sum", cwd=work, expect_ok=False)
-    assert proc.returncode != 0 and "sha1 checksum" in proc.stderr and "does not match" in proc.stderr
+    assert proc.returncode == 2 and re.fullmatch(
+        r"prepare-wikitext-103\.sh: error: \S+/wikitext-103-v1\.zip: sha1 checksum [0-9a-f]{40}, not the expected "
+        r"[0-9a-f]{40}; allowed: delete the file to download it again, or --no-verify if you trust it\n", proc.stderr)
     # an archive of one's own that is not the published one: refused before anything is written,
     # and what the refusal proposes (--no-verify) prepares it
     import hashlib
@@ -303,7 +307,8 @@ def test_raw_dir_download_name_is_accepted_only_with_its_checksum(tmp_path, caps
     assert fetched.raw_path("wmt16-dev.tgz") == f"{raw}/dev.tgz"
     with pytest.raises(cli.RecipeError) as caught:
         downloads.Downloads(str(raw), str(tmp_path / "orig")).fetch(url, "wmt16-dev.tgz", "md5:" + "0" * 32)
-    assert f"save that download as {raw}/wmt16-dev.tgz" in str(caught.value) and "\n" not in str(caught.value)
+    assert str(caught.value) == (f"--raw-dir={raw}: dev.tgz is not the file of {url} (md5 differs; another "
+                                 f"dataset's dev.tgz?); allowed: that download saved as {raw}/wmt16-dev.tgz")
     assert not (tmp_path / "orig").exists()
 
 
@@ -401,8 +406,8 @@ def test_prepare_wmt14_anthe_paper_segmentation(raw_wmt, work):
     refused = run("translation/prepare-wmt14en2de.sh", "--spm-model", data / "spm.model", "--dry-run", cwd=work,
                   expect_ok=False)
     assert refused.returncode == 2
-    assert refused.stderr == ("prepare-wmt14en2de.sh: error: --spm-model: only with --paper anthe (the other settings "
-                              "use BPE codes)\n")
+    assert refused.stderr == (f"prepare-wmt14en2de.sh: error: --spm-model={data / 'spm.model'}: a sentencepiece "
+                              "model, and this setting learns BPE codes; allowed: --paper anthe, or no --spm-model\n")
 
 
 @pytest.fixture(scope="module")
@@ -431,9 +436,9 @@ def test_prepare_wmt14_subformer_paper_data(wmt14_google, raw_wmt, work):
     proc = run("translation/prepare-wmt14en2de.sh", "--paper", "subformer", "--work-dir", "g2", cwd=work,
                expect_ok=False)
     assert proc.returncode == 2 and proc.stderr == (
-        "prepare-wmt14en2de.sh: error: --paper subformer: download wmt16_en_de.tar.gz from "
-        "https://drive.google.com/uc?export=download&id=0B_bZck-ksdkpM25jRUN2X2UxMm8 (Google Drive asks for a "
-        "confirmation) into a folder and pass --raw-dir FOLDER\n")
+        "prepare-wmt14en2de.sh: error: --paper=subformer: Google's wmt16_en_de.tar.gz is behind a confirmation page "
+        "of Google Drive (https://drive.google.com/uc?export=download&id=0B_bZck-ksdkpM25jRUN2X2UxMm8); allowed: "
+        "--raw-dir FOLDER, a folder you downloaded it into\n")
     assert not (work / "g2").exists()
 
 
@@ -480,7 +485,8 @@ PREPARE_SCRIPTS = [("translation/prepare-wmt14en2de.sh",), ("translation/prepare
 def test_unreadable_raw_dir_is_a_one_line_error(script, tmp_path):
     proc = run(script[0], *script[1:], "--raw-dir", tmp_path / "nowhere", cwd=tmp_path, expect_ok=False)
     assert proc.returncode != 0
-    assert proc.stderr == f"{Path(script[0]).name}: error: --raw-dir: '{tmp_path / 'nowhere'}' is not a readable folder\n"
+    assert proc.stderr == (f"{Path(script[0]).name}: error: --raw-dir={tmp_path / 'nowhere'}: not a readable folder; "
+                           "allowed: --raw-dir FOLDER, a folder that exists\n")
 
 
 def test_prepare_dry_run_lists_downloads_and_changes_nothing(raw_wmt, tmp_path):
@@ -717,7 +723,8 @@ def _evaluate_lm_checks(data: Path, save_dir: Path, work: Path) -> None:
     proc = run("lm/evaluate-lm.sh", data, save_dir / "checkpoint_last.pt", "--cpu", "--tokens-per-sample", "3072",
                "--context-window", "2560", cwd=work, expect_ok=False)
     assert proc.returncode != 0 and "Perplexity" not in proc.stdout
-    assert "--tokens-per-sample 3072" in proc.stderr and "at most 64 positions" in proc.stderr
+    assert proc.stderr == ("evaluate-lm.sh: error: --tokens-per-sample=3072: the model accepts at most 64 positions; "
+                           "allowed: --tokens-per-sample 64 or less\n")
     # complete-line blocks cannot hold WikiText lines longer than 64 tokens: refused before
     # fairseq-eval-lm runs (it would score each such line as a block of its own, or skip it);
     # a longer block is no suggestion where the model has no room for it
@@ -835,13 +842,21 @@ def test_evaluate_single_length_penalty_translates_no_valid_and_shows_progress(f
 
 def test_evaluate_refuses_options_it_sets_itself(tmp_path):
     data = _translation_data(tmp_path / "data", "de", ["a"], ["a"])
-    for argv, message in ((["--lenpen", "0.6"], "--lenpen: the length penalty is chosen on valid among --lenpens (a "
-                                                "single value, e.g. --lenpens 1.0, is used as it is)"),
+    for argv, message in ((["--lenpen", "0.6"], "--lenpen: the length penalty is chosen on valid among --lenpens; "
+                                                "allowed: --lenpens with one value (e.g. --lenpens 1.0), which is "
+                                                "used as it is"),
                           (["--gen-subset=valid"], "--gen-subset: evaluate.sh chooses the length penalty on valid and "
-                                                   "scores test"),
-                          (["--paper", "--lenpens", "1.0"], "--lenpens: --paper tunes over 0.0 0.2 ... 2.0, as the "
-                                                            "Subformer paper: drop --lenpens, or --paper"),
-                          (["--lenpens", "0.6 x"], "--lenpens: numbers >= 0 separated by spaces, got 'x'")):
+                                                   "scores test; allowed: no --gen-subset (fairseq-generate itself "
+                                                   "scores another subset)"),
+                          (["--source-lang", "de"], "--source-lang: the languages are read from DATA_BIN/recipe.info; "
+                                                    "allowed: no language option (the data-bin prepared for the "
+                                                    "direction to score)"),
+                          (["--paper", "--lenpens", "1.0"], "--lenpens=1.0: --paper tunes over 0.0 0.2 ... 2.0, as the "
+                                                            "Subformer paper; allowed: no --lenpens, or no --paper"),
+                          (["--lenpens", " "], "--lenpens: no value; allowed: numbers >= 0 separated by spaces, e.g. "
+                                               "--lenpens '1.0 1.2'"),
+                          (["--lenpens", "0.6 x"], "--lenpens=0.6 x: 'x' is not a number >= 0; allowed: numbers >= 0 "
+                                                   "separated by spaces, e.g. --lenpens '1.0 1.2'")):
         proc = run("translation/evaluate.sh", data, tmp_path, *argv, cwd=tmp_path, expect_ok=False)
         assert proc.returncode == 2 and proc.stderr == f"evaluate.sh: error: {message}\n", (argv, proc.stderr)
     assert not (tmp_path / "eval").exists()
@@ -902,8 +917,8 @@ def test_evaluate_failed_or_refused_run_leaves_the_earlier_results(fakes, tmp_pa
     (data / "test.raw.de").unlink()
     proc = run("translation/evaluate.sh", data, model, cwd=tmp_path, env=env, expect_ok=False)
     assert proc.returncode == 2 and proc.stderr == (
-        f"evaluate.sh: error: {data}/test.raw.de missing: the untokenized test references, which the prepare scripts "
-        "and scripts/binarize_bundled.py write next to the data-bin\n")
+        f"evaluate.sh: error: {data}/test.raw.de: missing or empty: the untokenized test references; allowed: a "
+        "data-bin of a prepare script or scripts/binarize_bundled.py, which write them next to it\n")
     assert len(fixtures.fake_calls(fake_dir, "fairseq-generate")) == calls and _tree(tmp_path / "eval") == before
 
 
@@ -931,16 +946,17 @@ def test_evaluate_checks_the_checkpoint_before_writing(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     proc = run("translation/evaluate.sh", data, ckpt, cwd=tmp_path, expect_ok=False)
-    assert proc.returncode == 2 and proc.stderr == (f"evaluate.sh: error: checkpoint {ckpt}/checkpoint_best.pt not "
-                                                    "found (pass a checkpoint file, or --avg N to average the last N)\n")
+    assert proc.returncode == 2 and proc.stderr == (f"evaluate.sh: error: CKPT={ckpt}: a folder without "
+                                                    "checkpoint_best.pt; allowed: a checkpoint file, or --avg N to "
+                                                    "average the folder's last N\n")
     assert not (ckpt / "eval").exists()
     # --avg N on a folder without checkpoints: one line naming the option, no traceback
     for script in ("translation/evaluate.sh", "lm/evaluate-lm.sh"):
         proc = run(script, data, ckpt, "--avg", "3", cwd=tmp_path, expect_ok=False)
         assert proc.returncode != 0 and "Traceback" not in proc.stderr
         assert proc.stderr.splitlines() == [
-            f"{Path(script).name}: error: --avg 3: {ckpt} holds 0 update checkpoints (checkpoint_E_U.pt) and 0 epoch "
-            "checkpoints (checkpointE.pt), fewer than 3"], script
+            f"{Path(script).name}: error: --avg=3: {ckpt} holds 0 update checkpoints (checkpoint_E_U.pt) and 0 epoch "
+            "checkpoints (checkpointE.pt), fewer than 3; allowed: a checkpoint file"], script
         assert not (ckpt / "eval").exists()
     proc = subprocess.run([sys.executable, str(REPO / "scripts/average_checkpoints.py"), "--inputs", str(ckpt),
                            "--num-update-checkpoints", "3", "--output", str(tmp_path / "avg.pt")],
@@ -1045,16 +1061,17 @@ def test_evaluate_lm_prints_only_a_verified_perplexity(lm_eval, tmp_path):
     assert f"evaluated {SUBSET_TOKENS - 3} tokens, but valid holds {SUBSET_TOKENS}" in proc.stderr
     # shards of the subset are refused before fairseq-eval-lm runs, in either spelling
     calls = len(fixtures.fake_calls(fake_dir, "fairseq-eval-lm"))
-    shard_id = "--shard-id: evaluate-lm.sh scores the whole subset (run fairseq-eval-lm itself for a shard)"
+    shard_id = ("--shard-id: evaluate-lm.sh scores the whole subset; allowed: no --shard-id (fairseq-eval-lm itself "
+                "scores a shard)")
     for argv, line in ((["--num-shards", "2", "--shard-id", "0"], shard_id),
-                       (["--num-shards=2"], "--num-shards 2: evaluate-lm.sh scores the whole subset, not a shard of it "
-                                            "(run fairseq-eval-lm itself for a shard)"),
+                       (["--num-shards=2"], "--num-shards=2: evaluate-lm.sh scores the whole subset, not a shard of "
+                                            "it; allowed: no --num-shards (fairseq-eval-lm itself scores a shard)"),
                        (["--shard-id=1"], shard_id)):
         proc = run(script, data, ckpt, *argv, cwd=tmp_path, env=env, expect_ok=False)
         assert proc.returncode == 2 and proc.stdout == "" and proc.stderr == f"evaluate-lm.sh: error: {line}\n", argv
     assert len(fixtures.fake_calls(fake_dir, "fairseq-eval-lm")) == calls
-    for refused, line in ((["--tokens-per-sample", "2000"], "--tokens-per-sample 2000: the model accepts at most 256 "
-                                                            "positions (use --tokens-per-sample 256 or less)"),
+    for refused, line in ((["--tokens-per-sample", "2000"], "--tokens-per-sample=2000: the model accepts at most 256 "
+                                                            "positions; allowed: --tokens-per-sample 256 or less"),
                           (["--avg", "x"], "--avg=x: not a whole number >= 1; allowed: a whole number >= 1, or drop "
                                            "--avg (default 1)")):
         proc = run(script, data, ckpt, *refused, cwd=tmp_path, env=env, expect_ok=False)
@@ -1084,24 +1101,34 @@ def test_evaluate_lm_block_defaults_to_the_training_block(lm_eval, tmp_path):
     assert fixtures.option_value(argv, "--tokens-per-sample") == "128" and argv.count("--tokens-per-sample") == 1
 
 
-@pytest.mark.parametrize("argv,error", [
-    (["--tokens-per-sample=512"], "evaluate-lm.sh: error: --tokens-per-sample 512: the model accepts at most 256 "
-                                  "positions (use --tokens-per-sample 256 or less)"),
+# (the options, the line, the options its "allowed" proposes: they run)
+@pytest.mark.parametrize("argv,error,fixed", [
+    (["--tokens-per-sample=512"], "evaluate-lm.sh: error: --tokens-per-sample=512: the model accepts at most 256 "
+                                  "positions; allowed: --tokens-per-sample 256 or less", ["--tokens-per-sample=256"]),
     (["--tokens-per-sample=64", "--context-window=64"],
-     "evaluate-lm.sh: error: --context-window 64 must be smaller than --tokens-per-sample 64"),
-    (["--context-window=32"], "evaluate-lm.sh: error: --context-window 32 must be smaller than --tokens-per-sample 32"),
-    (["--max-tokens=16"], "evaluate-lm.sh: error: --max-tokens 16 must hold one block of --tokens-per-sample 32 tokens"),
+     "evaluate-lm.sh: error: --context-window=64: not smaller than --tokens-per-sample 64; allowed: --context-window "
+     "63 or less", ["--tokens-per-sample=64", "--context-window=63"]),
+    (["--context-window=32"], "evaluate-lm.sh: error: --context-window=32: not smaller than --tokens-per-sample 32; "
+                              "allowed: --context-window 31 or less", ["--context-window=31"]),
+    (["--max-tokens=16"], "evaluate-lm.sh: error: --max-tokens=16: less than one block of --tokens-per-sample 32 "
+                          "tokens; allowed: --max-tokens 32 or more", ["--max-tokens=32"]),
     (["--tokens-per-sample=x"], "evaluate-lm.sh: error: --tokens-per-sample=x: not a whole number >= 1; allowed: a "
-                                "whole number >= 1, or drop --tokens-per-sample (its default)"),
+                                "whole number >= 1, or drop --tokens-per-sample (its default)", []),
     (["--distributed-world-size=2"], "evaluate-lm.sh: error: --distributed-world-size: evaluate-lm.sh runs one process "
-                                     "(several would each score a shard)"),
+                                     "(several would each score a shard); allowed: no --distributed-world-size", []),
+    (["--subset", "test2"], "evaluate-lm.sh: error: --subset=test2: no binarized test2 set in {data} (no readable "
+                            "test2.idx); allowed: test|valid", ["--subset", "test"]),
 ])
-def test_evaluate_lm_checks_equals_spelled_options(argv, error, lm_eval, tmp_path):
-    """--name=VALUE gets the same checks as --name VALUE, before fairseq-eval-lm runs."""
+def test_evaluate_lm_checks_equals_spelled_options(argv, error, fixed, lm_eval, tmp_path):
+    """--name=VALUE gets the same checks as --name VALUE, before fairseq-eval-lm runs; what the
+    refusal proposes runs."""
     env, fake_dir, data, ckpt = lm_eval
     proc = run("lm/evaluate-lm.sh", data, ckpt, *argv, cwd=tmp_path, env=env, expect_ok=False)
-    assert proc.returncode == 2 and proc.stderr == error + "\n", proc.stderr
+    assert proc.returncode == 2 and proc.stderr == error.format(data=data) + "\n", proc.stderr
     assert fixtures.fake_calls(fake_dir, "fairseq-eval-lm") == []
+    _eval_lm_log(fake_dir, SUBSET_TOKENS)
+    proc = run("lm/evaluate-lm.sh", data, ckpt, *fixed, cwd=tmp_path, env=env, expect_ok=False)
+    assert proc.returncode == 0 and "Perplexity: 71.37" in proc.stdout, proc.stderr
 
 
 def test_evaluate_lm_complete_blocks_refusal_proposes_what_it_accepts(lm_eval, tmp_path):
@@ -1185,22 +1212,25 @@ def test_paper_settings(tmp_path):
     assert "--batch-size 16 --update-freq 1 --distributed-world-size 2" in command
     proc = _dry("translation/train-anthe.sh", "--paper", "--gpus", "3", tmp_path=tmp_path, expect_ok=False)
     assert proc.returncode == 2 and proc.stderr == ("train-anthe.sh: error: --paper: 32 sentences per update do not "
-                                                    "split evenly over 3 workers (--gpus/--nodes, or --batch-size N per "
-                                                    "worker)\n")
+                                                    "split evenly over 3 workers; allowed: --gpus and --nodes giving a "
+                                                    "number of workers that divides 32, or --batch-size N per worker\n")
+    command = _dry("translation/train-anthe.sh", "--paper", "--gpus", "3", "--batch-size", "10", tmp_path=tmp_path)
+    assert "--batch-size 10 --update-freq 1 --distributed-world-size 3" in command
     # Subformer: the defaults are the paper's, --paper adds its mixed precision
     command, log = _dry("translation/train-subformer.sh", "--paper", "--gpus", "1", tmp_path=tmp_path, with_log=True)
     assert "--fp16" in command and "--paper: --fp16 (the paper trained with mixed precision)" in log
     # no paper recipe to reproduce: refused, not ignored
     proc = _dry("lm/train-stlm.sh", "--paper", tmp_path=tmp_path, expect_ok=False)
     assert proc.returncode == 2 and proc.stderr == ("train-stlm.sh: error: --paper: the STLM report lists no optimiser "
-                                                    "settings; the settings of this script are its own (see --help)\n")
+                                                    "settings; allowed: no --paper (the settings of this script, in "
+                                                    "--help)\n")
     # evaluation: the Subformer paper scores the best checkpoint, never an average
     data = tmp_path / "data"
     data.mkdir()
     (data / "recipe.info").write_text("SRC=en\nTGT=de\nSCHEME=moses-bpe\n")
     proc = run("translation/evaluate.sh", data, tmp_path, "--paper", "--avg", "5", cwd=tmp_path, expect_ok=False)
-    assert proc.returncode == 2 and proc.stderr == ("evaluate.sh: error: --paper scores the best checkpoint, as the "
-                                                    "Subformer paper: drop --avg 5\n")
+    assert proc.returncode == 2 and proc.stderr == ("evaluate.sh: error: --avg=5: --paper scores the best checkpoint, "
+                                                    "as the Subformer paper; allowed: no --avg, or no --paper\n")
 
 
 def test_paper_batch_is_what_fairseq_gets(tmp_path):
@@ -1216,8 +1246,8 @@ def test_paper_batch_is_what_fairseq_gets(tmp_path):
     for spelling in (["--max-tokens", "4096"], ["--max-tokens=4096"]):
         proc = _dry("translation/train-anthe.sh", "--paper", *spelling, gpus=8, tmp_path=tmp_path, expect_ok=False)
         assert proc.returncode == 2
-        assert proc.stderr == ("train-anthe.sh: error: --max-tokens: --paper batches by sentences (32 per update, as the "
-                               "paper); drop --max-tokens, or --paper\n")
+        assert proc.stderr == ("train-anthe.sh: error: --max-tokens=4096: --paper batches by sentences (32 per update, "
+                               "as the paper); allowed: no --max-tokens, or no --paper\n")
     # without --paper, --batch-size is an upper bound next to the token batch, and said so
     command, log = _dry("translation/train-anthe.sh", "--batch-size=100", gpus=1, tmp_path=tmp_path, with_log=True)
     assert command.split().count("--batch-size") == 1 and "--max-tokens 4096 --update-freq 7 --batch-size 100" in command
@@ -1236,7 +1266,7 @@ def test_paper_gpus_and_precision_as_each_paper(tmp_path):
     # fairseq 0.12.3's --bf16 implies --tpu: refused before anything runs, --fp16 named
     proc = _dry("translation/train-subformer.sh", "--paper", "--bf16", gpus=8, tmp_path=tmp_path, expect_ok=False)
     assert proc.returncode == 2 and proc.stderr == ("train-subformer.sh: error: --bf16: fairseq 0.12.3 trains bf16 on "
-                                                    "TPUs only (its --bf16 implies --tpu); on GPUs use --fp16, or "
+                                                    "TPUs only (its --bf16 implies --tpu); allowed: --fp16, or "
                                                     "fairseq-train's --amp (docs/GPU.md)\n")
     proc = _dry("translation/train-subformer.sh", "--paper", "--gpus=0", gpus=8, tmp_path=tmp_path, expect_ok=False)
     assert proc.returncode == 2 and proc.stderr == ("train-subformer.sh: error: --paper: the paper trained with mixed "
@@ -1275,7 +1305,8 @@ def test_train_options_read_by_the_launcher_in_both_spellings(spelling, tmp_path
     proc = _dry("translation/train-subformer.sh", *opts(distributed_world_size="4"), gpus=8, tmp_path=tmp_path,
                 expect_ok=False)
     assert proc.returncode != 0
-    assert proc.stderr == "train-subformer.sh: error: --distributed-world-size: set by the recipe from --gpus and --nodes\n"
+    assert proc.stderr == ("train-subformer.sh: error: --distributed-world-size: set by the recipe from --gpus and "
+                           "--nodes; allowed: --gpus N (per node) and --nodes N\n")
 
 
 def test_real_runs_need_the_gpus_they_ask_for(tmp_path):
@@ -1393,8 +1424,9 @@ def test_option_kinds():
                           (["--size", "9X"], "--size=9X: not a size; allowed: a number of bytes with an optional K, M, G "
                                              "or T (e.g. 500M, 9G), or drop --size (its default)"),
                           (["--max-len", "--ratio", "2"], "--max-len: needs a value; allowed: --max-len VALUE"),
-                          (["--fp16", "--bf16"], "--fp16 and --bf16 exclude each other; allowed: one of them"),
-                          (["data", "more"], "unexpected argument 'more'; allowed: the arguments and options of --help")):
+                          (["--fp16", "--bf16"], "--fp16 and --bf16: exclude each other; allowed: one of them"),
+                          (["data", "more"], "more: not an argument or option of this recipe; allowed: the "
+                                             "arguments and options of --help")):
         with pytest.raises(cli.RecipeError) as caught:
             cli.split(parser, ["data", *argv] if argv[0] != "data" else argv, ("DATA",))
         assert str(caught.value) == message and caught.value.status == 2, (argv, str(caught.value))
@@ -1476,7 +1508,8 @@ def test_subformer_comparison_uses_default_init_unless_asked(tmp_path):
     post = run(script, tmp_path, "--dry-run", "--post-ln", cwd=tmp_path).stdout.splitlines()
     assert len(post) == 2 and not any("normalize-before" in line for line in post)
     both = run(script, tmp_path, "--dry-run", "--pre-ln", "--post-ln", cwd=tmp_path, expect_ok=False)
-    assert both.returncode != 0 and "--pre-ln and --post-ln exclude each other" in both.stderr
+    assert both.returncode == 2 and both.stderr == ("subformer_vs_transformer.sh: error: --pre-ln and --post-ln: "
+                                                    "exclude each other; allowed: one of them\n")
     assert not (tmp_path / "subformer").exists()  # nothing ran
 
 
@@ -1519,5 +1552,6 @@ def test_wikitext2_comparisons_train_every_run_alike(name, runs, own, tmp_path):
         for other, flag in own.items():
             assert (flag in line) == (other == run_name)
     refused = run(f"lm/{name}", tmp_path / "out", cwd=tmp_path, expect_ok=False, env={**env, "RUNS": f"{runs[0]} nope"})
-    assert refused.returncode == 2 and refused.stderr == f"{name}: error: RUNS: unknown run 'nope'\n"
+    assert refused.returncode == 2 and refused.stderr == (f"{name}: error: RUNS=nope: not a run of this comparison; "
+                                                          f"allowed: names among {' '.join(runs)}\n")
     assert not (tmp_path / "out").exists()

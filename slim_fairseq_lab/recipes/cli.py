@@ -101,15 +101,16 @@ class Value(argparse.Action):
 
 
 class Refused(argparse.Action):
-    """An option the recipe sets itself: refused whatever its spelling, with ``why``."""
+    """An option the recipe sets itself: refused whatever its spelling, with ``why`` and what
+    to do instead (``allowed``)."""
 
-    def __init__(self, option_strings, dest, why="", **kwargs):
+    def __init__(self, option_strings, dest, why="", allowed="", **kwargs):
         kwargs.setdefault("nargs", "?")
         super().__init__(option_strings, dest, **kwargs)
-        self.why = why
+        self.why, self.allowed = why, allowed
 
     def __call__(self, parser, namespace, values, option_string=None):
-        raise RecipeError(f"{option_string}: {self.why}")
+        raise refuse(option_string, self.why, self.allowed)
 
 
 class Parser(argparse.ArgumentParser):
@@ -127,24 +128,43 @@ class Parser(argparse.ArgumentParser):
         """An option without a value; it sets ``dest`` to ``const``."""
         return self.add_argument(*flags, action="store_const", const=const, default=default, dest=dest)
 
-    def refused(self, flag, why):
-        return self.add_argument(flag, action=Refused, why=why, dest=argparse.SUPPRESS,
-                                 default=argparse.SUPPRESS)
+    def refused(self, flag, why, allowed):
+        """``flag`` is the recipe's to set: refused with ``why`` and ``allowed`` (what to do
+        instead)."""
+        return self.add_argument(flag, action=Refused, why=why, allowed=allowed,
+                                 dest=argparse.SUPPRESS, default=argparse.SUPPRESS)
 
     def error(self, message):
-        match = re.match(r"argument (\S+?)(?:/\S+)?: (.*)$", message)
-        if match:
-            flag, problem = match.groups()
-            if problem.startswith("expected one argument"):
-                raise RecipeError(f"{flag}: needs a value; allowed: {flag} VALUE")
-            given = re.match(r"ignored explicit argument '(.*)'", problem)
-            if given:
-                raise RecipeError(f"{flag}={given.group(1)}: {flag} takes no value; allowed: {flag}")
-            other = re.match(r"not allowed with argument (\S+)", problem)
-            if other:
-                raise RecipeError(f"{other.group(1).split('/')[0]} and {flag} exclude each other; "
-                                  "allowed: one of them")
-        raise RecipeError(f"{message}; allowed: the options of --help")
+        raise argparse_refusal(message, "the options of --help")
+
+
+def argparse_refusal(message, options):
+    """argparse's error ``message`` as the one-line refusal (``options``: where the allowed ones
+    are listed)."""
+    match = re.match(r"argument (\S+?)(?:/\S+)?: (.*)$", message)
+    if not match:
+        required = re.match(r"the following arguments are required: (.*)$", message)
+        if required:
+            return refuse(required.group(1), "required", options)
+        return refuse("command line", message, options)
+    flag, problem = match.groups()
+    if problem.startswith("expected one argument"):
+        return refuse(flag, "needs a value", f"{flag} VALUE")
+    given = re.match(r"ignored explicit argument '(.*)'", problem)
+    if given:
+        return refuse(f"{flag}={given.group(1)}", f"{flag} takes no value", flag)
+    other = re.match(r"not allowed with argument (\S+)", problem)
+    if other:
+        return refuse(f"{other.group(1).split('/')[0]} and {flag}", "exclude each other", "one of them")
+    choice = re.match(r"invalid choice: '(.*)' \(choose from (.*)\)$", problem)
+    if choice:
+        choices = "|".join(c.strip().strip("'") for c in choice.group(2).split(","))
+        return refuse(f"{flag}={choice.group(1)}", "not one of the choices", choices)
+    kind = re.match(r"invalid (int|float) value: '(.*)'$", problem)
+    if kind:
+        number = "a whole number" if kind.group(1) == "int" else "a number"
+        return refuse(f"{flag}={kind.group(2)}", f"not {number}", f"{flag} N, N {number}")
+    return refuse(flag, problem, options)
 
 
 class Help(Exception):
@@ -171,7 +191,8 @@ def split(parser, argv, positional=(), pass_through=False):
             elif pass_through:
                 passed.append(word)
             else:
-                raise RecipeError(f"unexpected argument {word!r}; allowed: the arguments and options of --help")
+                raise RecipeError(f"{word}: not an argument or option of this recipe; allowed: the "
+                                  "arguments and options of --help")
             continue
         name = word.split("=", 1)[0] if word.startswith("--") else word
         action = parser._option_string_actions.get(name)

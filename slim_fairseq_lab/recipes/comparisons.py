@@ -14,7 +14,7 @@ from slim_fairseq_lab import data as bundled
 from slim_fairseq_lab import launcher
 from slim_fairseq_lab.paths import REPO_ROOT
 from slim_fairseq_lab.recipes import tools
-from slim_fairseq_lab.recipes.cli import RecipeError, log
+from slim_fairseq_lab.recipes.cli import RecipeError, log, refuse
 from slim_fairseq_lab.run_summary import summarize
 
 
@@ -166,7 +166,8 @@ def lm_settings(out, runs, default_runs, **defaults):
     chosen = env.get("RUNS", default_runs).split()
     for name in chosen:
         if name not in runs:
-            raise RecipeError(f"RUNS: unknown run '{name}'")
+            raise refuse(f"RUNS={name}", "not a run of this comparison",
+                         f"names among {' '.join(runs)}")
     values = {key: env.get(key.upper(), str(value)) for key, value in defaults.items()}
     return LmComparison(out=out, runs=runs, chosen=chosen, updates=int(values["updates"]),
                         batch=int(values["batch"]), tokens=int(values["tokens"]), lr=values["lr"],

@@ -61,20 +61,20 @@ class Folders:
 def readable_folder(flag, path):
     """The absolute path of a folder given with ``flag``, or a one-line error."""
     if not (os.path.isdir(path) and os.access(path, os.R_OK | os.X_OK)):
-        raise RecipeError(f"{flag}: '{path}' is not a readable folder")
+        raise refuse(f"{flag}={path}", "not a readable folder", f"{flag} FOLDER, a folder that exists")
     return os.path.abspath(path)
 
 
 def readable_file(flag, path):
     """The absolute path of a file given with ``flag``, or a one-line error."""
     if not (os.path.isfile(path) and os.access(path, os.R_OK)):
-        raise RecipeError(f"{flag}: '{path}' is not a readable file")
+        raise refuse(f"{flag}={path}", "not a readable file", f"{flag} FILE, a file that exists")
     return os.path.abspath(path)
 
 
 def checksum(algo, path):
     if algo not in ("md5", "sha1", "sha256"):
-        raise RecipeError(f"unknown checksum algorithm '{algo}' (allowed: md5, sha1, sha256)")
+        raise ValueError(f"unknown checksum algorithm {algo!r} (md5, sha1 or sha256)")
     digest = hashlib.new(algo)
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -116,8 +116,8 @@ class Downloads:
             if given_by:
                 raise refuse(f"{given_by}={path}", f"not the published archive ({algo} {got}, expected {want})",
                              f"--no-verify if you trust it, or the archive of {url}")
-            raise RecipeError(f"{path}: {algo} checksum {got} does not match the expected {want} (delete the file "
-                              "to download it again, or pass --no-verify if you trust it)")
+            raise refuse(path, f"{algo} checksum {got}, not the expected {want}",
+                         "delete the file to download it again, or --no-verify if you trust it")
         log(f"{name}: {algo} ok")
 
     def raw_path(self, name, url=None):
@@ -149,11 +149,12 @@ class Downloads:
             if not os.path.exists(dest) and base != name and os.path.exists(os.path.join(self.raw_dir, base)):
                 dest = os.path.join(self.raw_dir, base)
                 if spec and not self.no_verify and checksum(spec.split(":")[0], dest) != spec.split(":", 1)[1]:
-                    raise RecipeError(f"--raw-dir: {dest} is not the file of {url} ({spec.split(':')[0]} differs; "
-                                      f"another dataset's {base}?): save that download as {self.raw_dir}/{name}")
+                    raise refuse(f"--raw-dir={self.raw_dir}", f"{base} is not the file of {url} "
+                                 f"({spec.split(':')[0]} differs; another dataset's {base}?)",
+                                 f"that download saved as {self.raw_dir}/{name}")
             if not os.path.exists(dest):
-                raise RecipeError(f"--raw-dir: {self.raw_dir}/{name} is missing (download {url} and save it under "
-                                  "that name)")
+                raise refuse(f"--raw-dir={self.raw_dir}", f"no {name}",
+                             f"a folder holding {name} (download {url} and save it under that name)")
             self.verify(dest, spec)
             self.fetched[name] = dest
             return
@@ -206,7 +207,7 @@ def extract(archive, dest):
         with gzip.open(archive, "rb") as f, open(os.path.join(dest, os.path.basename(archive)[:-3]), "wb") as out:
             shutil.copyfileobj(f, out)
     else:
-        raise RecipeError(f"do not know how to extract {archive}")
+        raise ValueError(f"do not know how to extract {archive}")
     open(stamp, "w").close()
 
 

@@ -69,12 +69,15 @@ def parser():
     p.value("--out-dir")
     p.flag("--paper", default=False)
     p.flag("--cpu", default=False)
-    p.refused("--lenpen", "the length penalty is chosen on valid among --lenpens (a single value, e.g. "
-                          "--lenpens 1.0, is used as it is)")
-    p.refused("--gen-subset", "evaluate.sh chooses the length penalty on valid and scores test")
-    p.refused("--path", "the checkpoint is CKPT, the second argument")
-    p.refused("--source-lang", "the languages are read from DATA_BIN/recipe.info")
-    p.refused("--target-lang", "the languages are read from DATA_BIN/recipe.info")
+    p.refused("--lenpen", "the length penalty is chosen on valid among --lenpens",
+              "--lenpens with one value (e.g. --lenpens 1.0), which is used as it is")
+    p.refused("--gen-subset", "evaluate.sh chooses the length penalty on valid and scores test",
+              "no --gen-subset (fairseq-generate itself scores another subset)")
+    languages = ("the languages are read from DATA_BIN/recipe.info",
+                 "no language option (the data-bin prepared for the direction to score)")
+    p.refused("--path", "the checkpoint is CKPT, the second argument", "evaluate.sh DATA_BIN CKPT")
+    p.refused("--source-lang", *languages)
+    p.refused("--target-lang", *languages)
     return p
 
 
@@ -99,28 +102,32 @@ class Evaluation:
         self.data, self.extra, self.beam, self.batch_size = data, extra, args.beam, args.batch_size
         self.cpu = ["--cpu"] if args.cpu else []
         if not os.path.isfile(os.path.join(data, "recipe.info")):
-            raise RecipeError(f"{data}/recipe.info missing: DATA_BIN must come from a prepare script or "
-                              "scripts/binarize_bundled.py")
+            raise refuse(f"DATA_BIN={data}", "no recipe.info (its languages and segmentation)",
+                         "a data-bin written by a prepare script or scripts/binarize_bundled.py")
         lenpens = args.lenpens
         if args.paper:
             if args.avg != "1":
-                raise RecipeError(f"--paper scores the best checkpoint, as the Subformer paper: drop --avg {args.avg}")
+                raise refuse(f"--avg={args.avg}", "--paper scores the best checkpoint, as the Subformer "
+                             "paper", "no --avg, or no --paper")
             if lenpens:
-                raise RecipeError("--lenpens: --paper tunes over 0.0 0.2 ... 2.0, as the Subformer paper: drop "
-                                  "--lenpens, or --paper")
+                raise refuse(f"--lenpens={lenpens}", "--paper tunes over 0.0 0.2 ... 2.0, as the "
+                             "Subformer paper", "no --lenpens, or no --paper")
             lenpens = PAPER_LENPENS
         self.lenpens_text = lenpens or DEFAULT_LENPENS
         self.lenpens = self.lenpens_text.split()
         if not self.lenpens:
-            raise RecipeError("--lenpens: at least one value")
+            raise refuse("--lenpens", "no value", "numbers >= 0 separated by spaces, e.g. "
+                         "--lenpens '1.0 1.2'")
         for lenpen in self.lenpens:
             if not re.fullmatch(r"[0-9]*\.?[0-9]+", lenpen):
-                raise RecipeError(f"--lenpens: numbers >= 0 separated by spaces, got '{lenpen}'")
+                raise refuse(f"--lenpens={self.lenpens_text}", f"'{lenpen}' is not a number >= 0",
+                             "numbers >= 0 separated by spaces, e.g. --lenpens '1.0 1.2'")
         info = read_info(data)
         self.src, self.tgt, self.scheme = info.get("SRC", ""), info.get("TGT", ""), info.get("SCHEME", "")
         postprocess = {"moses-bpe": ["--remove-bpe"], "sentencepiece": ["--post-process", "sentencepiece"]}
         if self.scheme not in postprocess:
-            raise RecipeError(f"{data}/recipe.info: unknown SCHEME '{self.scheme}' (allowed: moses-bpe, sentencepiece)")
+            raise refuse(f"{data}/recipe.info", f"unknown SCHEME '{self.scheme}'",
+                         "SCHEME=moses-bpe or SCHEME=sentencepiece, as the prepare scripts write")
         self.postprocess = postprocess[self.scheme]
         self.sacre_tok = text.sacrebleu_tokenizer(self.tgt)
         text.check_sacrebleu_tokenizer(self.tgt)
@@ -143,8 +150,9 @@ class Evaluation:
         for subset in self.subsets:
             ref = os.path.join(data, f"{subset}.raw.{self.tgt}")
             if not (os.path.isfile(ref) and os.path.getsize(ref) > 0):
-                raise RecipeError(f"{ref} missing: the untokenized {subset} references, which the prepare "
-                                  "scripts and scripts/binarize_bundled.py write next to the data-bin")
+                raise refuse(ref, f"missing or empty: the untokenized {subset} references",
+                             "a data-bin of a prepare script or scripts/binarize_bundled.py, which "
+                             "write them next to it")
             text.check_utf8(ref)
             self.counts[subset] = self.check_alignment(subset, ref)
         self.ref_note = info.get("REF_NOTE", "")

@@ -53,22 +53,26 @@ def parser():
     p.value("--sample-break-mode", kind="choice:complete|none|eos|complete_doc")
     p.value("--num-shards", kind="count", default="1")
     p.flag("--cpu", default=False)
-    p.refused("--shard-id", "evaluate-lm.sh scores the whole subset (run fairseq-eval-lm itself for a shard)")
-    p.refused("--path", "the checkpoint is CKPT, the second argument")
-    p.refused("--max-valid-steps", "evaluate-lm.sh scores the whole subset")
-    p.refused("--distributed-world-size", "evaluate-lm.sh runs one process (several would each score a shard)")
+    p.refused("--shard-id", "evaluate-lm.sh scores the whole subset",
+              "no --shard-id (fairseq-eval-lm itself scores a shard)")
+    p.refused("--path", "the checkpoint is CKPT, the second argument", "evaluate-lm.sh DATA_BIN CKPT")
+    p.refused("--max-valid-steps", "evaluate-lm.sh scores the whole subset", "no --max-valid-steps")
+    p.refused("--distributed-world-size", "evaluate-lm.sh runs one process (several would each score "
+              "a shard)", "no --distributed-world-size")
     return p
 
 
 def blocks(tokens_per_sample, context_window, max_tokens, positions):
     """The checks of a block length: the refusal of the first that fails, or None."""
     if tokens_per_sample > positions:
-        return (f"--tokens-per-sample {tokens_per_sample}: the model accepts at most {positions} positions "
-                f"(use --tokens-per-sample {positions} or less)")
+        return refuse(f"--tokens-per-sample={tokens_per_sample}", f"the model accepts at most {positions} "
+                      "positions", f"--tokens-per-sample {positions} or less")
     if context_window >= tokens_per_sample:
-        return f"--context-window {context_window} must be smaller than --tokens-per-sample {tokens_per_sample}"
+        return refuse(f"--context-window={context_window}", "not smaller than --tokens-per-sample "
+                      f"{tokens_per_sample}", f"--context-window {tokens_per_sample - 1} or less")
     if max_tokens < tokens_per_sample:
-        return f"--max-tokens {max_tokens} must hold one block of --tokens-per-sample {tokens_per_sample} tokens"
+        return refuse(f"--max-tokens={max_tokens}", f"less than one block of --tokens-per-sample "
+                      f"{tokens_per_sample} tokens", f"--max-tokens {tokens_per_sample} or more")
     return None
 
 
@@ -85,8 +89,8 @@ def evaluate_lm(argv):
         raise refuse(f"DATA_BIN={data}", "not a folder", "the data-bin of a prepare script (or fairseq-preprocess "
                      "--only-source)")
     if args.num_shards != "1":
-        raise RecipeError(f"--num-shards {args.num_shards}: evaluate-lm.sh scores the whole subset, not a shard of "
-                          "it (run fairseq-eval-lm itself for a shard)")
+        raise refuse(f"--num-shards={args.num_shards}", "evaluate-lm.sh scores the whole subset, not a shard "
+                     "of it", "no --num-shards (fairseq-eval-lm itself scores a shard)")
     pairs = sorted(f for f in os.listdir(data) if re.fullmatch(r"dict\.[^.]+\.txt", f))
     if pairs and not os.path.isfile(os.path.join(data, "dict.txt")):
         raise refuse(f"DATA_BIN={data}", f"translation data ({', '.join(pairs)}), and evaluate-lm.sh scores "
@@ -94,7 +98,9 @@ def evaluate_lm(argv):
     tools.find("fairseq-eval-lm")
     sizes = text.subset_tokens(data, subset)
     if sizes is None:
-        raise RecipeError(f"--subset {subset}: no binarized {subset} set in {data} (no readable {subset}.idx)")
+        sets = sorted(name[:-len(".idx")] for name in os.listdir(data) if name.endswith(".idx"))
+        raise refuse(f"--subset={subset}", f"no binarized {subset} set in {data} (no readable {subset}.idx)",
+                     "|".join(sets) if sets else "a data-bin written by fairseq-preprocess")
     subset_tokens, longest = sizes
     eval_dir = os.path.join(evaluation.folder_of(ckpt), "eval")
     stem = evaluation.checkpoint_name(ckpt, int(args.avg), eval_dir)
@@ -110,7 +116,8 @@ def evaluate_lm(argv):
     # the model's positions and the block it was trained on
     positions = checkpoints.max_positions(state)
     if positions is None:
-        raise RecipeError(f"cannot read the model's positions from {model.path}")
+        raise refuse(f"CKPT={model.path}", "its settings give no number of positions",
+                     "a checkpoint written by fairseq-train")
     training_block = checkpoints.training_block(state)
     if args.tokens_per_sample:
         tokens_per_sample, source = int(args.tokens_per_sample), "--tokens-per-sample"
@@ -130,7 +137,7 @@ def evaluate_lm(argv):
     context_window, max_tokens = context_for(tokens_per_sample), max_tokens_for(tokens_per_sample)
     problem = blocks(tokens_per_sample, context_window, max_tokens, positions)
     if problem:
-        raise RecipeError(problem)
+        raise problem
     notes = []
     mode = args.sample_break_mode
     if mode is None and longest <= tokens_per_sample:

@@ -5,7 +5,7 @@ import os
 import re
 
 from slim_fairseq_lab import checkpoints
-from slim_fairseq_lab.recipes.cli import RecipeError, log, refuse
+from slim_fairseq_lab.recipes.cli import log, refuse
 
 
 def folder_of(ckpt):
@@ -55,8 +55,8 @@ def resolve(ckpt, avg, out_dir):
     if os.path.isdir(ckpt) and avg == 1:
         model = os.path.join(ckpt, "checkpoint_best.pt")
         if not os.path.isfile(model):
-            raise RecipeError(f"checkpoint {model} not found (pass a checkpoint file, or --avg N to "
-                              "average the last N)")
+            raise refuse(f"CKPT={ckpt}", "a folder without checkpoint_best.pt",
+                         "a checkpoint file, or --avg N to average the folder's last N")
         return Resolved(model, state=read(model))
     if os.path.isdir(ckpt):
         names = os.listdir(ckpt)
@@ -67,13 +67,15 @@ def resolve(ckpt, avg, out_dir):
         elif epochs >= avg:
             pattern = checkpoints.EPOCH_PATTERN
         else:
-            raise RecipeError(f"--avg {avg}: {ckpt} holds {updates} update checkpoints (checkpoint_E_U.pt) "
-                              f"and {epochs} epoch checkpoints (checkpointE.pt), fewer than {avg}")
+            most = max(updates, epochs)
+            raise refuse(f"--avg={avg}", f"{ckpt} holds {updates} update checkpoints (checkpoint_E_U.pt) "
+                         f"and {epochs} epoch checkpoints (checkpointE.pt), fewer than {avg}",
+                         (f"--avg {most} or less, or " if most > 1 else "") + "a checkpoint file")
         newest_first = checkpoints.last_checkpoints(ckpt, avg, pattern)
         states = [read(path) for path in newest_first]  # every one is complete
         return Resolved(os.path.join(out_dir, f"average_last{avg}.pt"), reversed(newest_first), pattern,
                         states[0])
-    raise RecipeError(f"checkpoint {ckpt} not found")
+    raise refuse(f"CKPT={ckpt}", "no such file or folder", "a checkpoint file, or the --save-dir of a run")
 
 
 def read(path):

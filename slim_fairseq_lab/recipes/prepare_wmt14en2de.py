@@ -41,7 +41,7 @@ import shutil
 import sys
 
 from slim_fairseq_lab.recipes import cli, downloads, pipelines, text
-from slim_fairseq_lab.recipes.cli import RecipeError, log, refuse
+from slim_fairseq_lab.recipes.cli import log, refuse
 from slim_fairseq_lab.recipes.downloads import extract, find_one
 
 PROG = "prepare-wmt14en2de.sh"
@@ -90,9 +90,11 @@ def prepare(argv):
     spm_model = downloads.readable_file("--spm-model", args.spm_model) if args.spm_model else None
     src, tgt = args.src, args.tgt
     if f"{src}-{tgt}" not in ("en-de", "de-en"):
-        raise RecipeError("--src/--tgt: allowed en de or de en")
+        raise refuse(f"--src={src} --tgt={tgt}", "not a direction of WMT14 en-de",
+                     "--src en --tgt de, or --src de --tgt en")
     if spm_model and args.paper != "anthe":
-        raise RecipeError("--spm-model: only with --paper anthe (the other settings use BPE codes)")
+        raise refuse(f"--spm-model={args.spm_model}", "a sentencepiece model, and this setting learns "
+                     "BPE codes", "--paper anthe, or no --spm-model")
     if args.vocab_size and args.paper != "anthe":
         raise refuse(f"--vocab-size={args.vocab_size}", "the sentencepiece vocabulary of --paper anthe, and this "
                      "setting learns BPE merges instead", f"--bpe-merges {args.vocab_size}, or --paper anthe")
@@ -106,8 +108,8 @@ def prepare(argv):
                 raise refuse(f"{flag}={value}", "filters the pairs of our own segmentation, and --paper subformer "
                              "binarizes Google's data as it is", f"drop {flag}")
     if args.paper == "subformer" and not raw_dir and not args.dry_run:
-        raise RecipeError(f"--paper subformer: download wmt16_en_de.tar.gz from {GOOGLE_URL} (Google Drive asks for "
-                          "a confirmation) into a folder and pass --raw-dir FOLDER")
+        raise refuse("--paper=subformer", f"Google's wmt16_en_de.tar.gz is behind a confirmation page of "
+                     f"Google Drive ({GOOGLE_URL})", "--raw-dir FOLDER, a folder you downloaded it into")
     merges = args.bpe_merges or os.environ.get("BPE_MERGES") or "32000"
     vocab_size, max_len, ratio = args.vocab_size or "32000", args.max_len or "250", args.ratio or "1.5"
     folders = downloads.Folders(args, args.work_dir, raw_dir, [spm_model])

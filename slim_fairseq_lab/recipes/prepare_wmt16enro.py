@@ -25,7 +25,7 @@ import os
 import sys
 
 from slim_fairseq_lab.recipes import cli, downloads, pipelines, text
-from slim_fairseq_lab.recipes.cli import RecipeError
+from slim_fairseq_lab.recipes.cli import refuse
 from slim_fairseq_lab.recipes.downloads import extract, find_one
 
 PROG = "prepare-wmt16enro.sh"
@@ -60,7 +60,8 @@ def prepare(argv):
     raw_dir = downloads.readable_folder("--raw-dir", args.raw_dir) if args.raw_dir else None
     src, tgt = args.src, args.tgt
     if f"{src}-{tgt}" not in ("en-ro", "ro-en"):
-        raise RecipeError("--src/--tgt: allowed en ro or ro en")
+        raise refuse(f"--src={src} --tgt={tgt}", "not a direction of WMT16 en-ro",
+                     "--src en --tgt ro, or --src ro --tgt en")
     merges = args.bpe_merges or os.environ.get("BPE_MERGES") or "35000"
     folders = downloads.Folders(args, args.work_dir, raw_dir)
     dest, tmp, extracted, fetched = folders.dest, folders.tmp, folders.extracted, folders.fetched

@@ -115,7 +115,7 @@ def prepare(argv):
     args, _ = cli.split(parser(), argv, ("PAIR",))
     pair = args.pair
     if not pair:
-        raise RecipeError("PAIR is required (e.g. de-en; see --help)")
+        raise refuse("PAIR", "required", "prepare-wmt17.sh PAIR, e.g. de-en (see --help)")
     raw_dir = downloads.readable_folder("--raw-dir", args.raw_dir) if args.raw_dir else None
     spm_model = downloads.readable_file("--spm-model", args.spm_model) if args.spm_model else None
     if pair in (f"{xx}-en" for xx in LANGS):
@@ -125,8 +125,8 @@ def prepare(argv):
         src, tgt = pair.split("-")
         xx = tgt
     else:
-        raise RecipeError("PAIR: allowed cs-en de-en fi-en lv-en ru-en tr-en zh-en and the reverse directions, got "
-                          f"'{pair}'")
+        raise refuse(f"PAIR={pair}", "not a pair of WMT17's news task",
+                     "cs-en de-en fi-en lv-en ru-en tr-en zh-en and the reverse directions")
     if spm_model:
         for flag, value in (("--vocab-size", args.vocab_size), ("--tokenizer-lang", args.tokenizer_lang),
                             ("--spm-sample", args.spm_sample)):
@@ -157,7 +157,7 @@ def prepare(argv):
     names = [name for name, _, _ in pair_corpora]
     for corpus in args.skip:
         if corpus not in names:
-            raise RecipeError(f"--skip={corpus}: not a training corpus of {pair}; allowed: {'|'.join(names)}")
+            raise refuse(f"--skip={corpus}", f"not a training corpus of {pair}", "|".join(names))
     size_cap = f"{max_size} = {max_size_bytes} bytes" if max_size else "none"
     log(f"{pair}: tokenizer {spm_model or f'{tokenizer_lang}, vocabulary {vocab_size}'}; pair cap: "
         f"{args.max_pairs or 'none'}; size cap: {size_cap}")

@@ -25,8 +25,7 @@ RECIPE = TrainRecipe(
              "--min-lr", "1e-5", "--max-update", "50000", "--clip-norm", "1.0",
              "--criterion", "cross_entropy", "--skip-invalid-size-inputs-valid-test"),
     smoke_args=("--tokens-per-sample", "64", "--warmup-updates", "1"),
-    paper_none="the skipless papers give no training recipe for these models; the settings of this script are "
-               "its own (see --help)")
+    paper_none="the skipless papers give no training recipe for these models")
 
 
 def main(argv=None):

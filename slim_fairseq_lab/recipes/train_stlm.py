@@ -27,7 +27,7 @@ RECIPE = TrainRecipe(
              "--min-lr", "6e-5", "--max-update", "100000", "--clip-norm", "1.0",
              "--criterion", "cross_entropy", "--skip-invalid-size-inputs-valid-test"),
     smoke_args=("--tokens-per-sample", "64", "--warmup-updates", "1"),
-    paper_none="the STLM report lists no optimiser settings; the settings of this script are its own (see --help)")
+    paper_none="the STLM report lists no optimiser settings")
 
 
 def main(argv=None):

@@ -124,12 +124,14 @@ def parser(recipe):
     p.value("--max-tokens", kind="count")
     p.value("--batch-size", "--max-sentences", kind="count", dest="batch_size")
     p.value("--update-freq", kind="count")
-    p.refused("--distributed-world-size", "set by the recipe from --gpus and --nodes")
-    p.refused("--distributed-rank", "set by the recipe from --node-rank and --gpus")
+    p.refused("--distributed-world-size", "set by the recipe from --gpus and --nodes",
+              "--gpus N (per node) and --nodes N")
+    p.refused("--distributed-rank", "set by the recipe from --node-rank and --gpus",
+              "--node-rank N")
     p.flag("--paper", default=False)
     p.flag("--fp16", dest="precision", const="--fp16")
-    p.refused("--bf16", "fairseq 0.12.3 trains bf16 on TPUs only (its --bf16 implies --tpu); on GPUs use "
-                        "--fp16, or fairseq-train's --amp (docs/GPU.md)")
+    p.refused("--bf16", "fairseq 0.12.3 trains bf16 on TPUs only (its --bf16 implies --tpu)",
+              "--fp16, or fairseq-train's --amp (docs/GPU.md)")
     p.flag("--cpu-smoke", default=False)
     p.flag("--dry-run", default=False)
     return p
@@ -159,7 +161,8 @@ def parse_train_argv(argv):
             task = _value(argv, "--task")
             context = f" with --arch {arch}" + (f" --task {task}" if task else "")
             raise tools.not_options(flags, "fairseq-train", context, f" and slim-fairseq-help {arch or 'ARCH'}")
-        raise RecipeError(message)
+        raise cli.argparse_refusal(message, "the options of fairseq-train --help and "
+                                   f"slim-fairseq-help {arch or 'ARCH'}")
 
     train_parser.error = error
     try:
@@ -264,11 +267,12 @@ def train(recipe, argv):
     hparams = list(recipe.hparams)
     if args.paper:
         if recipe.paper_none:
-            raise RecipeError(f"--paper: {recipe.paper_none}")
+            raise refuse("--paper", recipe.paper_none, "no --paper (the settings of this script, in "
+                         "--help)")
         sentences = recipe.paper_sentences
         if sentences and args.max_tokens:
-            raise RecipeError(f"--max-tokens: --paper batches by {recipe.paper_unit} ({sentences} per update, "
-                              "as the paper); drop --max-tokens, or --paper")
+            raise refuse(f"--max-tokens={args.max_tokens}", f"--paper batches by {recipe.paper_unit} "
+                         f"({sentences} per update, as the paper)", "no --max-tokens, or no --paper")
         hparams += recipe.paper_args
         if recipe.paper_args:
             notes.append(f"--paper: {' '.join(recipe.paper_args)}")
@@ -345,8 +349,9 @@ def train(recipe, argv):
             per_worker = int(args.batch_size)
         else:
             if sentences % world:
-                raise RecipeError(f"--paper: {sentences} {recipe.paper_unit} per update do not split evenly over "
-                                  f"{world} workers (--gpus/--nodes, or --batch-size N per worker)")
+                raise refuse("--paper", f"{sentences} {recipe.paper_unit} per update do not split evenly over "
+                             f"{world} workers", f"--gpus and --nodes giving a number of workers that "
+                             f"divides {sentences}, or --batch-size N per worker")
             per_worker = sentences // world
         batch = ["--batch-size", str(per_worker), "--update-freq", str(update_freq)]
         total = per_worker * update_freq * world
