@@ -25,8 +25,10 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, default=64, help="new tokens (default 64)")
     parser.add_argument("--repeats", type=int, default=3, help="best of this many (default 3)")
     args = parser.parse_args(argv)
+    from slim_fairseq_lab.benchmark.export_decoding import ct2_refusal, measure
+    if args.ct2_dir and ct2_refusal(args.hf_dir):
+        parser.error(f"--ct2-dir={args.ct2_dir}: {ct2_refusal(args.hf_dir)}")
     import slim_fairseq  # noqa: F401  (registers the plugin's models with fairseq)
-    from slim_fairseq_lab.benchmark.export_decoding import measure
     result = measure(args.checkpoint, args.data, args.hf_dir, args.prompt, tokens=args.tokens,
                      repeats=args.repeats, ct2_dir=args.ct2_dir)
     print(json.dumps(result, indent=1))

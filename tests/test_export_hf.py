@@ -258,6 +258,20 @@ def test_decoding_benchmark_runs_the_three_alike(folder, capsys):
     assert code == 0 and report["same_tokens"] and len(report["outputs"]["ctranslate2"]) == 5
 
 
+def test_decoding_benchmark_refuses_heads_ctranslate2_cannot_decode(tmp_path, capsys):
+    """A --head-dim other than width / heads (stlm_tied's 16 heads of 32 in 528): refused in one
+    line before anything loads, not a ValueError of CTranslate2 after the other timings."""
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"hidden_size": 528, "num_attention_heads": 16, "head_dim": 32}))
+    with pytest.raises(SystemExit) as stop:
+        load_script("bench_export_decoding").main(
+            [str(tmp_path / "none.pt"), str(tmp_path), str(tmp_path), "--ct2-dir", "ct2"])
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines()[-1].split(": error: ")[1] == (
+        "--ct2-dir=ct2: CTranslate2 cannot decode 16 heads of 32 "
+        "channels in a width of 528 (it converts them, then fails); allowed: no --ct2-dir, or a "
+        "model whose --head-dim is 528 / 16")
+
+
 # --------------------------------------------------------------- GPT-2 BPE and SentencePiece
 
 def _corpus(folder):

@@ -8,6 +8,23 @@ import time
 import torch
 
 
+def ct2_refusal(hf_dir):
+    """Why CTranslate2 cannot decode the export in ``hf_dir`` (its problem; allowed: ...), or
+    None: CTranslate2 4.8.5 converts a Llama whose heads are not width / heads channels wide
+    (``--head-dim``) but fails when it decodes it."""
+    import json
+    import os
+    with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    width, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim") or width // heads
+    if head_dim * heads == width:
+        return None
+    return (f"CTranslate2 cannot decode {heads} heads of {head_dim} channels in a width of {width} "
+            f"(it converts them, then fails); allowed: no --ct2-dir, or a model whose --head-dim "
+            f"is {width} / {heads}")
+
+
 def _best(run, repeats):
     times, out = [], None
     for _ in range(repeats):
