@@ -29,7 +29,6 @@ from typing import Dict, List, Tuple
 import torch
 
 from slim_fairseq.checkpoint_upgrade import upgrade_state_dict
-from slim_fairseq.modules.attention import attention_head_dim
 from slim_fairseq.option_errors import option_error
 
 DEFAULT_MAX_CONDITION = 1e8
@@ -60,21 +59,16 @@ def check_removable(model_args, removed: str):
     if already != "none":
         raise option_error("--removed-weights", removed, "the model is already reduced "
                            f"(--removed-weights {already})", "an unreduced model")
-    heads = _get(model_args, "decoder_attention_heads")
-    kv_heads = _get(model_args, "kv_heads", 0) or heads
-    if removed in ("k", "v") and kv_heads != heads:
-        raise option_error("--removed-weights", removed, f"W_{removed.upper()} is d x {kv_heads}*d_h, "
-                           f"only square with MHA (--kv-heads {kv_heads}, {heads} heads)",
-                           "q with MQA/GQA")
-    width = _get(model_args, "decoder_embed_dim")
-    head_dim = attention_head_dim(width, heads, _get(model_args, "head_dim", 0) or 0,
-                                  rope=bool(_get(model_args, "rope_theta", 0.0)))
-    if heads * head_dim != width:
-        raise option_error("--removed-weights", removed, f"W_{removed.upper()} is d x "
-                           f"{heads}*{head_dim}, not square (--head-dim {head_dim}, d {width})",
-                           "a model whose heads span the model width (no --head-dim)")
-    for flag, dest in (("--self-attn-gate", "self_attn_gate"), ("--tc-ff", "tc_ff"),
-                       ("--tc-layer", "tc_layer"), ("--tc-emb", "tc_emb")):
+    refusal = _reduced_form_refusal(model_args, removed)
+    if refusal is not None:
+        # a trained model's heads and gates stay: only another projection can be removed
+        others = [{"--removed-weights": other} for other in REMOVABLE
+                  if other != removed and _reduced_form_refusal(model_args, other) is None]
+        head = str(refusal).rsplit("; allowed: ", 1)[0]
+        raise option_error("--removed-weights", removed, head.split(": ", 1)[1],
+                           None if others else "none (no projection of this model can go)",
+                           alternatives=others)
+    for flag, dest in (("--tc-ff", "tc_ff"), ("--tc-layer", "tc_layer"), ("--tc-emb", "tc_emb")):
         if _get(model_args, dest, None) not in (None, "none", 0, 0.0):
             raise option_error("--removed-weights", removed, f"exact removal merges dense "
                                f"projections, which {flag} changes", f"a model without {flag}")
@@ -82,6 +76,24 @@ def check_removable(model_args, removed: str):
         raise option_error("--removed-weights", removed, f"the first block's W_{removed.upper()} "
                            "cannot be absorbed through --layernorm-embedding (the embedding is "
                            "normalised before it)", "none")
+
+
+def _reduced_form_refusal(model_args, removed):
+    """The refusal of the option rules on the reduced form of this model, W_{removed} gone (a
+    plain, square projection: ``SkiplessOptions.removed_projection_is_plain`` and
+    ``removed_projection_is_square``), or None."""
+    from slim_fairseq.models.slim_options import ModelOptions, SkiplessOptions
+    from slim_fairseq.option_errors import OptionError
+    reduced = argparse.Namespace(**model_args) if isinstance(model_args, dict) else copy.copy(model_args)
+    _set(reduced, "removed_weights", removed)
+    options = ModelOptions.of(reduced, "slim_lm")
+    spec = options.get(SkiplessOptions)
+    try:
+        spec.removed_projection_is_plain(options)
+        spec.removed_projection_is_square(options)
+    except OptionError as error:
+        return error
+    return None
 
 
 def _row(sd, key):

@@ -8,6 +8,7 @@ Tolerances (max |log-prob difference| / max |log-prob|, reduced vs original):
 import argparse
 import math
 import os
+import re
 import types
 
 import numpy as np
@@ -165,12 +166,23 @@ def test_trained_reduced_form_and_errors():
         reduce_model(model, "q")
     # drop-K / drop-V need MHA
     gqa = randomize(make_model(case_options("serial", "gqa", {})), 0)
+    # the rule that refuses building the reduced form refuses converting to it, in the same
+    # words; a trained model's heads stay, so only another projection is proposed
     for removed in ("k", "v"):
-        with pytest.raises(ValueError, match=rf"^--removed-weights={removed}: .*square.*; allowed: q"):
+        with pytest.raises(ValueError) as converting:
             reduce_model(gqa, removed)
-        with pytest.raises(ValueError, match=rf"^--removed-weights={removed}: .*square.*; "
-                           r"allowed: --removed-weights q, or --kv-heads 0$"):
+        with pytest.raises(ValueError) as building:
             make_model(case_options("serial", "gqa", dict(removed_weights=removed)))
+        problem = rf"--removed-weights={removed}: W_{removed.upper()} is not square here \(\d+ -> \d+: \d heads of \d+\)"
+        assert re.fullmatch(problem + "; allowed: --removed-weights q", str(converting.value))
+        assert re.fullmatch(problem + "; allowed: --removed-weights q, or --kv-heads 0", str(building.value))
+        assert str(converting.value).split("; ")[0] == str(building.value).split("; ")[0]
+    gated = randomize(make_model(case_options("serial", "mha", dict(self_attn_gate="qgv"))), 0)
+    with pytest.raises(ValueError) as converting:
+        reduce_model(gated, "q")
+    assert str(converting.value) == ("--removed-weights=q: the reduced form drops a plain projection, which "
+                                     "gates and --no-patt change; allowed: none (no projection of this model "
+                                     "can go)")
     with pytest.raises(ValueError, match=r"^--removed-weights=p: .*; allowed: none\|q\|k\|v$"):
         make_model(case_options("serial", "mha", dict(removed_weights="p")))
     with pytest.raises(ValueError, match=r"^--skipless-layout=diagonal: .*; allowed: none\|serial\|parallel$"):
