@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ChainSpec:
-    """A Tensor-Chain factorisation (Anthe, arXiv:2305.10991, Sec. 2.4): ``ratio`` 0 = dense;
+    """A Tensor-Chain factorisation (Anthe, arXiv:2305.10991, Sec. 2.1): ``ratio`` 0 = dense;
     ``length`` cores; bonds at least ``min_bond`` (``--tc-min-bond``)."""
 
     ratio: float = 0.0
@@ -115,7 +115,7 @@ class SAFEOutputSpec:
 
 @dataclass(frozen=True)
 class SandwichSpec:
-    """Sandwich sharing of one side (Subformer, arXiv:2101.00234, Sec. 3.2): ``layers`` in all,
+    """Sandwich sharing of one side (Subformer, arXiv:2101.00234, Sec. 2.2): ``layers`` in all,
     the middle ``layers - 2`` at width ``middle_dim`` (FFN ``middle_ffn``, ``middle_heads``
     heads) sharing one set of weights; ``cross_norm`` closes a wider middle's cross-attention."""
 

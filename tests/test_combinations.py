@@ -176,7 +176,7 @@ class Case:
 
 
 def _gate_mismatch(o):
-    """AgB multiplies B by sigmoid(W_A A) (Anthe, arXiv:2305.10991, Sec. 2.2): W_A's output width
+    """AgB multiplies B by sigmoid(W_A A) (Anthe, arXiv:2305.10991, Sec. 2): W_A's output width
     is A's heads times the head width, B's input width the model's (q) or the keys' (k, v)."""
     for gate, width, heads, kv_input in o.attentions():
         head_dim = o.head_dim_of(width, heads)

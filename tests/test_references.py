@@ -591,9 +591,11 @@ def test_safe_output(mlp):
 
 
 def test_sandwich_projections_and_cross_attention():
-    """The width changes of the sandwich (Subformer, arXiv:2101.00234, §2.2;
+    """The width changes of the sandwich (Subformer, arXiv:2101.00234, §2.2, App. A;
     docs/TECHNIQUES.md#sandwich-sharing): ``LN(Linear(x))`` after the first layer and before
-    the last; a wider middle's cross-attention ``LN_s(W_down Attn(LN_m(W_up q), enc))``."""
+    the last; a wider middle's cross-attention ``LN(W_up Attn(LN(W_down q), enc))``: down to
+    the model's width, attention over the encoder, back up (App. A projects without the two
+    LayerNorms, which are the plugin's)."""
     up = randomize_(SandwichProjection(8, 12).double(), 24).eval()
     x = randn(2, 5, 8, seed=25)
     expected_up = layer_norm(linear(x, up.linear.weight, up.linear.bias), up.layer_norm.weight,

@@ -399,7 +399,7 @@ class FairseqExtras(OptionSpec):
 @register
 @dataclass(frozen=True)
 class ChainOptions(OptionSpec):
-    """Tensor-Chain factorisations (Anthe, arXiv:2305.10991, Sec. 2.4;
+    """Tensor-Chain factorisations (Anthe, arXiv:2305.10991, Sec. 2.1;
     docs/TECHNIQUES.md#tensor-chain): where (``--tc-*`` ratios), their shape and how they run."""
 
     tc_ff: float = option("--tc-ff", 0.0, "Tensor-Chain factorisation of the feed-forward "
@@ -665,7 +665,7 @@ class EmbeddingOptions(OptionSpec):
 @register
 @dataclass(frozen=True)
 class SandwichOptions(OptionSpec):
-    """Sandwich sharing of the middle layers (Subformer, arXiv:2101.00234, Sec. 3.2;
+    """Sandwich sharing of the middle layers (Subformer, arXiv:2101.00234, Sec. 2.2;
     docs/TECHNIQUES.md#sandwich-sharing)."""
 
     sandwich: bool = option("--sandwich", False, "sandwich-style sharing of the middle layers",
