@@ -811,32 +811,38 @@ def _template(node):
     return None
 
 
-def _raises(root):
-    """(file:line, the raised call's source, what is wrong with its message or None)."""
+def _nodes(root):
+    """(file:line, node) for every node of every Python file under ``root``."""
     import ast
     for folder, _, files in os.walk(root):
         for name in sorted(files):
-            if not name.endswith(".py"):
-                continue
-            path = os.path.join(folder, name)
-            with open(path, encoding="utf-8") as f:
-                tree = ast.parse(f.read())
-            for node in ast.walk(tree):
-                if not isinstance(node, ast.Raise) or not isinstance(node.exc, ast.Call):
-                    continue  # a bare re-raise, or an error object made elsewhere
-                call, where = node.exc, f"{os.path.relpath(path, REPO)}:{node.lineno}"
-                func = ast.unparse(call.func)
-                if func in BUILDERS:
-                    given = len(call.args) > (BUILDERS[func] or 0) or any(
-                        k.arg in ("allowed", "alternatives") for k in call.keywords)
-                    yield where, func, None if BUILDERS[func] is None or given else "no allowed"
-                    continue
-                if call.args and isinstance(call.args[0], ast.Call) and \
-                        ast.unparse(call.args[0].func) == "str":
-                    yield where, func, None  # an error already in the format, passed on
-                    continue
-                text = _template(call.args[0]) if call.args else None
-                yield where, func, None if text and ONE_LINE.match(text) else repr(text)
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    tree = ast.parse(f.read())
+                for node in ast.walk(tree):
+                    yield f"{os.path.relpath(path, REPO)}:{getattr(node, 'lineno', 0)}", node
+
+
+def _raises(root):
+    """(file:line, the raised call's source, what is wrong with its message or None)."""
+    import ast
+    for where, node in _nodes(root):
+        if not isinstance(node, ast.Raise) or not isinstance(node.exc, ast.Call):
+            continue  # a bare re-raise, or an error object made elsewhere
+        call = node.exc
+        func = ast.unparse(call.func)
+        if func in BUILDERS:
+            given = len(call.args) > (BUILDERS[func] or 0) or any(
+                k.arg in ("allowed", "alternatives") for k in call.keywords)
+            yield where, func, None if BUILDERS[func] is None or given else "no allowed"
+            continue
+        if call.args and isinstance(call.args[0], ast.Call) and \
+                ast.unparse(call.args[0].func) == "str":
+            yield where, func, None  # an error already in the format, passed on
+            continue
+        text = _template(call.args[0]) if call.args else None
+        yield where, func, None if text and ONE_LINE.match(text) else repr(text)
 
 
 def test_every_error_of_the_plugin_is_one_line_naming_what_is_allowed():
@@ -854,27 +860,23 @@ def _recipe_refusals(root):
     call: the plugin's own, scanned above, or argparse's, rewritten by cli.argparse_refusal) is
     not read here."""
     import ast
-    for name in sorted(os.listdir(root)):
-        if not name.endswith(".py"):
+    for where, node in _nodes(root):
+        if not isinstance(node, ast.Call):
             continue
-        path = os.path.join(root, name)
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
+        func = ast.unparse(node.func)
+        if func in ("refuse", "cli.refuse") or func.endswith(".refused"):
+            # three arguments, or fewer with a starred tuple (``*languages``) among them
+            three = len(node.args) == 3 or (len(node.args) < 3 and any(
+                isinstance(a, ast.Starred) for a in node.args))
+            yield where, func, None if three else "not (subject, problem, allowed)"
+        elif func.split(".")[-1] == "RecipeError":
+            if len(node.args) > 1 or any(k.arg == "status" for k in node.keywords):
+                continue  # a step that failed, not a refusal
+            text = _template(node.args[0])
+            if text is None and not isinstance(node.args[0], (ast.Constant, ast.JoinedStr)):
+                yield where, func, None  # passed on
                 continue
-            func, where = ast.unparse(node.func), f"{os.path.relpath(path, REPO)}:{node.lineno}"
-            arity = len(node.args) + sum(isinstance(a, ast.Starred) for a in node.args)
-            if func in ("refuse", "cli.refuse") or func.endswith(".refused"):
-                yield where, func, None if arity == 3 else "not (subject, problem, allowed)"
-            elif func.split(".")[-1] == "RecipeError":
-                if len(node.args) > 1 or any(k.arg == "status" for k in node.keywords):
-                    continue  # a step that failed, not a refusal
-                text = _template(node.args[0])
-                if text is None and not isinstance(node.args[0], (ast.Constant, ast.JoinedStr)):
-                    yield where, func, None  # passed on
-                    continue
-                yield where, func, None if text and ONE_LINE.match(text) else repr(text)
+            yield where, func, None if text and ONE_LINE.match(text) else repr(text)
 
 
 def test_every_refusal_of_the_recipes_is_one_line_naming_what_is_allowed():
