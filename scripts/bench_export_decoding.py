@@ -26,8 +26,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3, help="best of this many (default 3)")
     args = parser.parse_args(argv)
     from slim_fairseq_lab.benchmark.export_decoding import ct2_refusal, measure
-    if args.ct2_dir and ct2_refusal(args.hf_dir):
-        parser.error(f"--ct2-dir={args.ct2_dir}: {ct2_refusal(args.hf_dir)}")
+    refusal = ct2_refusal(args.hf_dir) if args.ct2_dir else None
+    if refusal:
+        parser.error(f"--ct2-dir={args.ct2_dir}: {refusal}")
     import slim_fairseq  # noqa: F401  (registers the plugin's models with fairseq)
     result = measure(args.checkpoint, args.data, args.hf_dir, args.prompt, tokens=args.tokens,
                      repeats=args.repeats, ct2_dir=args.ct2_dir)

@@ -32,11 +32,11 @@ class OptionError(ValueError, SystemExit):
         self.alternatives = list(alternatives)
         self.rule = None  # the name of the rule that refused (slim_fairseq.options.check_rules)
 
-    def with_alternatives(self, alternatives):
-        """The same refusal proposing only ``alternatives`` (a checker kept those that pass)."""
+    def with_alternatives(self, alternatives, otherwise="another setting of the options named"):
+        """The same refusal proposing only ``alternatives`` (a checker kept those that pass), or
+        ``otherwise`` when none is left."""
         head = str(self).rsplit("; allowed: ", 1)[0]
-        allowed = render_alternatives(alternatives) if alternatives else \
-            "another setting of the options named"
+        allowed = render_alternatives(alternatives) if alternatives else otherwise
         refusal = OptionError(f"{head}; allowed: {allowed}", alternatives)
         refusal.rule = self.rule
         return refusal

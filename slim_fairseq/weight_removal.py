@@ -64,10 +64,7 @@ def check_removable(model_args, removed: str):
         # a trained model's heads and gates stay: only another projection can be removed
         others = [{"--removed-weights": other} for other in REMOVABLE
                   if other != removed and _reduced_form_refusal(model_args, other) is None]
-        head = str(refusal).rsplit("; allowed: ", 1)[0]
-        raise option_error("--removed-weights", removed, head.split(": ", 1)[1],
-                           None if others else "none (no projection of this model can go)",
-                           alternatives=others)
+        raise refusal.with_alternatives(others, "none (no projection of this model can go)")
     for flag, dest in (("--tc-ff", "tc_ff"), ("--tc-layer", "tc_layer"), ("--tc-emb", "tc_emb")):
         if _get(model_args, dest, None) not in (None, "none", 0, 0.0):
             raise option_error("--removed-weights", removed, f"exact removal merges dense "

@@ -793,8 +793,9 @@ def test_generate_on_a_language_model_ends_in_one_line_and_its_advice_works(tmp_
 # a message: SUBJECT[=VALUE]: what is wrong; allowed: what works (a program's "PROG: error: "
 # before it); f-string fields read as "{}"
 ONE_LINE = re.compile(r"^(\S+: error: )?[^:;\s][^:;]*?(=[^:;]+)?: [^\n]+; allowed: [^\n]+$")
-# helpers that build such a message from (flag, value, problem, allowed)
-BUILDERS = {"option_error": 3, "_off": 3, "unknown_arch": None, "error.with_alternatives": None}
+# helpers that build such a message from (flag, value, problem, allowed); a method (".name")
+# re-renders an error already in the format, whatever the object is called
+BUILDERS = {"option_error": 3, "_off": 3, "unknown_arch": None, ".with_alternatives": None}
 
 
 def _template(node):
@@ -832,6 +833,8 @@ def _raises(root):
             continue  # a bare re-raise, or an error object made elsewhere
         call = node.exc
         func = ast.unparse(call.func)
+        if isinstance(call.func, ast.Attribute) and "." + call.func.attr in BUILDERS:
+            func = "." + call.func.attr
         if func in BUILDERS:
             given = len(call.args) > (BUILDERS[func] or 0) or any(
                 k.arg in ("allowed", "alternatives") for k in call.keywords)

@@ -37,6 +37,11 @@ def refuse(subject, problem, allowed):
     return RecipeError(f"{subject}: {problem}; allowed: {allowed}")
 
 
+def needs_value(flag):
+    """The refusal of ``flag`` given without its value."""
+    return refuse(flag, "needs a value", f"{flag} VALUE")
+
+
 def log(message):
     """A progress line on stderr, as every recipe writes them: ``[HH:MM:SS] message``."""
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -52,7 +57,7 @@ def check_value(flag, value, kind, default=None):
     """``value`` of ``flag`` against its ``kind`` (None: any non-empty string); a refusal proposes
     the choices, or dropping ``flag`` (for its ``default``, when it has one the parser knows)."""
     if value == "":
-        raise RecipeError(f"{flag}: needs a value; allowed: {flag} VALUE")
+        raise needs_value(flag)
     if not kind:
         return value
     if kind.startswith("choice:"):
@@ -149,7 +154,7 @@ def argparse_refusal(message, options):
         return refuse("command line", message, options)
     flag, problem = match.groups()
     if problem.startswith("expected one argument"):
-        return refuse(flag, "needs a value", f"{flag} VALUE")
+        return needs_value(flag)
     given = re.match(r"ignored explicit argument '(.*)'", problem)
     if given:
         return refuse(f"{flag}={given.group(1)}", f"{flag} takes no value", flag)
@@ -213,7 +218,7 @@ def split(parser, argv, positional=(), pass_through=False):
                 own.append(argv[i])
                 i += 1
             elif not isinstance(action, Refused):
-                raise RecipeError(f"{name}: needs a value; allowed: {name} VALUE")
+                raise needs_value(name)
     args = parser.parse_args(own)
     for name in positional:
         setattr(args, name.lower(), None)
