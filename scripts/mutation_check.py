@@ -22,10 +22,10 @@ from slim_fairseq_lab.paths import REPO_ROOT
 DEFAULT_OUT = os.path.join("docs", "MUTATIONS.md")
 HEADER = """# Mutation check
 
-Realistic one-line bugs in the techniques' maths, each applied alone to a scratch copy of the
-repository, and the tests that must fail on it ([DESIGN.md](DESIGN.md#tests-of-the-maths);
-`slim_fairseq_lab/mutation.py` lists them). "caught: T": T, a test named for the mutation,
-failed on it.
+Realistic one-line bugs in the techniques' maths, in an option's way to its module and in the
+export, each applied alone to a scratch copy of the repository, and the tests that must fail on
+it ([DESIGN.md](DESIGN.md#tests-of-the-maths); `slim_fairseq_lab/mutation.py` lists them).
+"caught: T": T, a test named for the mutation, failed on it.
 
 """
 

@@ -40,6 +40,8 @@ def _m(name, technique, kind, path, old, new, *tests):
 
 
 REF = "tests/test_references.py::"
+REACH = "tests/test_option_reach.py::"
+EDGES = "tests/test_export_edges.py::"
 
 MUTATIONS = (
     # RoPE (arXiv:2104.09864)
@@ -195,6 +197,37 @@ MUTATIONS = (
     _m("removal-p-bias-dropped", "Q/P removal", "dropped term", "slim_fairseq/weight_removal.py",
        'mat.shape[1]) + b_p @ mat)', 'mat.shape[1]))',
        REF + "test_weight_removal_follows_the_table_of_the_paper"),
+    # an option's value on its way to the module (docs/DESIGN.md, "From a flag to the code")
+    _m("lora-alpha-not-passed", "option plumbing", "value not passed",
+       "slim_fairseq/models/slim_options.py",
+       "lora_alpha=float(alpha) if alpha is not None else float(rank))",
+       "lora_alpha=float(rank))",
+       REACH + "test_every_option_reaches_its_module"),
+    _m("rms-norm-eps-not-passed", "option plumbing", "value not passed",
+       "slim_fairseq/models/slim_options.py",
+       "return NormSpec(kind=self.norm, eps=float(self.rms_norm_eps), export=bool(export))",
+       "return NormSpec(kind=self.norm, export=bool(export))",
+       REACH + "test_every_option_reaches_its_module"),
+    # the export to transformers (docs/DESIGN.md, "Export to transformers")
+    _m("export-tied-scaled-head", "export", "wrong for one combination",
+       "slim_fairseq/export_hf/llama.py",
+       'out["lm_head.weight"] = output if (scaled or not tied) else out["model.embed_tokens.weight"]',
+       'out["lm_head.weight"] = out["model.embed_tokens.weight"] if tied else output',
+       EDGES + "test_every_exportable_combination_scores_alike_to_the_last_position"),
+    _m("export-positions-row-short", "export", "off-by-one (last position)",
+       "slim_fairseq/export_hf/opt.py",
+       "positions = reader.take(embedding.positions_table)",
+       "positions = reader.take(embedding.positions_table)[:-1]",
+       EDGES + "test_each_layout_fills_its_full_position_range"),
+    _m("export-sinusoid-rows-short", "export", "off-by-one (last position)",
+       "slim_fairseq/export_hf/opt.py",
+       "rows = decoder.max_positions() + embedding.padding_idx + 1",
+       "rows = decoder.max_positions() + embedding.padding_idx",
+       EDGES + "test_every_exportable_combination_scores_alike_to_the_last_position"),
+    _m("self-check-mean-gap", "export", "weaker check", "slim_fairseq/export_hf/check.py",
+       "return (a - b).abs()[keep].max().item(), int(keep.sum())",
+       "return (a - b).abs()[keep].mean().item(), int(keep.sum())",
+       EDGES + "test_self_check_refuses_an_export_wrong_at_one_position"),
 )
 
 
