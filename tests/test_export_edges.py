@@ -1,15 +1,17 @@
 """The export at its edges (slim_fairseq/export_hf/): every exportable family at the combinations
 the option table allows for it (output tying x embedding scale x LoRA and shared projections x
-positions x norms), each scored by fairseq and by the transformers model up to the model's
-last position; one test per layout that fills its whole position range; and the self-check
-refusing an export wrong at one position only.
+positions x norms; heads, biases and input/output widths where its class has them), each scored
+by fairseq and by the transformers model up to the model's last position; one test per layout
+that fills its whole position range; and the self-check refusing an export wrong at one
+position only.
 
 The models are tiny, built in-process and moved off their initial values (no training: a
 mapping either gives fairseq's log-probabilities or it does not); the transformers model is
 made from the layout's mapping as the export makes it (``export.instantiate``), without
-writing a folder. Where a family's full product is large, a fixed, seeded sample of it is
-scored (:data:`PER_FAMILY`), always including the all-default and the all-on combination; a
-combination the plugin's rules refuse is not one the table allows, and is dropped.
+writing a folder. A family whose full product has more than :data:`PER_FAMILY` combinations is
+scored pairwise: the all-default and the all-on combination, then, in a seeded order, enough
+others that every two values of two axes are scored together. Every combination here is one
+the plugin's rules allow (a refusal fails the test: the axes are wrong).
 """
 import importlib
 import itertools
@@ -57,7 +59,9 @@ FAMILIES = {
         # pre-norm with a final norm and sinusoids is XGLM's: here with learned positions
         "norms": {"post": ["--no-decoder-normalize-before"],
                   "pre_no_final": ["--decoder-normalize-before", "--no-decoder-final-norm"],
-                  "pre_learned": ["--decoder-normalize-before", "--decoder-learned-pos"]}}),
+                  "pre_learned": ["--decoder-normalize-before", "--decoder-learned-pos"]},
+        "widths": {"same": [], "projected": ["--decoder-input-dim", "16",
+                                             "--decoder-output-dim", "16"]}}),
     "fsmt": ("FSMTForConditionalGeneration", False, [], {
         "tying": {"untied": [], "tied": ["--share-decoder-input-output-embed"],
                   "all": ["--share-all-embeddings"]},
