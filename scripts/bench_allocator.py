@@ -24,6 +24,8 @@ import tempfile
 from slim_fairseq_lab import fairseq_logs, launcher, specs
 from slim_fairseq_lab.study import options, planner
 from slim_fairseq_lab.study.runs import corpus_data
+import sys
+from slim_fairseq_lab import command
 
 
 def timed_training(argv, log_path, threads, allocator_env):
@@ -90,4 +92,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))

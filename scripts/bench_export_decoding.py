@@ -12,6 +12,7 @@ Time on an idle machine; e.g.::
 import argparse
 import json
 import sys
+from slim_fairseq_lab import command
 
 
 def main(argv=None):
@@ -37,4 +38,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command.run(main))

@@ -51,6 +51,7 @@ import sys
 from slim_fairseq_lab import specs
 from slim_fairseq_lab.benchmark import DTYPE_NAMES
 from slim_fairseq_lab.paths import output_dir
+from slim_fairseq_lab import command
 
 
 def int_list(text):
@@ -165,4 +166,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))

@@ -17,6 +17,8 @@ import argparse
 
 from slim_fairseq_lab.data import (DEFAULT_BUILD_DIR, DEFAULT_NWORDS, STAMP, binarize_ende,  # noqa: F401
                                    binarize_wikitext, ende_paths, wikitext_paths)
+import sys
+from slim_fairseq_lab import command
 
 
 def main(argv=None):
@@ -41,4 +43,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))

@@ -27,6 +27,7 @@ from slim_fairseq_lab import fairseq_logs, launcher, specs
 from slim_fairseq_lab.benchmark import EMBEDDING_PARTS
 from slim_fairseq_lab.paths import REPO_ROOT, output_dir
 from slim_fairseq_lab.study import options
+from slim_fairseq_lab import command
 
 RESTART = ["--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader", "--reset-meters"]
 
@@ -185,7 +186,7 @@ def main(argv=None):
         def compress(directory, ratio=ratio):
             records, model_flags = compress_checkpoint(
                 original, os.path.join(directory, "checkpoint_best.pt"), tc_ff=ratio, tc_patt=ratio,
-                data=data, log=log)
+                data=data, log=log, force=True)  # the demo's own run folder
             with open(os.path.join(directory, "compress.json"), "w") as f:
                 json.dump({"records": records, "flags": model_flags}, f, indent=1)
 
@@ -228,4 +229,4 @@ def markdown(rows, args):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))

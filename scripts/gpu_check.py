@@ -10,6 +10,7 @@ The logic lives in slim_fairseq_lab/gpu_check.py.
 import sys
 
 from slim_fairseq_lab.gpu_check import main
+from slim_fairseq_lab import command
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command.run(main))

@@ -18,6 +18,7 @@ import sys
 
 from slim_fairseq_lab import mutation
 from slim_fairseq_lab.paths import REPO_ROOT
+from slim_fairseq_lab import command
 
 DEFAULT_OUT = os.path.join("docs", "MUTATIONS.md")
 HEADER = """# Mutation check
@@ -67,4 +68,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command.run(main))

@@ -15,6 +15,8 @@ slim_fairseq_lab.benchmark.op_count.
 import argparse
 
 from slim_fairseq_lab.benchmark import op_count
+import sys
+from slim_fairseq_lab import command
 
 AUTOCAST = {"fp16": "float16", "bf16": "bfloat16"}
 
@@ -59,4 +61,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))

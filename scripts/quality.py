@@ -46,6 +46,7 @@ from slim_fairseq_lab.study import options, planner, report
 from slim_fairseq_lab.study.runs import corpus_data, log
 from slim_fairseq_lab.study.scheduler import Scheduler
 from slim_fairseq_lab.study.summary import with_checkpoint_metrics
+from slim_fairseq_lab import command
 
 
 def main(argv=None):
@@ -102,4 +103,4 @@ def report_only(parser, args, out_dir):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))
