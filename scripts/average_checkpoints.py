@@ -25,9 +25,9 @@ import argparse
 import os
 import sys
 
+from slim_fairseq_lab import command
 from slim_fairseq_lab.checkpoints import (  # noqa: F401 (re-exported: the script's library)
     EPOCH_PATTERN, UPDATE_PATTERN, CheckpointError, average, last_checkpoints, load)
-from slim_fairseq_lab import command
 
 load_checkpoint = load
 PROG = "average_checkpoints"

@@ -19,13 +19,12 @@ should: only where memory comes from changes). Run it on an otherwise idle machi
 import os
 import resource
 import statistics
+import sys
 import tempfile
 
-from slim_fairseq_lab import fairseq_logs, launcher, specs
+from slim_fairseq_lab import command, fairseq_logs, launcher, specs
 from slim_fairseq_lab.study import options, planner
 from slim_fairseq_lab.study.runs import corpus_data
-import sys
-from slim_fairseq_lab import command
 
 
 def timed_training(argv, log_path, threads, allocator_env):

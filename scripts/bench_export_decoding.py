@@ -12,6 +12,7 @@ Time on an idle machine; e.g.::
 import argparse
 import json
 import sys
+
 from slim_fairseq_lab import command
 
 

@@ -21,6 +21,7 @@ import os
 import sys
 import time
 import types
+
 from slim_fairseq_lab import command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -48,10 +48,9 @@ import argparse
 import os
 import sys
 
-from slim_fairseq_lab import specs
+from slim_fairseq_lab import command, specs
 from slim_fairseq_lab.benchmark import DTYPE_NAMES
 from slim_fairseq_lab.paths import output_dir
-from slim_fairseq_lab import command
 
 
 def int_list(text):

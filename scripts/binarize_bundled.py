@@ -14,11 +14,11 @@ most frequent words (the rest map to <unk>).
 The library behind it is slim_fairseq_lab.data (binarize_ende, binarize_wikitext).
 """
 import argparse
+import sys
 
+from slim_fairseq_lab import command
 from slim_fairseq_lab.data import (DEFAULT_BUILD_DIR, DEFAULT_NWORDS, STAMP, binarize_ende,  # noqa: F401
                                    binarize_wikitext, ende_paths, wikitext_paths)
-import sys
-from slim_fairseq_lab import command
 
 
 def main(argv=None):

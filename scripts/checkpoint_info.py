@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from slim_fairseq_lab.checkpoints import CheckpointError, load, max_positions, training_block
 from slim_fairseq_lab import command
+from slim_fairseq_lab.checkpoints import CheckpointError, load, max_positions, training_block
 
 
 def get_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ import argparse
 import os
 import shlex
 import sys
+
 from slim_fairseq_lab import command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -23,11 +23,10 @@ import json
 import os
 import sys
 
-from slim_fairseq_lab import fairseq_logs, launcher, specs
+from slim_fairseq_lab import command, fairseq_logs, launcher, specs
 from slim_fairseq_lab.benchmark import EMBEDDING_PARTS
 from slim_fairseq_lab.paths import REPO_ROOT, output_dir
 from slim_fairseq_lab.study import options
-from slim_fairseq_lab import command
 
 RESTART = ["--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader", "--reset-meters"]
 

@@ -21,8 +21,8 @@ import argparse
 import json
 import sys
 
-from slim_fairseq_lab.params import count_params, format_report
 from slim_fairseq_lab import command
+from slim_fairseq_lab.params import count_params, format_report
 
 
 def main(argv=None):

@@ -17,6 +17,7 @@ Usage::
 import argparse
 import os
 import sys
+
 from slim_fairseq_lab import command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,9 +16,8 @@ import argparse
 import os
 import sys
 
-from slim_fairseq_lab import mutation
+from slim_fairseq_lab import command, mutation
 from slim_fairseq_lab.paths import REPO_ROOT
-from slim_fairseq_lab import command
 
 DEFAULT_OUT = os.path.join("docs", "MUTATIONS.md")
 HEADER = """# Mutation check

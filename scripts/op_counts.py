@@ -13,10 +13,10 @@ both against ``transformer_lm`` (pre-norm) or ``transformer``. The library is
 slim_fairseq_lab.benchmark.op_count.
 """
 import argparse
-
-from slim_fairseq_lab.benchmark import op_count
 import sys
+
 from slim_fairseq_lab import command
+from slim_fairseq_lab.benchmark import op_count
 
 AUTOCAST = {"fp16": "float16", "bf16": "bfloat16"}
 

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+
 from slim_fairseq_lab import command
 
 DING_PATH = "/usr/share/trans/de-en"

@@ -40,13 +40,12 @@ import json
 import os
 import sys
 
-from slim_fairseq_lab import specs
+from slim_fairseq_lab import command, specs
 from slim_fairseq_lab.paths import output_dir
 from slim_fairseq_lab.study import options, planner, report
 from slim_fairseq_lab.study.runs import corpus_data, log
 from slim_fairseq_lab.study.scheduler import Scheduler
 from slim_fairseq_lab.study.summary import with_checkpoint_metrics
-from slim_fairseq_lab import command
 
 
 def main(argv=None):

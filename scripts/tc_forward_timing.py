@@ -10,6 +10,7 @@ what forward_mode="auto" picks; the last line counts how often "auto" picked the
 import argparse
 import time
 import sys
+
 from slim_fairseq_lab import command
 
 

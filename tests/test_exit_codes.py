@@ -51,6 +51,15 @@ def script(name, *argv, cwd=None):
 
 # ------------------------------------------------------------------------------ refusals: 2
 
+def test_a_refusal_is_a_value_error_in_python():
+    """In Python a refusal is caught as a ValueError; it never ends the interpreter by itself."""
+    from slim_fairseq.arch_help import preset_values
+    from slim_fairseq.option_errors import OptionError
+    assert not issubclass(OptionError, SystemExit)
+    with pytest.raises(ValueError, match="^--decoder-attention-heads=3: does not divide"):
+        preset_values("slim_lm", ["--decoder-attention-heads", "3"])
+
+
 def test_fairseq_train_refused_by_the_plugin_exits_2(tmp_path):
     proc = run([os.path.join(BIN, "fairseq-train"), wikitext_data_bin(), "--user-dir", PLUGIN, "--arch",
                 "slim_lm", *TINY_LM, "--decoder-attention-heads", "3", "--save-dir", str(tmp_path / "run")])
