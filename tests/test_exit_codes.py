@@ -241,8 +241,7 @@ def _apply(argv, change):
      "--decoder-attention-heads 11 --cross-attn-gate none"),
     # H-SoftPOS and SAFE together on a preset with an output bias, which SAFE refuses
     ("anthe_base", ["--safe-embed-dim", "64"],
-     "--hsoftpos-levels=2: and --safe-embed-dim are alternative input embeddings; allowed: --safe-embed-dim 0, "
-     "or --hsoftpos-levels 0 --no-output-bias"),
+     "--hsoftpos-levels=2: and --safe-embed-dim are alternative input embeddings; allowed: --safe-embed-dim 0"),
     ("anthe_base", ["--hsoftpos-levels", "0", "--safe-embed-dim", "64"],
      "--output-bias: acts on the vocabulary projection, which SAFE replaces with its own path tied to the token "
      "table; allowed: --safe-embed-dim 0, or --no-output-bias"),

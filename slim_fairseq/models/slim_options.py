@@ -1255,16 +1255,16 @@ class ModelOptions:
         return self._refusal_of(change) is None
 
     def _passing(self, changes):
-        """The ``changes`` that pass every rule, in order. A change refused by another rule
-        that proposes changes of its own is kept joined with the first of those that makes it
-        pass (``--hsoftpos-levels 0`` where SAFE refuses the preset's output bias becomes
-        ``--hsoftpos-levels 0 --no-output-bias``): a refusal proposes only what works."""
-        kept = []
-        for change in changes:
-            refusal = self._refusal_of(change)
-            if refusal is None:
-                kept.append(change)
-                continue
+        """The ``changes`` that pass every rule, in order: a refusal proposes only what works.
+        When none does, each refused by another rule that proposes changes of its own is
+        joined with the first of those that makes it pass (a head count that divides the
+        width, with the gate that width allows: ``--decoder-attention-heads 3
+        --cross-attn-gate none``)."""
+        refusals = [(change, self._refusal_of(change)) for change in changes]
+        kept = [change for change, refusal in refusals if refusal is None]
+        if kept:
+            return kept
+        for change, refusal in refusals:
             for more in getattr(refusal, "alternatives", ()):
                 joined = {**change, **more}
                 if set(more) & set(change) or joined in kept:
