@@ -107,7 +107,7 @@ def refusal_in(error):
         if isinstance(error, OptionError):
             return error
         seen.add(id(error))
-        error = error.__cause__ or error.__context__
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     return None
 
 
