@@ -9,7 +9,8 @@ with the averaged ``model`` weights; optimizer state is dropped (the result is f
 A folder's checkpoints are picked by their number (checkpoint10.pt is newer than
 checkpoint9.pt); the averaged files are listed, oldest first, on stdout (one per line).
 Refused, in one line: checkpoints whose parameters or model options differ from the first's
-(the average would keep the first one's settings), and an --output that is one of the inputs.
+(the average would keep the first one's settings), an --output that is one of the inputs, and
+an existing --output without --force.
 The library is slim_fairseq_lab.checkpoints.
 
 usage:
@@ -24,10 +25,12 @@ import argparse
 import os
 import sys
 
+from slim_fairseq_lab import command
 from slim_fairseq_lab.checkpoints import (  # noqa: F401 (re-exported: the script's library)
     EPOCH_PATTERN, UPDATE_PATTERN, CheckpointError, average, last_checkpoints, load)
 
 load_checkpoint = load
+PROG = "average_checkpoints"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--num-update-checkpoints", type=int, help="last N checkpoint_E_U.pt files")
     parser.add_argument("--checkpoint-upper-bound", type=int,
                         help="ignore checkpoints after this epoch / update number")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing --output (refused without it)")
     parser.add_argument("--quiet", action="store_true",
                         help="no messages on stderr (errors excepted); stdout still lists the inputs")
     args = parser.parse_args(argv)
@@ -52,26 +57,27 @@ def main(argv: list[str] | None = None) -> int:
         try:
             paths = last_checkpoints(args.inputs[0], count, pattern, args.checkpoint_upper_bound)
         except CheckpointError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
+            return command.refused(err, PROG)
     else:
         paths = args.inputs
         missing = [path for path in paths if not os.path.isfile(path)]
         if missing:
-            print(f"error: --inputs: {missing[0]} is not a checkpoint file", file=sys.stderr)
-            return 1
+            return command.refused(f"--inputs: {missing[0]} is not a checkpoint file", PROG)
     for path in paths:
         if os.path.exists(args.output) and os.path.samefile(args.output, path):
-            print(f"error: --output={args.output}: is the input {path}, which averaging would "
-                  "overwrite; allowed: another file", file=sys.stderr)
-            return 1
+            return command.refused(f"--output={args.output}: is the input {path}, which averaging "
+                                   "would overwrite; allowed: another file", PROG)
+    if os.path.isdir(args.output):
+        return command.refused(f"--output={args.output}: is a folder; allowed: a file name", PROG)
+    if os.path.lexists(args.output) and not args.force:
+        return command.refused(f"--output={args.output}: exists; allowed: --force to replace it, or "
+                               "another file", PROG)
     if not args.quiet:
         print("averaging:", *paths, sep="\n  ", file=sys.stderr)
     try:
         state = average(paths)
     except CheckpointError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        return command.refused(err, PROG)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     import torch
     torch.save(state, args.output)
@@ -82,4 +88,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command.run(main))

@@ -19,9 +19,10 @@ should: only where memory comes from changes). Run it on an otherwise idle machi
 import os
 import resource
 import statistics
+import sys
 import tempfile
 
-from slim_fairseq_lab import fairseq_logs, launcher, specs
+from slim_fairseq_lab import command, fairseq_logs, launcher, specs
 from slim_fairseq_lab.study import options, planner
 from slim_fairseq_lab.study.runs import corpus_data
 
@@ -90,4 +91,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))

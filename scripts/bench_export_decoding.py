@@ -13,6 +13,8 @@ import argparse
 import json
 import sys
 
+from slim_fairseq_lab import command
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
@@ -37,4 +39,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command.run(main))

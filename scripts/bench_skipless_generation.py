@@ -22,6 +22,8 @@ import sys
 import time
 import types
 
+from slim_fairseq_lab import command
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -145,4 +147,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command.run(main))

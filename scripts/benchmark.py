@@ -48,7 +48,7 @@ import argparse
 import os
 import sys
 
-from slim_fairseq_lab import specs
+from slim_fairseq_lab import command, specs
 from slim_fairseq_lab.benchmark import DTYPE_NAMES
 from slim_fairseq_lab.paths import output_dir
 
@@ -165,4 +165,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))

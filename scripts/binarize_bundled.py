@@ -14,7 +14,9 @@ most frequent words (the rest map to <unk>).
 The library behind it is slim_fairseq_lab.data (binarize_ende, binarize_wikitext).
 """
 import argparse
+import sys
 
+from slim_fairseq_lab import command
 from slim_fairseq_lab.data import (DEFAULT_BUILD_DIR, DEFAULT_NWORDS, STAMP, binarize_ende,  # noqa: F401
                                    binarize_wikitext, ende_paths, wikitext_paths)
 
@@ -41,4 +43,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))

@@ -9,7 +9,7 @@ weights_only=True with fairseq's allow-list).
   checkpoint_info.py CKPT block        the tokens_per_sample it was trained with (its task's)
   checkpoint_info.py CKPT positions block   both, one per line
 
-Prints each value on a line of its own; exits 1 with a one-line error when the checkpoint is
+Prints each value on a line of its own; exits 2 with a one-line error when the checkpoint is
 missing, not a complete checkpoint, or does not record a value asked for.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from slim_fairseq_lab import command
 from slim_fairseq_lab.checkpoints import CheckpointError, load, max_positions, training_block
 
 
@@ -34,18 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         state = load(args.checkpoint)
     except CheckpointError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        return command.refused(error, "checkpoint_info")
     for what in args.what:
         value = max_positions(state) if what == "positions" else training_block(state)
         if value is None:
             missing = "neither max_target_positions nor tokens_per_sample" if what == "positions" else \
                 "no tokens_per_sample"
-            print(f"error: {args.checkpoint} records {missing}", file=sys.stderr)
-            return 1
+            return command.refused(f"{args.checkpoint} records {missing}", "checkpoint_info")
         print(value)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command.run(main))

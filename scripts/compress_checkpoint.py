@@ -18,6 +18,8 @@ import os
 import shlex
 import sys
 
+from slim_fairseq_lab import command
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -34,6 +36,8 @@ def get_parser():
     parser.add_argument("--tc-length", type=int, default=2, metavar="N", help="chain length (>= 2)")
     parser.add_argument("--data", help="directory with the dictionaries (default: the checkpoint's "
                                        "data directory)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing OUTPUT (refused without it)")
     parser.add_argument("--user-dir", default=os.path.join(REPO, "slim_fairseq"),
                         help="path of the slim_fairseq plugin")
     return parser
@@ -54,7 +58,7 @@ def main(argv=None):
         _, flags = compress_checkpoint(
             args.checkpoint, args.output, tc_ff=args.tc_ff, tc_patt=args.tc_patt,
             tc_layer=args.tc_layer, tc_emb=args.tc_emb, tc_output=args.tc_output,
-            tc_length=args.tc_length, data=args.data, log=log)
+            tc_length=args.tc_length, data=args.data, log=log, force=args.force)
     except CompressionError as err:
         print(f"compress_checkpoint: error: {err}", file=sys.stderr)
         return 2
@@ -65,4 +69,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command.run(main))

@@ -23,7 +23,7 @@ import json
 import os
 import sys
 
-from slim_fairseq_lab import fairseq_logs, launcher, specs
+from slim_fairseq_lab import command, fairseq_logs, launcher, specs
 from slim_fairseq_lab.benchmark import EMBEDDING_PARTS
 from slim_fairseq_lab.paths import REPO_ROOT, output_dir
 from slim_fairseq_lab.study import options
@@ -185,7 +185,7 @@ def main(argv=None):
         def compress(directory, ratio=ratio):
             records, model_flags = compress_checkpoint(
                 original, os.path.join(directory, "checkpoint_best.pt"), tc_ff=ratio, tc_patt=ratio,
-                data=data, log=log)
+                data=data, log=log, force=True)  # the demo's own run folder
             with open(os.path.join(directory, "compress.json"), "w") as f:
                 json.dump({"records": records, "flags": model_flags}, f, indent=1)
 
@@ -228,4 +228,4 @@ def markdown(rows, args):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))

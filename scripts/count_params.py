@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 
+from slim_fairseq_lab import command
 from slim_fairseq_lab.params import count_params, format_report
 
 
@@ -61,4 +62,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command.run(main))

@@ -18,6 +18,8 @@ import argparse
 import os
 import sys
 
+from slim_fairseq_lab import command
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -30,6 +32,8 @@ def main(argv=None):
     parser.add_argument("--plain-fairseq", action="store_true",
                         help="write fairseq's own transformer / transformer_lm (loads without "
                              "--user-dir); refused when the model uses another technique of the plugin")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing OUTPUT (refused without it)")
     parser.add_argument("--user-dir", default=os.path.join(REPO, "slim_fairseq"),
                         help="path of the slim_fairseq plugin")
     args = parser.parse_args(argv)
@@ -44,7 +48,7 @@ def main(argv=None):
 
     try:
         export_dense_checkpoint(args.checkpoint, args.output, data=args.data,
-                                plain_fairseq=args.plain_fairseq, log=log)
+                                plain_fairseq=args.plain_fairseq, log=log, force=args.force)
     except CompressionError as err:
         print(f"export_dense: error: {err}", file=sys.stderr)
         return 2
@@ -52,4 +56,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command.run(main))

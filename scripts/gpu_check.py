@@ -9,7 +9,8 @@ The logic lives in slim_fairseq_lab/gpu_check.py.
 """
 import sys
 
+from slim_fairseq_lab import command
 from slim_fairseq_lab.gpu_check import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command.run(main))

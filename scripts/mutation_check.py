@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-from slim_fairseq_lab import mutation
+from slim_fairseq_lab import command, mutation
 from slim_fairseq_lab.paths import REPO_ROOT
 
 DEFAULT_OUT = os.path.join("docs", "MUTATIONS.md")
@@ -67,4 +67,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command.run(main))

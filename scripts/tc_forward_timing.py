@@ -9,6 +9,9 @@ what forward_mode="auto" picks; the last line counts how often "auto" picked the
 """
 import argparse
 import time
+import sys
+
+from slim_fairseq_lab import command
 
 
 def time_mode(module, x, mode, repeats):
@@ -53,4 +56,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(command.run(main))

@@ -8,7 +8,7 @@ import argparse
 import re
 import sys
 
-from slim_fairseq.option_errors import unknown_arch
+from slim_fairseq.option_errors import INTERRUPTED, REFUSED, OptionError, unknown_arch
 
 USAGE = """usage: slim-fairseq-help ARCH [--vocab V] [MODEL OPTIONS ...]
        slim-fairseq-help --options
@@ -53,11 +53,11 @@ def preset_values(arch, options=()):
     try:
         args, unknown = parser.parse_known_args(list(options))
     except argparse.ArgumentError as error:
-        raise SystemExit(f"slim-fairseq-help: error: {error.argument_name}: {error.message}; "
-                         f"allowed: see slim-fairseq-help {arch}") from None
+        raise OptionError(f"{error.argument_name}: {error.message}; "
+                          f"allowed: see slim-fairseq-help {arch}") from None
     if unknown:
-        raise SystemExit(f"slim-fairseq-help: error: {' '.join(unknown)}: not options of "
-                         f"{model_cls.__name__}; allowed: see slim-fairseq-help {arch}")
+        raise OptionError(f"{' '.join(unknown)}: not options of "
+                          f"{model_cls.__name__}; allowed: see slim-fairseq-help {arch}")
     args.arch = arch
     preset(args)
     return args
@@ -119,7 +119,18 @@ def options_table():
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """The command: a refusal is one line and exit status 2, Ctrl-C one line and 130."""
+    try:
+        return _main(sys.argv[1:] if argv is None else list(argv))
+    except OptionError as error:
+        print(f"slim-fairseq-help: error: {error}", file=sys.stderr, flush=True)
+        return REFUSED
+    except KeyboardInterrupt:
+        print("slim-fairseq-help: interrupted", file=sys.stderr, flush=True)
+        return INTERRUPTED
+
+
+def _main(argv):
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
@@ -131,16 +142,16 @@ def main(argv=None):
         print(architectures())
         return 0
     if argv[0].startswith("-"):
-        raise SystemExit(f"slim-fairseq-help: error: {argv[0]}: not an architecture, --options or "
-                         "--archs; allowed: see slim-fairseq-help --help")
+        raise OptionError(f"{argv[0]}: not an architecture, --options or "
+                          "--archs; allowed: see slim-fairseq-help --help")
     arch, rest, vocab = argv[0], argv[1:], None
     if "--vocab" in rest:
         i = rest.index("--vocab")
         given = rest[i + 1] if i + 1 < len(rest) else ""
         if not given.isdigit() or int(given) < 4:
-            raise SystemExit(f"slim-fairseq-help: error: --vocab={given}: not a whole number; "
-                             "allowed: a dictionary size of 4 or more (fairseq's 4 special "
-                             "symbols included)")
+            raise OptionError(f"--vocab={given}: not a whole number; "
+                              "allowed: a dictionary size of 4 or more (fairseq's 4 special "
+                              "symbols included)")
         vocab, rest = int(given), rest[:i] + rest[i + 2:]
     print(describe(arch, rest, vocab))
     return 0

@@ -190,12 +190,15 @@ def load_checkpoint(path, data=None):
     return _model_cfg(state), state
 
 
-def build_checkpoint_model(cfg, state):
-    """:func:`_build_task_and_model` of a checkpoint, a missing dictionary as a one-line error."""
+def build_checkpoint_model(cfg, state, data_name="--data"):
+    """:func:`_build_task_and_model` of a checkpoint, a missing dictionary as a one-line error
+    naming the data-bin as the command takes it (``data_name``: ``--data``, or ``DATA`` for a
+    command that takes it as an argument)."""
     try:
         return _build_task_and_model(cfg, state)
     except FileNotFoundError as exc:
-        raise CompressionError(f"--data: {_one_line(exc)}; allowed: --data DIR, the data-bin "
+        given = f"{data_name} DIR" if data_name.startswith("--") else data_name
+        raise CompressionError(f"{data_name}: {_one_line(exc)}; allowed: {given}, the data-bin "
                                "with the model's dictionaries")
 
 
@@ -311,7 +314,7 @@ def model_flags(model_cfg, model_name):
     def derivable(rest):
         try:
             return not differing(derived(rest)).keys() - rest.keys()
-        except SystemExit:  # the arch refuses ``rest`` alone (e.g. --glu-hidden without --ffn-glu)
+        except (ValueError, SystemExit):  # the arch refuses ``rest`` alone (e.g. --glu-hidden without --ffn-glu)
             return False
 
     chosen = differing(derived({}))
@@ -337,27 +340,33 @@ def model_flags(model_cfg, model_name):
     return flags
 
 
-def check_output(path, out):
+def check_output(path, out, force=False):
     """A checkpoint written from another never replaces it: the input, with its optimizer state
-    and its update count, would be lost."""
+    and its update count, would be lost. Nor does it replace any other existing file unless
+    ``force`` says to (the command's ``--force``)."""
     import os
     if os.path.realpath(path) == os.path.realpath(out) or (
             os.path.exists(path) and os.path.exists(out) and os.path.samefile(path, out)):
         raise CompressionError(f"OUTPUT={out}: is the checkpoint it reads ({path}), which writing would "
                                "overwrite; allowed: another file")
+    if os.path.isdir(out):
+        raise CompressionError(f"OUTPUT={out}: is a folder; allowed: a file name")
+    if os.path.lexists(out) and not force:
+        raise CompressionError(f"OUTPUT={out}: exists; allowed: --force to replace it, or another file")
 
 
 # ----------------------------------------------------------------------------------- compress
 
 def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=0.0,
-                        tc_output=0.0, tc_length=2, data=None, log=None):
+                        tc_output=0.0, tc_length=2, data=None, log=None, force=False):
     """Compress a fairseq ``transformer`` / ``transformer_lm`` checkpoint (TT-SVD, see the
     module docstring). ``data`` overrides the checkpoint's data directory (only its
-    dictionaries are read). Returns ``(records, flags)``: one record per chain (see
-    :func:`compress_model`) and the fairseq-train model flags that rebuild the model."""
+    dictionaries are read; an existing ``out`` is refused unless ``force``). Returns
+    ``(records, flags)``: one record per chain (see :func:`compress_model`) and the fairseq-train
+    model flags that rebuild the model."""
     from slim_fairseq.models.slim_options import (BY_DEST, check_value, set_slim_defaults,
                                                   validate_slim_args)
-    check_output(path, out)
+    check_output(path, out, force)
     ratios = dict(tc_ff=tc_ff, tc_patt=tc_patt, tc_layer=tc_layer, tc_emb=tc_emb, tc_output=tc_output)
     try:  # the model options' own rules on each value
         for dest, value in dict(ratios, tc_length=tc_length).items():
@@ -513,13 +522,13 @@ def densify(cfg, state, model):
     return dense_cfg, dense.eval()
 
 
-def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None):
+def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None, force=False):
     """Materialise every Tensor Chain of a plugin checkpoint and set its ``--tc-*`` options to 0
     (see the module docstring). ``plain_fairseq``: write fairseq's own ``transformer`` /
     ``transformer_lm`` instead (refused when the model uses another technique of the plugin),
     which fairseq loads without ``--user-dir``. Returns ``(model, exported_model)``, both in
     eval mode."""
-    check_output(path, out)
+    check_output(path, out, force)
     cfg, state = load_checkpoint(path, data)
     arch = _arch_of(cfg.model)
     model_name = _model_name(arch)

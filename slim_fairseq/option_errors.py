@@ -1,9 +1,12 @@
 """One-line errors for bad plugin options, on the command line and in Python.
 
 :class:`OptionError` is a ``ValueError`` (``except ValueError`` and ``pytest.raises(ValueError)``
-catch it in Python) and a ``SystemExit``: uncaught in ``fairseq-train`` / ``fairseq-generate``
-/ ..., Python prints its ``code`` (``fairseq-train: error: --flag ...``, argparse's format) and
-exits with status 1, without a traceback.
+catch it in Python). fairseq's own commands (``fairseq-train``, ``fairseq-generate``, ...) are
+not the plugin's, so its edge is :func:`install_command_edge`, a ``sys.excepthook`` set when the
+plugin is imported: an uncaught refusal, also one fairseq wrapped in an exception of its own
+while loading a checkpoint, prints ``PROG: error: --flag ...`` (argparse's format) and exits
+with status 2, as argparse does; an interrupt (Ctrl-C) prints ``PROG: interrupted`` and exits
+with status 130 (128 + SIGINT), the shells' convention. Every other error keeps its traceback.
 
 Every option error has one format, ``--flag=value: what is wrong; allowed: what would work``
 (:func:`option_error`; a flag that takes no value is written without ``=value``).
@@ -20,21 +23,30 @@ import os
 import sys
 
 
-class OptionError(ValueError, SystemExit):
+#: exit status of a refused command line (argparse's) and of an interrupted command (128 + SIGINT)
+REFUSED, INTERRUPTED = 2, 130
+
+
+def prog_name():
+    """The running command's name, as argparse shows it."""
+    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fairseq"
+
+
+class OptionError(ValueError):
     """A bad option value or combination; the message names the flag. ``alternatives``: the
     changes of the command line the refusal proposes, as dicts {flag: value}, value None for
     "drop the flag" (see :func:`option_error`)."""
 
-    def __init__(self, message, alternatives=()):
+    def __init__(self, message, alternatives=(), most=None):
         super().__init__(message)
-        prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fairseq"
-        self.code = f"{prog}: error: {message}"
         self.alternatives = list(alternatives)
+        self.most = most  # how many of the alternatives that pass the refusal shows (None: all)
         self.rule = None  # the name of the rule that refused (slim_fairseq.options.check_rules)
 
     def with_alternatives(self, alternatives, otherwise="another setting of the options named"):
-        """The same refusal proposing only ``alternatives`` (a checker kept those that pass), or
-        ``otherwise`` when none is left."""
+        """The same refusal proposing only ``alternatives`` (a checker kept those that pass; the
+        first :attr:`most` of them), or ``otherwise`` when none is left."""
+        alternatives = list(alternatives)[:self.most]
         head = str(self).rsplit("; allowed: ", 1)[0]
         allowed = render_alternatives(alternatives) if alternatives else otherwise
         refusal = OptionError(f"{head}; allowed: {allowed}", alternatives)
@@ -44,31 +56,32 @@ class OptionError(ValueError, SystemExit):
 
 def render_alternatives(alternatives):
     """``allowed`` text of command-line changes: ``--a x|y, or --b 0 --c 1, or drop --d``
-    (a value None drops the flag)."""
+    (a value None drops the flag, True gives a flag that takes no value)."""
     single, parts = {}, []
     for change in alternatives:
-        if len(change) == 1 and None not in change.values():
+        if len(change) == 1 and not any(value is None or value is True for value in change.values()):
             (flag, value), = change.items()
             single.setdefault(flag, []).append(str(value))
         else:
             dropped = [flag for flag, value in change.items() if value is None]
             words = (["drop " + " ".join(dropped)] if dropped else []) + [
-                f"{flag} {value}" for flag, value in change.items() if value is not None]
+                flag if value is True else f"{flag} {value}"
+                for flag, value in change.items() if value is not None]
             parts.append(" ".join(words))
     return ", or ".join([f"{flag} {'|'.join(values)}" for flag, values in single.items()] + parts)
 
 
-def option_error(flag, value, problem, allowed=None, alternatives=()):
+def option_error(flag, value, problem, allowed=None, alternatives=(), most=None):
     """The plugin's one option-error format: ``--flag=value: problem; allowed: allowed``
     (``value`` None or True: a flag without a value). ``alternatives``, changes of the command
-    line such as ``{"--kv-heads": 0}`` (``{"--flag": None}``: drop it), are what ``allowed``
-    says when it is None; a checker that
-    can try them keeps only those that pass (``slim_options.validate_slim_args``). Returns the
-    :class:`OptionError` to raise."""
+    line such as ``{"--kv-heads": 0}`` (``{"--flag": None}``: drop it; ``{"--no-flag": True}``:
+    give a flag that takes no value), are what ``allowed`` says when it is None; a checker that
+    can try them keeps only those that pass, and shows the first ``most``
+    (``slim_options.validate_slim_args``). Returns the :class:`OptionError` to raise."""
     shown = flag if value is None or value is True else f"{flag}={value}"
     if allowed is None:
-        allowed = render_alternatives(alternatives)
-    return OptionError(f"{shown}: {problem}; allowed: {allowed}", alternatives)
+        allowed = render_alternatives(list(alternatives)[:most])
+    return OptionError(f"{shown}: {problem}; allowed: {allowed}", alternatives, most)
 
 
 def nearest(name, names, count=3):
@@ -84,6 +97,60 @@ def unknown_arch(arch):
     allowed = ("the closest: " + ", ".join(close) + "; " if close else "") + \
         "slim-fairseq-help --archs lists every architecture"
     return option_error("--arch", arch, "not an architecture", allowed)
+
+
+def refusal_in(error):
+    """The :class:`OptionError` that ``error`` is, or that it was raised from or while handling
+    (fairseq wraps errors of a checkpoint's loading in its own ``Exception``); None if none."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OptionError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    return None
+
+
+def exit_refused(message, prog=None):
+    """End a command with its one-line refusal ``PROG: error: message``, status 2."""
+    sys.stdout.flush()
+    print(f"{prog or prog_name()}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(REFUSED)
+
+
+def exit_interrupted(prog=None):
+    """End a command stopped by Ctrl-C: ``PROG: interrupted``, status 130."""
+    try:
+        sys.stdout.flush()
+    except Exception:  # noqa: BLE001 - a closed or broken stdout must not hide the line
+        pass
+    print(f"{prog or prog_name()}: interrupted", file=sys.stderr, flush=True)
+    sys.exit(INTERRUPTED)
+
+
+def _command_edge(kind, error, trace, previous):
+    if issubclass(kind, KeyboardInterrupt):
+        exit_interrupted()
+    refusal = refusal_in(error)
+    if refusal is not None and "\n" not in str(refusal):
+        exit_refused(str(refusal))
+    previous(kind, error, trace)
+
+
+def install_command_edge():
+    """Set ``sys.excepthook`` so that a command ending in an uncaught plugin refusal prints its one
+    line and exits 2, and one ended by Ctrl-C prints one line and exits 130; any other error
+    goes to the hook that was there. Python's ``SystemExit`` from the hook runs the ``atexit``
+    handlers as a normal exit does. Installed once."""
+    if getattr(sys.excepthook, "slim_fairseq_edge", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, error, trace):
+        _command_edge(kind, error, trace, previous)
+
+    hook.slim_fairseq_edge = True
+    sys.excepthook = hook
 
 
 def names_a_flag(error):

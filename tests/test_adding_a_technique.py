@@ -72,7 +72,7 @@ def test_a_variant_from_outside_builds_trains_and_decodes(low_rank, tmp_path):
     (["--ffn-rank", "-1"], r"^--ffn-rank=-1: negative; allowed: an integer >= 0$"),
 ])
 def test_a_variant_from_outside_is_checked_in_one_line(low_rank, given, line):
-    with pytest.raises(SystemExit, match=line) as caught:
+    with pytest.raises(ValueError, match=line) as caught:
         build("slim_lm", TINY_LM, True, given)
     assert "\n" not in str(caught.value)
 

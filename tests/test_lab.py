@@ -129,9 +129,9 @@ def test_checkpoint_info_prints_the_positions_a_checkpoint_records(tmp_path, cap
     assert checkpoint_info.main([str(path), "positions", "block"]) == 0
     assert capsys.readouterr().out.split() == ["512", "96"]
     torch.save({"cfg": {"model": {"max_target_positions": 512}, "task": {}}}, path)
-    assert checkpoint_info.main([str(path), "block"]) == 1
+    assert checkpoint_info.main([str(path), "block"]) == 2
     assert "records no tokens_per_sample" in capsys.readouterr().err
-    assert checkpoint_info.main([str(tmp_path / "missing.pt"), "positions"]) == 1
+    assert checkpoint_info.main([str(tmp_path / "missing.pt"), "positions"]) == 2
     assert "not found" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:
         checkpoint_info.main([str(path), "vocab"])

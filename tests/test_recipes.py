@@ -961,8 +961,8 @@ def test_evaluate_checks_the_checkpoint_before_writing(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "scripts/average_checkpoints.py"), "--inputs", str(ckpt),
                            "--num-update-checkpoints", "3", "--output", str(tmp_path / "avg.pt")],
                           capture_output=True, text=True)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == f"error: --inputs: {ckpt} holds 0 matching checkpoints, 3 requested"
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == f"average_checkpoints: error: --inputs: {ckpt} holds 0 matching checkpoints, 3 requested"
 
 
 def test_avg_picks_checkpoints_by_number_and_names_them(tmp_path, capsys):

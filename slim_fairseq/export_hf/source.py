@@ -66,7 +66,7 @@ def load(path, data=None):
                            f"{model_name or 'unknown'}), which has no export", "a checkpoint of "
                            "slim_lm or slim_transformer (any of their archs), or of fairseq's "
                            "transformer_lm or transformer")
-    task, model = compression.build_checkpoint_model(cfg, state)
+    task, model = compression.build_checkpoint_model(cfg, state, data_name="DATA")
     args = compression._namespace(cfg.model)
     set_slim_defaults(args)  # fairseq's own models: every option of the plugin off
     densified = any(float(getattr(args, place, 0) or 0) for place in TC_PLACES)

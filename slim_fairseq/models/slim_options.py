@@ -19,6 +19,7 @@ import argparse
 import copy
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -558,8 +559,8 @@ class EmbeddingOptions(OptionSpec):
     def one_input_embedding(self, m):
         if self.hsoftpos_levels and self.safe_embed_dim:
             raise option_error("--hsoftpos-levels", self.hsoftpos_levels, "and --safe-embed-dim "
-                               "are alternative input embeddings", "one of them (set the other "
-                               "to 0)")
+                               "are alternative input embeddings", alternatives=[
+                                   {"--hsoftpos-levels": 0}, {"--safe-embed-dim": 0}])
 
     @rule
     def safe_output_needs_safe(self, m):
@@ -605,9 +606,10 @@ class EmbeddingOptions(OptionSpec):
     def safe_replaces_the_output(self, m):
         if self.safe_embed_dim and (m.tc_output or self.output_bias):
             flag = "--tc-output" if m.tc_output else "--output-bias"
+            off = {"--tc-output": 0} if m.tc_output else {"--no-output-bias": True}
             raise option_error(flag, m.tc_output or None, "acts on the vocabulary projection, "
                                "which SAFE replaces with its own path tied to the token table",
-                               "drop it with --safe-embed-dim")
+                               alternatives=[off, {"--safe-embed-dim": 0}])
 
     @rule
     def adaptive_softmax_replaces_the_output(self, m):
@@ -830,8 +832,13 @@ class AttentionOptions(OptionSpec):
         for side in m.sides:
             width, heads = m.get_side(side, "embed_dim"), m.get_side(side, "attention_heads")
             if heads < 1 or width % heads:
+                # the divisors nearest the count given (by ratio), of which those that pass
+                # every other rule are proposed
+                divisors = sorted((h for h in range(1, width + 1) if width % h == 0),
+                                  key=lambda h: abs(math.log(h / max(heads, 1))))
                 raise option_error(f"--{side}-attention-heads", heads, f"does not divide "
-                                   f"--{side}-embed-dim={width}", f"a divisor of {width}")
+                                   f"--{side}-embed-dim={width}", alternatives=[
+                                       {f"--{side}-attention-heads": h} for h in divisors], most=3)
 
     @rule
     def kv_heads_divide_the_heads(self, m):
@@ -1208,9 +1215,11 @@ class ModelOptions:
         specs, fairseq = list(self.specs), dict(self.fairseq)
         for flag, value in change.items():
             dest = flag[2:].replace("-", "_")
+            described = next((o for o in vocabulary.all_options() if flag in o.flags()), None)
             if value is None:
-                described = next((o for o in vocabulary.all_options() if flag in o.flags()), None)
                 dest, value = (described.dest, described.default) if described else _DROPPED[flag]
+            elif value is True and described is not None:  # a flag without a value: on, or off
+                dest, value = described.dest, flag == described.flag
             current = getattr(self, dest, None)
             if isinstance(current, (int, float)) and not isinstance(current, bool) \
                     and value is not None:
@@ -1234,12 +1243,36 @@ class ModelOptions:
         """Every rule, in order (:func:`slim_fairseq.options.check_rules`)."""
         vocabulary.check_rules(self, self.model)
 
-    def _accepts(self, change):
+    def _refusal_of(self, change):
+        """The refusal of these options with ``change`` made (None: they pass every rule)."""
         try:
             self.changed(change).check()
-        except (OptionError, ValueError):
-            return False
-        return True
+        except (OptionError, ValueError) as error:
+            return error
+        return None
+
+    def _accepts(self, change):
+        return self._refusal_of(change) is None
+
+    def _passing(self, changes):
+        """The ``changes`` that pass every rule, in order: a refusal proposes only what works.
+        When none does, each refused by another rule that proposes changes of its own is
+        joined with the first of those that makes it pass (a head count that divides the
+        width, with the gate that width allows: ``--decoder-attention-heads 3
+        --cross-attn-gate none``)."""
+        refusals = [(change, self._refusal_of(change)) for change in changes]
+        kept = [change for change, refusal in refusals if refusal is None]
+        if kept:
+            return kept
+        for change, refusal in refusals:
+            for more in getattr(refusal, "alternatives", ()):
+                joined = {**change, **more}
+                if set(more) & set(change) or joined in kept:
+                    continue
+                if self._accepts(joined):
+                    kept.append(joined)
+                    break
+        return kept
 
     # ------------------------------------------------------------------------ the specs
 
@@ -1296,8 +1329,7 @@ def _validated(options):
     except OptionError as error:
         if not error.alternatives:
             raise
-        kept = [change for change in error.alternatives if options._accepts(change)]
-        raise error.with_alternatives(kept) from None
+        raise error.with_alternatives(options._passing(error.alternatives)) from None
     return True
 
 

@@ -370,8 +370,9 @@ class ContractOverridesMixin:
 class WeightsCheckMixin:
     """``load_state_dict`` that refuses, in one line, weights of another model (fairseq-train
     resuming a --save-dir of another architecture or other options; fairseq would stop with a
-    traceback and "please ensure that the architectures match"). The refusal is a SystemExit
-    with the plugin's one line."""
+    traceback and "please ensure that the architectures match"). fairseq's trainer wraps it in an
+    ``Exception`` of its own; the plugin's command edge finds the refusal in it and prints its
+    one line (:func:`slim_fairseq.option_errors.install_command_edge`)."""
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         try:
@@ -390,9 +391,7 @@ class WeightsCheckMixin:
                                  f"({len(missing)} missing, {len(unexpected)} unexpected, {len(reshaped)} "
                                  f"of another shape, e.g. {example})", "the arch and options the "
                                  "checkpoint was trained with, or a --save-dir of its own when training")
-            # a SystemExit only: fairseq's trainer turns any Exception of this call into a
-            # traceback ("please ensure that the architectures match")
-            raise SystemExit(str(error.code)) from None
+            raise error from None
 
 
 def check_languages(args, task):

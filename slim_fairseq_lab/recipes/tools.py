@@ -110,7 +110,7 @@ def unknown_fairseq_options(parser, argv):
     parser.error = error
     try:
         _, unknown = options.parse_args_and_arch(parser, input_args=list(map(str, argv)), parse_known=True)
-    except (Other, SystemExit):
+    except (Other, SystemExit, ValueError):
         return ""
     return " ".join(unknown)
 

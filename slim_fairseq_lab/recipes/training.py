@@ -167,7 +167,11 @@ def parse_train_argv(argv):
     train_parser.error = error
     try:
         return options.parse_args_and_arch(train_parser, input_args=argv)
-    except SystemExit as stop:  # the plugin's one-line option errors are SystemExits too
+    except ValueError as error:  # the plugin's one-line option errors
+        if "\n" in str(error):
+            raise
+        raise RecipeError(str(error)) from None
+    except SystemExit as stop:
         code = stop.code if isinstance(stop.code, str) else str(stop)
         raise RecipeError(code.split(": error: ", 1)[-1]) from None
 
@@ -214,10 +218,11 @@ def check_command(recipe, argv, given, arch):
         raise
 
 
-def check_save_dir(save_dir, data, arch, restore_file):
+def check_save_dir(save_dir, data, arch, restore_file, recipe=None):
     """fairseq-train resumes from SAVE_DIR/checkpoint_last.pt: refuse a folder that holds a run
     on other data (it would be resumed, or taken as finished, on DATA_BIN), a checkpoint of
-    another architecture, or one that is not complete."""
+    another architecture, or one that is not complete. The checkpoint's own arch is proposed
+    only where ``recipe`` trains it."""
     trained_on_data = os.path.realpath(data)
     record = os.path.join(save_dir, "recipe.data")
     if os.path.isfile(record):
@@ -242,8 +247,14 @@ def check_save_dir(save_dir, data, arch, restore_file):
                      f"a --save-dir of its own, or {restore}") from None
     old = checkpoints.arch(state)
     if old and old != arch:
+        try:
+            if recipe is not None:
+                check_arch_kind(recipe, old)
+            resume = f"--arch {old} (to go on training it), or "
+        except RecipeError:  # a model of the other kind, which this recipe refuses
+            resume = ""
         raise refuse(f"--save-dir={save_dir}", f"its checkpoint_last.pt is a {old} model, which fairseq would "
-                     f"resume as {arch}", f"--arch {old} (to go on training it), or a --save-dir of its own")
+                     f"resume as {arch}", f"{resume}a --save-dir of its own")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,7 +308,7 @@ def train(recipe, argv):
         cmd += extra
         parsed = check_command(recipe, cmd[1:], given, arch)
         check_data(parsed)
-        check_save_dir(save_dir, data, arch, getattr(parsed, "restore_file", None))
+        check_save_dir(save_dir, data, arch, getattr(parsed, "restore_file", None), recipe)
         from fairseq.models import ARCH_MODEL_REGISTRY
         shrink = getattr(ARCH_MODEL_REGISTRY[arch], "contract_overrides", lambda name: [])(arch)
         print(f"+ (tiny overrides of {arch} appended) {shlex.join(cmd)}", flush=True)
@@ -380,7 +391,7 @@ def train(recipe, argv):
         cmd.append(precision)
     parsed = check_command(recipe, cmd[1:] + extra, given, arch)
     check_data(parsed)
-    check_save_dir(save_dir, data, arch, getattr(parsed, "restore_file", None))
+    check_save_dir(save_dir, data, arch, getattr(parsed, "restore_file", None), recipe)
 
     if nodes > 1 and not args.init_method:
         cmd = ["torchrun", "--nnodes", str(nodes), "--node-rank", args.node_rank, "--nproc-per-node", str(gpus),
