@@ -45,8 +45,25 @@ def kind_of(options):
         if not path or not os.path.isfile(path):
             raise option_error(flag, path, f"--bpe {bpe} needs this local file", f"{flag} FILE, "
                                "the file the data was encoded with")
+    if bpe == "subword_nmt":
+        check_codes(options["bpe_codes"])
     return {None: "words", "gpt2": "gpt2", "sentencepiece": "sentencepiece",
             "subword_nmt": "moses+subword_nmt"}[bpe]
+
+
+def check_codes(path):
+    """Refuse a ``--bpe-codes`` file that is not subword-nmt's codes (``#version`` then one merge
+    of two symbols a line): a dictionary (``piece count`` lines) would split every word into
+    characters."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        rows = [line.split() for line in f.read(1 << 20).split("\n")[:2000]]
+    rows = [r for r in rows if r and not r[0].startswith("#version")]
+    counts = sum(1 for r in rows if len(r) == 2 and r[1].isdigit())
+    if not rows or any(len(r) != 2 for r in rows) or counts > len(rows) // 2:
+        what = ("lines of a piece and a count, as a dictionary has" if rows and counts >
+                len(rows) // 2 else "not one merge of two symbols a line")
+        raise option_error("--bpe-codes", path, f"not subword-nmt's codes ({what})", "the codes "
+                           "file of subword-nmt learn-bpe the data was encoded with")
 
 
 def _symbols(dictionary):
@@ -156,6 +173,13 @@ def check(src, options):
         raise option_error("--bpe", options.get("bpe") or "none", "a model with two "
                            "dictionaries takes FSMT's tokenizer, which encodes each with its own",
                            "--tokenizer moses --bpe subword_nmt --bpe-codes CODES")
+    if kind == "words":
+        pieces = [s for s in src.dictionary.symbols if s.endswith("@@")]
+        if pieces:
+            raise option_error("--bpe", "none", f"the dictionary holds BPE pieces ({len(pieces)} "
+                               f"entries ending in @@, e.g. {pieces[0]!r}), which whitespace "
+                               "words read as <unk>", "--tokenizer moses --bpe subword_nmt "
+                               "--bpe-codes CODES (the codes the data was encoded with)")
     if kind == "gpt2":
         _gpt2_files(options, src.dictionary)
     elif kind == "sentencepiece":
