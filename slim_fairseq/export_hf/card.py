@@ -76,8 +76,15 @@ def write(out_dir, name, src, layout, result, tokenizer_kind, counts, flags, wor
                   '("the house", max_new_tokens=10, do_sample=False))']
     else:
         lines += ['batch = tokenizer(["The house is small ."], return_tensors="pt")',
-                  "print(tokenizer.batch_decode(model.generate(**batch, num_beams=5), "
+                  "print(tokenizer.batch_decode(model.generate(**batch), "
                   "skip_special_tokens=True))"]
     lines += ["```", ""]
+    if task == "translation":
+        lines += ["`generate` decodes as fairseq-generate does by default: beam 5, finished when "
+                  "5 hypotheses end (`early_stopping=True`), scores divided by length, at most "
+                  "200 tokens and `</s>` (`max_length` counts the decoder start token).", ""]
+    else:
+        lines += ["`generate` is greedy, as fairseq's hub decodes by default; the tokenizer "
+                  "decodes each word with the space before it, `<unk>` as a word.", ""]
     with open(os.path.join(out_dir, "README.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))

@@ -72,16 +72,25 @@ def instantiate(layout, config, weights):
     return model
 
 
+# fairseq-generate's defaults: --beam 5, --max-len-a 0, --max-len-b 200, --lenpen 1
+FAIRSEQ_BEAM, FAIRSEQ_MAX_LEN_B = 5, 200
+
+
 def generation_config(src, layout):
-    """fairseq's greedy search as transformers' defaults: never the padding symbol; a
-    translation's first step not ``</s>`` (fairseq's min_len 1)."""
+    """fairseq's decoding as transformers' defaults: never the padding symbol. A language model:
+    greedy, as fairseq's hub samples. A translation: fairseq-generate's beam search (5 beams,
+    finished when 5 hypotheses end, ``early_stopping=True``; scores divided by length, lenpen 1),
+    its first step not ``</s>`` (min_len 1) and its length limit: at most ``max_len_b`` tokens
+    before the final ``</s>``, within the decoder's positions; transformers' ``max_length``
+    also counts the decoder start token, hence ``+ 2``."""
     from transformers import GenerationConfig
     d = src.dictionary
     values = dict(bos_token_id=d.eos() if src.lm else d.bos(), eos_token_id=d.eos(),
                   pad_token_id=d.pad(), suppress_tokens=[d.pad()], do_sample=False, num_beams=1)
-    if not src.lm:  # and fairseq-generate's length limit (--max-len-b 200)
-        values.update(decoder_start_token_id=d.eos(), min_new_tokens=1,
-                      max_length=min(200, src.model.decoder.max_positions()))
+    if not src.lm:
+        max_len = min(FAIRSEQ_MAX_LEN_B, src.model.decoder.max_positions() - 1)
+        values.update(decoder_start_token_id=d.eos(), min_new_tokens=1, max_length=max_len + 2,
+                      num_beams=FAIRSEQ_BEAM, early_stopping=True, length_penalty=1.0)
     return GenerationConfig(**values)
 
 

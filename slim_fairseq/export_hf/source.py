@@ -62,11 +62,10 @@ def load(path, data=None):
         cfg, state = compression.load_checkpoint(path, data)
     except compression.CompressionError:
         raise
-    except Exception as exc:  # torch.load of a truncated or foreign file
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
-        raise option_error("CHECKPOINT", path, f"cannot be read ({detail})", "a complete "
-                           "checkpoint file written by fairseq-train (not truncated, not "
-                           "partly copied)") from None
+    except Exception:  # torch.load of a truncated or foreign file
+        raise option_error("CHECKPOINT", path, "cannot be read: truncated, partly copied or not "
+                           "a checkpoint", "a complete checkpoint file written by "
+                           "fairseq-train") from None
     arch = compression._arch_of(cfg.model)
     model_name = compression._model_name(arch)
     if model_name not in LANGUAGE_MODELS + TRANSLATION_MODELS:

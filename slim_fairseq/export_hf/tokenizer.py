@@ -132,8 +132,12 @@ def build_fast(kind, dictionary, options, lm):
     """The ``tokenizers.Tokenizer`` of ``kind`` over ``dictionary``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     if kind == "words":
+        from tokenizers import Regex
         tokenizer = Tokenizer(models.WordLevel(vocab=_symbols(dictionary), unk_token="<unk>"))
         tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # words joined by spaces
+        # each word decodes with the space before it (as GPT-2's pieces do), so a continuation
+        # decoded alone joins its prompt as the words are: "the house" + " is"
+        tokenizer.decoder = decoders.Replace(Regex("^"), " ")
     elif kind == "gpt2":
         pieces, merges = _gpt2_files(options, dictionary)
         vocab = {token: dictionary.index(gpt2_id) for token, gpt2_id in pieces.items()}
@@ -193,10 +197,14 @@ def write(out_dir, src, options, max_length):
     if kind == "moses+subword_nmt":
         return _write_fsmt(out_dir, src, options, max_length)
     from transformers import PreTrainedTokenizerFast
+    # a word-level <unk> is a word of the text (fairseq prints it), not a control token that
+    # decode(skip_special_tokens=True) drops; the model still maps an unknown word to it
+    words = dict(clean_up_tokenization_spaces=False) if kind == "words" else \
+        dict(unk_token="<unk>")
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=build_fast(kind, src.dictionary, options, src.lm),
         bos_token="</s>" if src.lm else "<s>", eos_token="</s>", pad_token="<pad>",
-        unk_token="<unk>", model_max_length=max_length)
+        model_max_length=max_length, **words)
     tokenizer.save_pretrained(out_dir)
     return kind
 
