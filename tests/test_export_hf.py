@@ -385,8 +385,10 @@ def test_out_dir_is_kept_unless_forced_and_never_an_input(folder):
     assert sorted(os.listdir(result.out_dir)) == before
     with pytest.raises(OptionError, match=r"^OUT_DIR=.*: holds or lies inside the input"):
         export(path, data_of(True), os.path.join(data_of(True), "hf"), force=True)
+    os.chmod(result.out_dir, 0o751)  # replaced with --force: its mode kept
     again = export(path, data_of(True), result.out_dir, force=True, sentences=2)
     assert sorted(os.listdir(again.out_dir)) == before
+    assert os.stat(again.out_dir).st_mode & 0o7777 == 0o751
 
 
 def test_console_script_refuses_in_one_line(folder, capsys):
