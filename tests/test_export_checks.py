@@ -70,8 +70,9 @@ def test_bpe_dictionary_without_bpe_is_refused(folder, mt_checkpoint):
     out = folder / "no-bpe-hf"
     _refused([mt_checkpoint, data_of(False), out],
              f"--bpe=none: the dictionary holds BPE pieces ({len(pieces)} entries ending in @@, "
-             f"e.g. {pieces[0]!r}), which whitespace words read as <unk>; allowed: --tokenizer "
-             "moses --bpe subword_nmt --bpe-codes CODES (the codes the data was encoded with)",
+             f"e.g. {pieces[0]!r}): split into whitespace words, a word the BPE splits becomes "
+             "<unk>; allowed: --tokenizer moses --bpe subword_nmt --bpe-codes CODES (the codes "
+             "the data was encoded with)",
              out)
 
 
@@ -373,3 +374,22 @@ def test_word_level_tokenizer_decodes_as_text(folder, opt_export):
     ids = tokenizer("the zzyzxnotaword house")["input_ids"]
     assert ids[2] == 3 and tokenizer.decode(ids, skip_special_tokens=True) == \
         " the <unk> house"
+
+
+def test_valid_text_names_both_sides_of_a_translation(folder):
+    """--valid-text FILE.SRC: FILE.TGT beside it is the target side; a missing file is refused."""
+    from slim_fairseq.export_hf import source, tokenizer_check
+    from slim_fairseq.option_errors import OptionError
+    path, _ = exported(folder, "transformer", [], False)
+    src = source.load(path, data_of(False))
+    for lang in ("en", "de"):
+        shutil.copy(os.path.join(data_of(False), f"valid.raw.{lang}"), folder / f"given.{lang}")
+    sides = tokenizer_check.text_sides(src, data_of(False), "moses+subword_nmt",
+                                       str(folder / "given.en"))
+    assert [(s.path, s.lang, s.side) for s in sides] == [
+        (str(folder / "given.en"), "en", "source"), (str(folder / "given.de"), "de", "target")]
+    missing = str(folder / "none.en")
+    with pytest.raises(OptionError) as caught:
+        tokenizer_check.text_sides(src, data_of(False), "moses+subword_nmt", missing)
+    assert str(caught.value) == f"--valid-text={missing}: does not exist; allowed: the raw " \
+        "text of the valid split, one sample a line"

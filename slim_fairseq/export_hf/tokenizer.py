@@ -181,9 +181,10 @@ def check(src, options):
         pieces = [s for s in src.dictionary.symbols if s.endswith("@@")]
         if pieces:
             raise option_error("--bpe", "none", f"the dictionary holds BPE pieces ({len(pieces)} "
-                               f"entries ending in @@, e.g. {pieces[0]!r}), which whitespace "
-                               "words read as <unk>", "--tokenizer moses --bpe subword_nmt "
-                               "--bpe-codes CODES (the codes the data was encoded with)")
+                               f"entries ending in @@, e.g. {pieces[0]!r}): split into "
+                               "whitespace words, a word the BPE splits becomes <unk>",
+                               "--tokenizer moses --bpe subword_nmt --bpe-codes CODES (the codes "
+                               "the data was encoded with)")
     if kind == "gpt2":
         _gpt2_files(options, src.dictionary)
     elif kind == "sentencepiece":
