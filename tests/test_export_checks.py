@@ -214,6 +214,24 @@ def test_bench_refuses_tokens_past_the_models_positions(folder):
         f"{positions - prompt}"], err[-5:]
 
 
+def test_language_model_generates_at_most_its_positions(opt_export):
+    """generation_config's max_length: the model's positions, prompt and continuation; the card
+    says so."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    src, _, result = opt_export
+    positions = json.load(open(os.path.join(result.out_dir, "config.json")))[
+        "max_position_embeddings"]
+    generation = GenerationConfig.from_pretrained(result.out_dir)
+    assert generation.max_length == positions == src.model.decoder.max_positions()
+    model = AutoModelForCausalLM.from_pretrained(result.out_dir)
+    batch = AutoTokenizer.from_pretrained(result.out_dir)("the house", return_tensors="pt")
+    d = src.dictionary
+    out = model.generate(**batch, suppress_tokens=[d.pad(), d.eos()])  # never ends early
+    assert out.size(1) == positions
+    card = open(os.path.join(result.out_dir, "README.md"), encoding="utf-8").read()
+    assert f"stops at the model's {positions} positions" in card
+
+
 # ------------------------------------------------------------------- a check of the checks
 
 @pytest.fixture(scope="module")

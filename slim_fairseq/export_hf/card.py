@@ -84,7 +84,10 @@ def write(out_dir, name, src, layout, result, tokenizer_kind, counts, flags, wor
                   "5 hypotheses end (`early_stopping=True`), scores divided by length, at most "
                   "200 tokens and `</s>` (`max_length` counts the decoder start token).", ""]
     else:
-        lines += ["`generate` is greedy, as fairseq's hub decodes by default; the tokenizer "
-                  "decodes each word with the space before it, `<unk>` as a word.", ""]
+        lines += ["`generate` is greedy, as fairseq's hub decodes by default, and stops at "
+                  f"the model's {src.model.decoder.max_positions()} positions (`max_length`: the "
+                  "prompt with its leading `</s>` and the continuation; an explicit "
+                  "`max_new_tokens` replaces it); the tokenizer decodes each word with the space "
+                  "before it, `<unk>` as a word.", ""]
     with open(os.path.join(out_dir, "README.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))

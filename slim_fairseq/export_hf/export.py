@@ -78,7 +78,9 @@ FAIRSEQ_BEAM, FAIRSEQ_MAX_LEN_B = 5, 200
 
 def generation_config(src, layout):
     """fairseq's decoding as transformers' defaults: never the padding symbol. A language model:
-    greedy, as fairseq's hub samples. A translation: fairseq-generate's beam search (5 beams,
+    greedy, as fairseq's hub samples, and at most the decoder's positions in all (``max_length``:
+    prompt with its leading ``</s>`` and continuation), where fairseq's generator stops too;
+    past them the model would read positions it never learned. A translation: fairseq-generate's beam search (5 beams,
     finished when 5 hypotheses end, ``early_stopping=True``; scores divided by length, lenpen 1),
     its first step not ``</s>`` (min_len 1) and its length limit: at most ``max_len_b`` tokens
     before the final ``</s>``, within the decoder's positions; transformers' ``max_length``
@@ -87,7 +89,9 @@ def generation_config(src, layout):
     d = src.dictionary
     values = dict(bos_token_id=d.eos() if src.lm else d.bos(), eos_token_id=d.eos(),
                   pad_token_id=d.pad(), suppress_tokens=[d.pad()], do_sample=False, num_beams=1)
-    if not src.lm:
+    if src.lm:
+        values.update(max_length=src.model.decoder.max_positions())
+    else:
         max_len = min(FAIRSEQ_MAX_LEN_B, src.model.decoder.max_positions() - 1)
         values.update(decoder_start_token_id=d.eos(), min_new_tokens=1, max_length=max_len + 2,
                       num_beams=FAIRSEQ_BEAM, early_stopping=True, length_penalty=1.0)
