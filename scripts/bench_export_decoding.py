@@ -25,6 +25,11 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, default=64, help="new tokens (default 64)")
     parser.add_argument("--repeats", type=int, default=3, help="best of this many (default 3)")
     args = parser.parse_args(argv)
+    from slim_fairseq.export_hf.cli import interruptible
+    return interruptible(parser.prog, lambda: _run(parser, args), "nothing measured")
+
+
+def _run(parser, args):
     from slim_fairseq_lab.benchmark.export_decoding import ct2_refusal, measure, tokens_refusal
     refusal = ct2_refusal(args.hf_dir) if args.ct2_dir else None
     if not refusal:

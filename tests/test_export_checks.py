@@ -214,6 +214,28 @@ def test_bench_refuses_tokens_past_the_models_positions(folder):
         f"{positions - prompt}"], err[-5:]
 
 
+def test_bench_interrupt_says_one_line(folder):
+    """SIGINT once the benchmark is under way (transformers' tokenizer loaded): one line, 130."""
+    import time
+    path, result = exported(folder, *OPT)
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "scripts",
+                                                          "bench_export_decoding.py"),
+                             path, data_of(True), result.out_dir, "--tokens", "8"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        with open(f"/proc/{proc.pid}/maps") as maps:
+            if "tokenizers.abi3.so" in maps.read():
+                break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 130 and lines[-1] == \
+        "bench_export_decoding.py: interrupted; nothing measured", lines[-5:]
+    assert "Traceback" not in err and out == ""
+
+
 def test_language_model_generates_at_most_its_positions(opt_export):
     """generation_config's max_length: the model's positions, prompt and continuation; the card
     says so."""

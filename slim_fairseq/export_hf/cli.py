@@ -37,14 +37,20 @@ def get_parser():
     return parser
 
 
+def interruptible(prog, run, left):
+    """``run()``'s exit status; an interrupt (Ctrl-C, SIGINT) prints the one line ``PROG:
+    interrupted; LEFT`` instead of a traceback and gives 130, the shell's status for it."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; {left}", file=sys.stderr)
+        return 130
+
+
 def main(argv=None):
     args = get_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except KeyboardInterrupt:
-        print(f"slim-fairseq-export-hf: interrupted; {args.out_dir} left as it was found",
-              file=sys.stderr)
-        return 130
+    return interruptible("slim-fairseq-export-hf", lambda: _run(args),
+                         f"{args.out_dir} left as it was found")
 
 
 def _run(args):
