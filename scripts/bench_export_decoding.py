@@ -27,10 +27,21 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, default=64, help="new tokens (default 64)")
     parser.add_argument("--repeats", type=int, default=3, help="best of this many (default 3)")
     args = parser.parse_args(argv)
-    from slim_fairseq_lab.benchmark.export_decoding import ct2_refusal, measure
+    from slim_fairseq.export_hf.cli import interruptible
+    return interruptible(parser.prog, lambda: _run(parser, args), "nothing measured")
+
+
+def _run(parser, args):
+    from slim_fairseq_lab.benchmark.export_decoding import ct2_refusal, measure, tokens_refusal
     refusal = ct2_refusal(args.hf_dir) if args.ct2_dir else None
-    if refusal:
-        parser.error(f"--ct2-dir={args.ct2_dir}: {refusal}")
+    if not refusal:
+        refusal = tokens_refusal(args.hf_dir, args.prompt, args.tokens)
+        refusal = refusal and f"--tokens={args.tokens}: {refusal}"
+    else:
+        refusal = f"--ct2-dir={args.ct2_dir}: {refusal}"
+    if refusal:  # one line, before anything loads
+        print(f"{parser.prog}: error: {refusal}", file=sys.stderr)
+        raise SystemExit(2)
     import slim_fairseq  # noqa: F401  (registers the plugin's models with fairseq)
     result = measure(args.checkpoint, args.data, args.hf_dir, args.prompt, tokens=args.tokens,
                      repeats=args.repeats, ct2_dir=args.ct2_dir)

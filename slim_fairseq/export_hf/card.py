@@ -26,7 +26,7 @@ def _training(src):
     return lines
 
 
-def write(out_dir, name, src, layout, result, tokenizer_kind, counts, flags):
+def write(out_dir, name, src, layout, result, tokenizer_kind, counts, flags, words=None):
     """Write ``out_dir/README.md`` of the model called ``name``. ``counts``: {"fairseq": n,
     "dense": n or None, "export": n, "file": n}; ``flags``: the fairseq-train model options of
     the source."""
@@ -54,7 +54,17 @@ def write(out_dir, name, src, layout, result, tokenizer_kind, counts, flags):
               f"On the first {result.sentences} samples of the `{result.split}` split "
               f"({result.tokens:,} tokens), the largest difference between fairseq's and this "
               f"model's log-probabilities was {result.gap:.2e} nats (float32); the export "
-              "refuses more than 1e-4.", "", "## Training", ""]
+              "refuses more than 1e-4."]
+    if words is not None:
+        lines += ["", "Tokenizer: given the text of the valid split ("
+                  + ", ".join(f"`{os.path.basename(p)}`" for p in words.files)
+                  + f"; its first {words.lines} non-empty lines each), this folder's tokenizer "
+                  f"gave exactly the ids binarized in the data-bin, on {words.compared:,} lines."
+                  + (f" {words.skipped:,} lines were not compared: FSMT's tokenizer normalises "
+                     "their punctuation (e.g. `’` to `'`) before Moses, where the data's "
+                     "preprocessing did not, so they get other ids than in training."
+                     if words.skipped else "")]
+    lines += ["", "## Training", ""]
     lines += _training(src) or ["(the checkpoint records nothing)"]
     lines += ["", "## Use", "", f"Tokenizer: {tokenizer_kind} (the ids fairseq reads for the "
               "same text).", "", "```python",
@@ -66,8 +76,18 @@ def write(out_dir, name, src, layout, result, tokenizer_kind, counts, flags):
                   '("the house", max_new_tokens=10, do_sample=False))']
     else:
         lines += ['batch = tokenizer(["The house is small ."], return_tensors="pt")',
-                  "print(tokenizer.batch_decode(model.generate(**batch, num_beams=5), "
+                  "print(tokenizer.batch_decode(model.generate(**batch), "
                   "skip_special_tokens=True))"]
     lines += ["```", ""]
+    if task == "translation":
+        lines += ["`generate` decodes as fairseq-generate does by default: beam 5, finished when "
+                  "5 hypotheses end (`early_stopping=True`), scores divided by length, at most "
+                  "200 tokens and `</s>` (`max_length` counts the decoder start token).", ""]
+    else:
+        lines += ["`generate` is greedy, as fairseq's hub decodes by default, and stops at "
+                  f"the model's {src.model.decoder.max_positions()} positions (`max_length`: the "
+                  "prompt with its leading `</s>` and the continuation; an explicit "
+                  "`max_new_tokens` replaces it); the tokenizer decodes each word with the space "
+                  "before it, `<unk>` as a word.", ""]
     with open(os.path.join(out_dir, "README.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))

@@ -87,3 +87,14 @@ def run(src, layout, out_dir, sentences):
     largest, tokens = gap(src.original, hf_model, net_input, src.lm, src.dictionary.pad())
     return CheckResult(gap=largest, sentences=net_input["src_tokens"].size(0), tokens=tokens,
                        split=split)
+
+
+def verify(src, layout, out_dir, sentences):
+    """:func:`run`, refused in one line when the gap is over :data:`GAP_LIMIT`."""
+    result = run(src, layout, out_dir, sentences)
+    if not result.gap <= GAP_LIMIT:
+        raise option_error("CHECKPOINT", src.path, f"the export's log-probabilities differ "
+                           f"from fairseq's by {result.gap:.2e} nats (over {GAP_LIMIT:g}), "
+                           "nothing written", "none (a defect of the export: report it with "
+                           "the command)")
+    return result

@@ -26,13 +26,34 @@ def get_parser():
                         "--bpe subword_nmt (FSMT's tokenizer)")
     parser.add_argument("--force", action="store_true", help="replace an existing OUT_DIR "
                         "(after the new one has passed its check)")
+    parser.add_argument("--valid-text", metavar="FILE", help="the valid split's text before "
+                        "tokenization, one sample a line, for the tokenizer check (a "
+                        "translation model's source side; for a FILE ending .SRC, the one "
+                        "ending .TGT beside it is the target side); default: what the data-bin "
+                        "names (valid.raw.LANG, or fairseq-preprocess's --validpref for "
+                        "whitespace words)")
     parser.add_argument("--check-sentences", type=int, default=16, metavar="N",
                         help="valid samples the self-check scores (default 16)")
     return parser
 
 
+def interruptible(prog, run, left):
+    """``run()``'s exit status; an interrupt (Ctrl-C, SIGINT) prints the one line ``PROG:
+    interrupted; LEFT`` instead of a traceback and gives 130, the shell's status for it."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; {left}", file=sys.stderr)
+        return 130
+
+
 def main(argv=None):
     args = get_parser().parse_args(argv)
+    return interruptible("slim-fairseq-export-hf", lambda: _run(args),
+                         f"{args.out_dir} left as it was found")
+
+
+def _run(args):
     import logging
     logging.basicConfig(level=logging.WARNING)
     import slim_fairseq  # noqa: F401  (registers the plugin's models with fairseq)
@@ -48,7 +69,8 @@ def main(argv=None):
                         bpe_codes=args.bpe_codes, sentencepiece_model=args.sentencepiece_model,
                         gpt2_encoder_json=args.gpt2_encoder_json,
                         gpt2_vocab_bpe=args.gpt2_vocab_bpe, tokenizer_name=args.tokenizer,
-                        force=args.force, sentences=args.check_sentences, log=log)
+                        force=args.force, sentences=args.check_sentences, log=log,
+                        valid_text=args.valid_text)
     except (OptionError, CompressionError) as error:
         print(f"slim-fairseq-export-hf: error: {error}", file=sys.stderr)
         return 2

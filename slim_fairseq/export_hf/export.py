@@ -14,7 +14,7 @@ import tempfile
 
 
 from slim_fairseq import compression
-from slim_fairseq.export_hf import card, check, source, support, tokenizer
+from slim_fairseq.export_hf import card, check, source, support, tokenizer, tokenizer_check
 from slim_fairseq.option_errors import option_error
 
 
@@ -25,6 +25,7 @@ class ExportResult:
     tokenizer: str
     gap: float
     counts: dict
+    tokenizer_check: object = None
 
 
 def _inside(path, folder):
@@ -71,16 +72,29 @@ def instantiate(layout, config, weights):
     return model
 
 
+# fairseq-generate's defaults: --beam 5, --max-len-a 0, --max-len-b 200, --lenpen 1
+FAIRSEQ_BEAM, FAIRSEQ_MAX_LEN_B = 5, 200
+
+
 def generation_config(src, layout):
-    """fairseq's greedy search as transformers' defaults: never the padding symbol; a
-    translation's first step not ``</s>`` (fairseq's min_len 1)."""
+    """fairseq's decoding as transformers' defaults: never the padding symbol. A language model:
+    greedy, as fairseq's hub samples, and at most the decoder's positions in all (``max_length``:
+    prompt with its leading ``</s>`` and continuation), where fairseq's generator stops too;
+    past them the model would read positions it never learned. A translation: fairseq-generate's beam search (5 beams,
+    finished when 5 hypotheses end, ``early_stopping=True``; scores divided by length, lenpen 1),
+    its first step not ``</s>`` (min_len 1) and its length limit: at most ``max_len_b`` tokens
+    before the final ``</s>``, within the decoder's positions; transformers' ``max_length``
+    also counts the decoder start token, hence ``+ 2``."""
     from transformers import GenerationConfig
     d = src.dictionary
     values = dict(bos_token_id=d.eos() if src.lm else d.bos(), eos_token_id=d.eos(),
                   pad_token_id=d.pad(), suppress_tokens=[d.pad()], do_sample=False, num_beams=1)
-    if not src.lm:  # and fairseq-generate's length limit (--max-len-b 200)
-        values.update(decoder_start_token_id=d.eos(), min_new_tokens=1,
-                      max_length=min(200, src.model.decoder.max_positions()))
+    if src.lm:
+        values.update(max_length=src.model.decoder.max_positions())
+    else:
+        max_len = min(FAIRSEQ_MAX_LEN_B, src.model.decoder.max_positions() - 1)
+        values.update(decoder_start_token_id=d.eos(), min_new_tokens=1, max_length=max_len + 2,
+                      num_beams=FAIRSEQ_BEAM, early_stopping=True, length_penalty=1.0)
     return GenerationConfig(**values)
 
 
@@ -103,7 +117,7 @@ def _flags(src):
 
 def export(checkpoint, data, out_dir, bpe=None, bpe_codes=None, sentencepiece_model=None,
            gpt2_encoder_json=None, gpt2_vocab_bpe=None, tokenizer_name=None, force=False,
-           sentences=16, log=None):
+           sentences=16, log=None, valid_text=None):
     """Export ``checkpoint`` (its dictionaries in ``data``) to ``out_dir``; see the module
     docstring. Returns an :class:`ExportResult`."""
     say = log or (lambda message: None)
@@ -116,13 +130,18 @@ def export(checkpoint, data, out_dir, bpe=None, bpe_codes=None, sentencepiece_mo
     if data and not os.path.isdir(data):
         raise option_error("DATA_DIR", data, "does not exist", "the data-bin the model was "
                            "trained on")
+    if not isinstance(sentences, int) or sentences < 1:
+        raise option_error("--check-sentences", sentences, "not allowed (the self-check needs "
+                           "samples to score)", "an integer >= 1")
     out = check_out_dir(out_dir, [checkpoint, data, bpe_codes, sentencepiece_model,
-                                  gpt2_encoder_json, gpt2_vocab_bpe], force)
+                                  gpt2_encoder_json, gpt2_vocab_bpe, valid_text], force)
     tokenizer.kind_of(options)
     say(f"loading {checkpoint}")
     src = source.load(checkpoint, data)
     layout = support.choose(src)
     kind = tokenizer.check(src, options)
+    data_dir = data or str(src.task.cfg.data).split(os.pathsep)[0]
+    sides = tokenizer_check.text_sides(src, data_dir, kind, valid_text)
     say(f"{src.arch} -> {layout.CLASS}, tokenizer: {kind}")
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
@@ -141,19 +160,18 @@ def export(checkpoint, data, out_dir, bpe=None, bpe_codes=None, sentencepiece_mo
         model.save_pretrained(work)
         max_length = int(getattr(config, "max_position_embeddings", 1024))
         tokenizer.write(work, src, options, max_length)
-        result = check.run(src, layout, work, sentences)
+        words = tokenizer_check.run(src, data_dir, work, kind, sides)
+        say(f"tokenizer check: the data-bin's ids on {words.compared} lines of "
+            f"{', '.join(words.files)}")
+        result = check.verify(src, layout, work, sentences)
         say(f"self-check: largest log-prob gap {result.gap:.2e} nats on {result.sentences} "
             f"{result.split} samples ({result.tokens} tokens)")
-        if not result.gap <= check.GAP_LIMIT:
-            raise option_error("CHECKPOINT", checkpoint, f"the export's log-probabilities differ "
-                               f"from fairseq's by {result.gap:.2e} nats (over "
-                               f"{check.GAP_LIMIT:g}), nothing written", "none (a defect of the "
-                               "export: report it with the command)")
         counts = {"fairseq": src.parameters(),
                   "dense": src.parameters(src.model) if src.densified else None,
                   "export": sum(p.numel() for p in model.parameters()),
                   "file": _file_parameters(model)}
-        card.write(work, os.path.basename(out), src, layout, result, kind, counts, _flags(src))
+        card.write(work, os.path.basename(out), src, layout, result, kind, counts, _flags(src),
+                   words)
         _move_into_place(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -161,18 +179,50 @@ def export(checkpoint, data, out_dir, bpe=None, bpe_codes=None, sentencepiece_mo
     say(f"wrote {out}: {layout.CLASS}, {counts['fairseq']:,} parameters in fairseq, "
         f"{counts['export']:,} in the export")
     return ExportResult(out_dir=out, hf_class=layout.CLASS, tokenizer=kind, gap=result.gap,
-                        counts=counts)
+                        counts=counts, tokenizer_check=words)
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _modes_as_umask_says(folder):
+    """Files ``0666 & ~umask``, folders ``0777 & ~umask``, as a plain ``open``/``mkdir`` makes
+    them (``mkdtemp`` makes 0700 and some writers 0600)."""
+    mask = _umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~mask)
 
 
 def _move_into_place(work, out):
-    """Rename ``work`` to ``out``; an existing ``out`` (allowed by ``force``) is removed only
-    after the new folder is complete."""
+    """Put the finished ``work`` at ``out``. An existing empty ``out`` is kept (its mode, owner)
+    and filled; an existing non-empty one (allowed by ``force``) is replaced, its mode kept,
+    and removed only after the new folder is in place."""
+    _modes_as_umask_says(work)
+    if os.path.isdir(out) and not os.listdir(out):
+        moved = []
+        try:
+            for name in sorted(os.listdir(work)):
+                os.rename(os.path.join(work, name), os.path.join(out, name))
+                moved.append(name)
+        except BaseException:
+            for name in moved:  # leave OUT_DIR empty, as it was found
+                target = os.path.join(out, name)
+                shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)
+            raise
+        os.rmdir(work)
+        return
     old = None
     if os.path.exists(out):
+        os.chmod(work, os.stat(out).st_mode & 0o7777)
         old = out + ".replaced-" + os.path.basename(work)
         os.rename(out, old)
     os.rename(work, out)
     if old:
         shutil.rmtree(old, ignore_errors=True)
-
-

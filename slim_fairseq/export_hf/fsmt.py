@@ -16,10 +16,11 @@ AUTO = "AutoModelForSeq2SeqLM"
 
 
 def check_sides(src, family):
-    """What FSMT and M2M100 share: one width, sinusoidal positions and one embedding scale."""
+    """Refusals of what FSMT and M2M100 share: one width, sinusoidal positions and one
+    embedding scale."""
     args = src.args
     if args.encoder_embed_dim != args.decoder_embed_dim:
-        raise option_error("--decoder-embed-dim", args.decoder_embed_dim, f"{family} has one "
+        yield option_error("--decoder-embed-dim", args.decoder_embed_dim, f"{family} has one "
                            f"width, and the encoder's is {args.encoder_embed_dim}",
                            f"--decoder-embed-dim {args.encoder_embed_dim}")
     embeddings = [input_embedding(src.model, side) for side in ("encoder", "decoder")]
@@ -27,23 +28,24 @@ def check_sides(src, family):
         if embedding.positions != "sinusoidal":
             flag = (f"--{side}-learned-pos" if embedding.positions == "learned"
                     else "--no-token-positional-embeddings")
-            raise option_error(flag, None, f"{family} has sinusoidal positions only",
+            yield option_error(flag, None, f"{family} has sinusoidal positions only",
                                f"sinusoidal positions (no {flag})")
         if embedding.project_in:
-            raise option_error("--decoder-input-dim", args.decoder_input_dim, f"{family} has no "
+            yield option_error("--decoder-input-dim", args.decoder_input_dim, f"{family} has no "
                                "input projection", "--decoder-input-dim equal to the width")
     if src.model.decoder.project_out_dim is not None:
-        raise option_error("--decoder-output-dim", args.decoder_output_dim, f"{family} has no "
+        yield option_error("--decoder-output-dim", args.decoder_output_dim, f"{family} has no "
                            "output projection", "--decoder-output-dim equal to the width")
     if embeddings[0].scale != embeddings[1].scale:
-        raise option_error("--no-scale-embedding", None, f"{family} scales both sides alike",
+        yield option_error("--no-scale-embedding", None, f"{family} scales both sides alike",
                            "the default scale")
 
 
 def check(src):
-    check_sides(src, "FSMT")
+    """A one-line refusal for each thing FSMT's class does not hold."""
+    yield from check_sides(src, "FSMT")
     if src.model.encoder.layer_norm is not None or src.model.decoder.layer_norm is not None:
-        raise option_error("--encoder-normalize-before", None, "FSMT is post-norm on both sides",
+        yield option_error("--encoder-normalize-before", None, "FSMT is post-norm on both sides",
                            "post-norm on both sides")
 
 

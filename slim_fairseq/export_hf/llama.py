@@ -18,7 +18,7 @@ THE_BLOCK = ("--norm rmsnorm --decoder-normalize-before --ffn-glu --rope-theta 1
 
 
 def check(src):
-    """Refuse what Llama's class does not hold, naming the option."""
+    """A one-line refusal for each thing Llama's class does not hold, naming the option."""
     args, decoder = src.args, src.model.decoder
     embedding = input_embedding(src.model, "decoder")
     wanted = (("--norm", args.norm != "rmsnorm", args.norm, "--norm rmsnorm"),
@@ -32,14 +32,14 @@ def check(src):
     missing = [(flag, value, allowed) for flag, lacks, value, allowed in wanted if lacks]
     if missing:  # named together, so that the advice is the whole block
         flag, value, _ = missing[0]
-        raise option_error(flag, value, "Llama's layout, the one class with RMSNorm, RoPE or "
+        yield option_error(flag, value, "Llama's layout, the one class with RMSNorm, RoPE or "
                            f"a GLU, needs all of {THE_BLOCK}",
                            " ".join(allowed for _, _, allowed in missing))
     if decoder.layer_norm is None:
-        raise option_error("--no-decoder-final-norm", None, "Llama normalises the last layer's "
+        yield option_error("--no-decoder-final-norm", None, "Llama normalises the last layer's "
                            "output", "the final norm (no --no-decoder-final-norm)")
     if embedding.project_in or decoder.project_out_dim is not None:
-        raise option_error("--decoder-input-dim/--decoder-output-dim", None, "Llama has no "
+        yield option_error("--decoder-input-dim/--decoder-output-dim", None, "Llama has no "
                            "projections between the embedding and the layers",
                            "both equal to --decoder-embed-dim")
     # Llama's config also requires the width to be a multiple of the heads, even with an

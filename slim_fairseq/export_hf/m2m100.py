@@ -12,17 +12,18 @@ AUTO = "AutoModelForSeq2SeqLM"
 
 
 def check(src):
+    """A one-line refusal for each thing M2M100's class does not hold."""
     model = src.model
     encoder, decoder = input_embedding(model, "encoder"), input_embedding(model, "decoder")
     if not (same_parameter(model, encoder.table, decoder.table)
             and same_parameter(model, decoder.table, "decoder.output_projection.weight")):
-        raise option_error("--share-all-embeddings", None, "missing: M2M100, the pre-norm "
+        yield option_error("--share-all-embeddings", None, "missing: M2M100, the pre-norm "
                            "class, has one table for encoder, decoder and output",
                            "--share-all-embeddings (a joined dictionary), or post-norm "
                            "(FSMT)")
-    check_sides(src, "M2M100")
+    yield from check_sides(src, "M2M100")
     if model.decoder.layer_norm is None:
-        raise option_error("--no-decoder-final-norm", None, "M2M100 normalises each side's "
+        yield option_error("--no-decoder-final-norm", None, "M2M100 normalises each side's "
                            "output", "the final norm (no --no-decoder-final-norm)")
 
 

@@ -17,18 +17,19 @@ AUTO = "AutoModelForCausalLM"
 
 
 def check(src):
+    """A one-line refusal for each thing OPT's class does not hold."""
     decoder = src.model.decoder
     embedding = input_embedding(src.model, "decoder")
     if embedding.positions == "none":
-        raise option_error("--no-token-positional-embeddings", None, "a LayerNorm language model "
+        yield option_error("--no-token-positional-embeddings", None, "a LayerNorm language model "
                            "(XGLM, OPT) needs positions", "sinusoidal or learned positions (no "
                            "--no-token-positional-embeddings)")
     if bool(embedding.project_in) != (decoder.project_out_dim is not None):
-        raise option_error("--decoder-input-dim/--decoder-output-dim", None, "OPT projects in "
+        yield option_error("--decoder-input-dim/--decoder-output-dim", None, "OPT projects in "
                            "and out through one width (word_embed_proj_dim)", "both the same")
     width = src.args.decoder_embed_dim
     if embedding.scale != 1.0 and not is_scaled(embedding, width):
-        raise option_error("--no-scale-embedding", None, f"an embedding scale {embedding.scale} "
+        yield option_error("--no-scale-embedding", None, f"an embedding scale {embedding.scale} "
                            f"other than sqrt({width})", "the default scale")
 
 

@@ -58,7 +58,14 @@ def load(path, data=None):
     """:class:`Source` of the checkpoint at ``path``; ``data``: the data-bin with its
     dictionaries (default: the one it was trained on)."""
     from slim_fairseq.models.slim_options import TC_PLACES, set_slim_defaults
-    cfg, state = compression.load_checkpoint(path, data)
+    try:
+        cfg, state = compression.load_checkpoint(path, data)
+    except compression.CompressionError:
+        raise
+    except Exception:  # torch.load of a truncated or foreign file
+        raise option_error("CHECKPOINT", path, "cannot be read: truncated, partly copied or not "
+                           "a checkpoint", "a complete checkpoint file written by "
+                           "fairseq-train") from None
     arch = compression._arch_of(cfg.model)
     model_name = compression._model_name(arch)
     if model_name not in LANGUAGE_MODELS + TRANSLATION_MODELS:
@@ -66,6 +73,7 @@ def load(path, data=None):
                            f"{model_name or 'unknown'}), which has no export", "a checkpoint of "
                            "slim_lm or slim_transformer (any of their archs), or of fairseq's "
                            "transformer_lm or transformer")
+    check_dictionaries(cfg, state, data, model_name in LANGUAGE_MODELS)
     task, model = compression.build_checkpoint_model(cfg, state, data_name="DATA")
     args = compression._namespace(cfg.model)
     set_slim_defaults(args)  # fairseq's own models: every option of the plugin off
@@ -74,6 +82,46 @@ def load(path, data=None):
     return Source(path=path, cfg=cfg, state=state, args=args, arch=arch, model_name=model_name,
                   task=task, model=mapped.float().eval(), original=model.float().eval(),
                   densified=densified)
+
+
+def check_dictionaries(cfg, state, data, lm):
+    """Refuse a data-bin whose dictionaries cannot be the checkpoint's: a file the task needs
+    is missing (e.g. a language model's data-bin for a translation checkpoint), or a
+    dictionary's size is not the rows of the embedding the model was trained with."""
+    import os
+
+    from fairseq.data import Dictionary
+    data = data or str(getattr(cfg.task, "data", "") or "").split(os.pathsep)[0]
+    if not data:
+        return
+    if lm:
+        files = {"decoder": "dict.txt"}
+        model = "language model"
+    else:
+        source, target = getattr(cfg.task, "source_lang", None), getattr(cfg.task, "target_lang",
+                                                                        None)
+        if not source or not target:
+            return
+        files = {"encoder": f"dict.{source}.txt", "decoder": f"dict.{target}.txt"}
+        model = f"translation model ({source}-{target})"
+    needed = ", ".join(files.values())
+    for side, name in files.items():
+        path = os.path.join(data, name)
+        if not os.path.isfile(path):
+            raise option_error("DATA_DIR", data, f"has no {name}, which this {model} needs: not "
+                               "its data-bin", f"the data-bin the model was trained on ({needed})")
+        weights = state.get("model") or {}
+        table = next((weights[k] for k in (f"{side}.embed_tokens.weight",
+                                            f"{side}.embed_tokens.table.weight") if k in weights),
+                     None)
+        if table is None or table.dim() != 2:
+            continue
+        size = len(Dictionary.load(path))
+        if size != table.size(0):
+            raise option_error("DATA_DIR", data, f"its {name} gives {size:,} symbols where the "
+                               f"checkpoint's {side} embedding has {table.size(0):,} rows: not "
+                               "the dictionary the model was trained with", "the data-bin the "
+                               f"model was trained on (the {name} it was binarized with)")
 
 
 class Reader:

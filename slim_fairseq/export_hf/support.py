@@ -1,13 +1,14 @@
 """Which transformers class a model goes to, and the one-line refusal of what no class holds
 (README, "Use your model outside fairseq"; docs/DESIGN.md, "Export to transformers").
 
-The refusals come before anything is written or transformers is imported. Each names the
-option and what to train with instead; the techniques that change the block's computation
+The refusals come before anything is written or transformers is imported. One line names
+every option in the way, each with its problem, and what to train with instead (all the
+changes at once, so that one retraining exports); the techniques that change the block's computation
 (Anthe's gates, H-SoftPOS, SAFE, a sandwich middle of another width, adaptive input and softmax,
 skipless blocks with shaped attention) have no counterpart in any class.
 """
 from slim_fairseq.models.slim_options import SandwichOptions
-from slim_fairseq.option_errors import option_error
+from slim_fairseq.option_errors import OptionError, option_error
 
 # (option, whether it is on, what no class has, what to train with instead)
 NO_CLASS = (
@@ -58,13 +59,69 @@ def _shown(value):
     return None if value is True else value
 
 
-def check_no_class(src):
-    """Refuse the first option of ``src`` that no class holds."""
+class Refusals:
+    """The refusals of one export, gathered so that one line names every option in the way."""
+
+    def __init__(self):
+        self.found = []
+
+    def add(self, error):
+        self.found.append(error)
+
+    def run(self, check, *args):
+        """``check(*args)``, its refusal kept. Once an option is already in the way, a later
+        check, written for a model some class holds, may fail on it otherwise: only its one-line
+        refusals count then."""
+        try:
+            return check(*args)
+        except OptionError as error:
+            self.add(error)
+        except Exception:
+            if not self.found:
+                raise
+        return None
+
+    def each(self, problems, src):
+        """Keep every refusal that the generator ``problems(src)`` yields (a layout's check)."""
+        self.run(lambda: self.found.extend(problems(src)))
+
+    def raise_all(self):
+        """Raise one :class:`OptionError` naming every refusal (the first's line alone when it is
+        the only one); nothing when there is none."""
+        if self.found:
+            raise combined(self.found)
+
+
+def combined(errors):
+    """One refusal of ``errors`` (each ``SUBJECT: problem; allowed: what works``): every subject,
+    every problem, and a model trained with every change at once."""
+    parts = {}  # subject: [problem, allowed]; a subject named twice keeps its first problem and
+    # its last advice (a class's check, after the checks of what no class holds, is narrower)
+    for error in errors:
+        head, allowed = str(error).rsplit("; allowed: ", 1)
+        subject, problem = head.split(": ", 1)
+        parts.setdefault(subject, [problem, allowed])[1] = allowed
+    if len(parts) == 1 and len(errors) == 1:
+        return errors[0]
+    if len(parts) == 1:
+        (subject, (problem, allowed)), = parts.items()
+        return OptionError(f"{subject}: {problem}; allowed: {allowed}")
+    parts = [(s, p, a) for s, (p, a) in parts.items()]
+    return OptionError(
+        ", ".join(s for s, _, _ in parts) + f": {len(parts)} options are in the way: "
+        + "; ".join(f"{s}: {p}" for s, p, _ in parts)
+        + "; allowed: a model trained with all of " + ", and ".join(a for _, _, a in parts))
+
+
+def check_no_class(src, refusals=None):
+    """Refuse every option of ``src`` that no class holds, in one line."""
+    own = refusals is None
+    refusals = Refusals() if own else refusals
     args = src.args
     for name, on, flag, problem, allowed in NO_CLASS:
         value = getattr(args, name, None)
         if value is not None and on(value):
-            raise option_error(flag, _shown(value), problem, allowed)
+            refusals.add(option_error(flag, _shown(value), problem, allowed))
     if getattr(args, "sandwich", False):
         sides = ("decoder",) if src.lm else ("encoder", "decoder")
         for side in sides:
@@ -73,51 +130,67 @@ def check_no_class(src):
             ffn = getattr(args, f"{side}_ffn_embed_dim")
             middle_dim, middle_heads = SandwichOptions.from_args(args).middle(width)
             middle_ffn = args.sandwich_ffn_dim or ffn
-            for flag, value, own in (("--sandwich-dim", middle_dim, width),
-                                     ("--sandwich-ffn-dim", middle_ffn, ffn),
-                                     ("--sandwich-heads", middle_heads, heads)):
-                if value != own:
-                    raise option_error(flag, getattr(args, flag[2:].replace("-", "_")) or value,
-                                 f"a sandwich middle of another shape than the {side}'s layers "
-                                 f"({value} where they have {own}) fits no class, whose layers "
-                                 "are all alike", f"--sandwich-dim 0 --sandwich-ffn-dim 0 "
-                                 f"--sandwich-heads {heads} (the middle at the model's shape, "
-                                 "its layers copied)")
+            for flag, value, own_value in (("--sandwich-dim", middle_dim, width),
+                                           ("--sandwich-ffn-dim", middle_ffn, ffn),
+                                           ("--sandwich-heads", middle_heads, heads)):
+                if value != own_value:
+                    refusals.add(option_error(
+                        flag, getattr(args, flag[2:].replace("-", "_")) or value,
+                        f"a sandwich middle of another shape than the {side}'s layers "
+                        f"({value} where they have {own_value}) fits no class, whose layers "
+                        "are all alike", f"--sandwich-dim 0 --sandwich-ffn-dim 0 "
+                        f"--sandwich-heads {heads} (the middle at the model's shape, "
+                        "its layers copied)"))
+                    break  # one line for the side: its advice is the whole middle
+    if own:
+        refusals.raise_all()
 
 
 def choose(src):
     """The layout module (:mod:`.llama`, :mod:`.xglm`, :mod:`.opt`, :mod:`.fsmt`,
-    :mod:`.m2m100`) that holds ``src``, or a one-line refusal."""
+    :mod:`.m2m100`) that holds ``src``, or one line refusing every option in the way."""
+    refusals = Refusals()
+    layout = _choose(src, refusals)
+    refusals.raise_all()
+    return layout
+
+
+def _choose(src, refusals):
     from slim_fairseq.export_hf import fsmt, llama, m2m100, opt, xglm
-    check_no_class(src)
+    check_no_class(src, refusals)
     args = src.args
     if src.lm:
         if args.norm == "rmsnorm" or float(args.rope_theta or 0) or args.ffn_glu:
-            llama.check(src)
+            refusals.each(llama.check, src)
             return llama
-        _no_grouped_heads(src, "a LayerNorm language model (XGLM, OPT)", "decoder")
-        if xglm.fits(src):
+        refusals.run(_no_grouped_heads, src, "a LayerNorm language model (XGLM, OPT)",
+                     "decoder")
+        if refusals.run(xglm.fits, src):
             return xglm
-        opt.check(src)
+        refusals.each(opt.check, src)
         return opt
     for flag, on, allowed in (("--norm", args.norm == "rmsnorm", "--norm layernorm"),
                               ("--rope-theta", float(args.rope_theta or 0), "--rope-theta 0"),
                               ("--ffn-glu", args.ffn_glu, "no --ffn-glu")):
         if on:
             value = getattr(args, flag[2:].replace("-", "_"))
-            raise option_error(flag, _shown(value), "no sequence-to-sequence class here (FSMT, "
-                         "M2M100) has RMSNorm, RoPE or a GLU feed-forward", allowed)
-    _no_grouped_heads(src, "a sequence-to-sequence model (FSMT, M2M100)", "encoder", "decoder")
+            refusals.add(option_error(flag, _shown(value), "no sequence-to-sequence class here "
+                                      "(FSMT, M2M100) has RMSNorm, RoPE or a GLU feed-forward",
+                                      allowed))
+    refusals.run(_no_grouped_heads, src, "a sequence-to-sequence model (FSMT, M2M100)",
+                 "encoder", "decoder")
     if bool(args.encoder_normalize_before) != bool(args.decoder_normalize_before):
-        raise option_error("--decoder-normalize-before" if args.decoder_normalize_before else
-                     "--encoder-normalize-before", None, "the encoder and the decoder normalise "
-                     "at different places, and FSMT and M2M100 have one rule for both",
-                     "both pre-norm (--encoder-normalize-before --decoder-normalize-before) or "
-                     "both post-norm")
+        refusals.add(option_error(
+            "--decoder-normalize-before" if args.decoder_normalize_before else
+            "--encoder-normalize-before", None, "the encoder and the decoder normalise "
+            "at different places, and FSMT and M2M100 have one rule for both",
+            "both pre-norm (--encoder-normalize-before --decoder-normalize-before) or "
+            "both post-norm"))
+        return None
     if args.decoder_normalize_before:
-        m2m100.check(src)
+        refusals.each(m2m100.check, src)
         return m2m100
-    fsmt.check(src)
+    refusals.each(fsmt.check, src)
     return fsmt
 
 

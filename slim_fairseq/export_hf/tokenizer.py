@@ -45,8 +45,25 @@ def kind_of(options):
         if not path or not os.path.isfile(path):
             raise option_error(flag, path, f"--bpe {bpe} needs this local file", f"{flag} FILE, "
                                "the file the data was encoded with")
+    if bpe == "subword_nmt":
+        check_codes(options["bpe_codes"])
     return {None: "words", "gpt2": "gpt2", "sentencepiece": "sentencepiece",
             "subword_nmt": "moses+subword_nmt"}[bpe]
+
+
+def check_codes(path):
+    """Refuse a ``--bpe-codes`` file that is not subword-nmt's codes (``#version`` then one merge
+    of two symbols a line): a dictionary (``piece count`` lines) would split every word into
+    characters."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        rows = [line.split() for line in f.read(1 << 20).split("\n")[:2000]]
+    rows = [r for r in rows if r and not r[0].startswith("#version")]
+    counts = sum(1 for r in rows if len(r) == 2 and r[1].isdigit())
+    if not rows or any(len(r) != 2 for r in rows) or counts > len(rows) // 2:
+        what = ("lines of a piece and a count, as a dictionary has" if rows and counts >
+                len(rows) // 2 else "not one merge of two symbols a line")
+        raise option_error("--bpe-codes", path, f"not subword-nmt's codes ({what})", "the codes "
+                           "file of subword-nmt learn-bpe the data was encoded with")
 
 
 def _symbols(dictionary):
@@ -115,8 +132,12 @@ def build_fast(kind, dictionary, options, lm):
     """The ``tokenizers.Tokenizer`` of ``kind`` over ``dictionary``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     if kind == "words":
+        from tokenizers import Regex
         tokenizer = Tokenizer(models.WordLevel(vocab=_symbols(dictionary), unk_token="<unk>"))
         tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # words joined by spaces
+        # each word decodes with the space before it (as GPT-2's pieces do), so a continuation
+        # decoded alone joins its prompt as the words are: "the house" + " is"
+        tokenizer.decoder = decoders.Replace(Regex("^"), " ")
     elif kind == "gpt2":
         pieces, merges = _gpt2_files(options, dictionary)
         vocab = {token: dictionary.index(gpt2_id) for token, gpt2_id in pieces.items()}
@@ -156,6 +177,14 @@ def check(src, options):
         raise option_error("--bpe", options.get("bpe") or "none", "a model with two "
                            "dictionaries takes FSMT's tokenizer, which encodes each with its own",
                            "--tokenizer moses --bpe subword_nmt --bpe-codes CODES")
+    if kind == "words":
+        pieces = [s for s in src.dictionary.symbols if s.endswith("@@")]
+        if pieces:
+            raise option_error("--bpe", "none", f"the dictionary holds BPE pieces ({len(pieces)} "
+                               f"entries ending in @@, e.g. {pieces[0]!r}): split into "
+                               "whitespace words, a word the BPE splits becomes <unk>",
+                               "--tokenizer moses --bpe subword_nmt --bpe-codes CODES (the codes "
+                               "the data was encoded with)")
     if kind == "gpt2":
         _gpt2_files(options, src.dictionary)
     elif kind == "sentencepiece":
@@ -169,10 +198,14 @@ def write(out_dir, src, options, max_length):
     if kind == "moses+subword_nmt":
         return _write_fsmt(out_dir, src, options, max_length)
     from transformers import PreTrainedTokenizerFast
+    # a word-level <unk> is a word of the text (fairseq prints it), not a control token that
+    # decode(skip_special_tokens=True) drops; the model still maps an unknown word to it
+    words = dict(clean_up_tokenization_spaces=False) if kind == "words" else \
+        dict(unk_token="<unk>")
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=build_fast(kind, src.dictionary, options, src.lm),
         bos_token="</s>" if src.lm else "<s>", eos_token="</s>", pad_token="<pad>",
-        unk_token="<unk>", model_max_length=max_length)
+        model_max_length=max_length, **words)
     tokenizer.save_pretrained(out_dir)
     return kind
 

@@ -25,6 +25,30 @@ def ct2_refusal(hf_dir):
             f"is {width} / {heads}")
 
 
+def tokens_refusal(hf_dir, prompt, tokens):
+    """Why ``tokens`` new tokens after ``prompt`` cannot be decoded by the export in ``hf_dir``
+    (its problem; allowed: ...), or None. The prompt's ids (with the leading ``</s>``) and the
+    new tokens must fit the model's positions (``max_position_embeddings``, the fairseq model's
+    ``max_positions``): fairseq's generator stops with an AssertionError past them and
+    transformers goes on with positions the model never learned."""
+    import json
+    import os
+    with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
+        positions = json.load(f).get("max_position_embeddings")
+    if not positions:
+        return None
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
+    used = len(tokenizer(prompt)["input_ids"])
+    room = positions - used
+    if 1 <= tokens <= room:
+        return None
+    problem = ("not a number of new tokens" if tokens < 1 else f"with the prompt's {used} tokens "
+               f"goes past the model's {positions} positions")
+    allowed = f"1 to {room}" if room >= 1 else "a shorter --prompt"
+    return f"{problem}; allowed: {allowed}"
+
+
 def _best(run, repeats):
     times, out = [], None
     for _ in range(repeats):

@@ -1,0 +1,74 @@
+"""An export that cannot be done names every option in the way in one line, and the model to
+train instead: all the changes at once, so that one retraining exports."""
+import os
+import subprocess
+
+import pytest
+
+from helpers import BIN
+from hf_export_fixtures import data_of, tiny_checkpoint, tokenizer_options
+
+PROG = "slim-fairseq-export-hf"
+GATE = "Anthe's gated attention (sigmoid(W x) * W' y) is in no transformers class"
+HSOFTPOS = "H-SoftPOS embeddings (convolutions over neighbouring tokens) are in no transformers class"
+BIAS = "no class here has a bias on the vocabulary projection"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("export_refusals_all")
+
+
+def test_anthe_base_names_gates_hsoftpos_output_bias_and_glu_at_once(folder):
+    """The command a user runs: one line naming all five options, exit 2, nothing written."""
+    path = tiny_checkpoint(folder, "anthe_base", [], False)
+    out = folder / "anthe-hf"
+    argv = [path, data_of(False), out, "--tokenizer", "moses", "--bpe", "subword_nmt",
+            "--bpe-codes", tokenizer_options(False)["bpe_codes"]]
+    proc = subprocess.run([os.path.join(BIN, PROG), *map(str, argv)], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1",
+                                                           HF_HUB_OFFLINE="1"))
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert err[-1] == (
+        f"{PROG}: error: --self-attn-gate=qgv, --cross-attn-gate=kgv, --hsoftpos-levels=2, "
+        f"--output-bias, --ffn-glu: 5 options are in the way: --self-attn-gate=qgv: {GATE}; "
+        f"--cross-attn-gate=kgv: {GATE}; --hsoftpos-levels=2: {HSOFTPOS}; --output-bias: {BIAS}; "
+        "--ffn-glu: no sequence-to-sequence class here (FSMT, M2M100) has RMSNorm, RoPE or a GLU "
+        "feed-forward; allowed: a model trained with all of --self-attn-gate none, and "
+        "--cross-attn-gate none, and --hsoftpos-levels 0, and no --output-bias, and no --ffn-glu")
+    assert not out.exists()
+    assert not [n for n in os.listdir(folder) if ".partial-" in n]
+
+
+def test_language_model_names_no_class_options_and_the_layouts_at_once(folder):
+    """Options no class holds and what the chosen class lacks, in one refusal; its advice, all
+    of it applied, exports."""
+    from slim_fairseq.export_hf import export
+    from slim_fairseq.option_errors import OptionError
+    argv = ["--self-attn-gate", "qgv", "--output-bias",
+            "--decoder-learned-pos", "--decoder-input-dim", "16"]
+    path = tiny_checkpoint(folder, "slim_lm", argv, True)
+    out = folder / "lm-hf"
+    with pytest.raises(OptionError) as caught:
+        export(path, data_of(True), str(out))
+    assert str(caught.value) == (
+        "--self-attn-gate=qgv, --output-bias, --decoder-input-dim/--decoder-output-dim: 3 "
+        f"options are in the way: --self-attn-gate=qgv: {GATE}; --output-bias: {BIAS}; "
+        "--decoder-input-dim/--decoder-output-dim: OPT projects in and out through one width "
+        "(word_embed_proj_dim); allowed: a model trained with all of --self-attn-gate none, and "
+        "no --output-bias, and both the same")
+    assert not out.exists()
+    fixed = tiny_checkpoint(folder, "slim_lm", ["--decoder-learned-pos",
+                                                 "--decoder-input-dim", "16",
+                                                 "--decoder-output-dim", "16"], True)
+    assert export(fixed, data_of(True), str(out), sentences=2).gap <= 1e-5
+
+
+def test_one_option_in_the_way_keeps_its_own_line(folder):
+    from slim_fairseq.export_hf import export
+    from slim_fairseq.option_errors import OptionError
+    path = tiny_checkpoint(folder, "slim_lm", ["--output-bias"], True)
+    with pytest.raises(OptionError) as caught:
+        export(path, data_of(True), str(folder / "bias-hf"))
+    assert str(caught.value) == f"--output-bias: {BIAS}; allowed: no --output-bias"
