@@ -9,7 +9,9 @@ with the averaged ``model`` weights; optimizer state is dropped (the result is f
 A folder's checkpoints are picked by their number (checkpoint10.pt is newer than
 checkpoint9.pt); the averaged files are listed, oldest first, on stdout (one per line).
 Refused, in one line: checkpoints whose parameters or model options differ from the first's
-(the average would keep the first one's settings), and an --output that is one of the inputs.
+(the average would keep the first one's settings), checkpoints of different runs (each
+checkpoint records the run it belongs to; independently trained models do not average to a
+model) unless --allow-several-runs, and an --output that is one of the inputs.
 The library is slim_fairseq_lab.checkpoints.
 
 usage:
@@ -25,7 +27,7 @@ import os
 import sys
 
 from slim_fairseq_lab.checkpoints import (  # noqa: F401 (re-exported: the script's library)
-    EPOCH_PATTERN, UPDATE_PATTERN, CheckpointError, average, last_checkpoints, load)
+    EPOCH_PATTERN, SEVERAL_RUNS, UPDATE_PATTERN, CheckpointError, average, last_checkpoints, load)
 
 load_checkpoint = load
 
@@ -40,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--num-update-checkpoints", type=int, help="last N checkpoint_E_U.pt files")
     parser.add_argument("--checkpoint-upper-bound", type=int,
                         help="ignore checkpoints after this epoch / update number")
+    parser.add_argument(SEVERAL_RUNS, action="store_true",
+                        help="average checkpoints of different runs on purpose (refused without it: "
+                        "each checkpoint records its run, and independent runs do not average to a model)")
     parser.add_argument("--quiet", action="store_true",
                         help="no messages on stderr (errors excepted); stdout still lists the inputs")
     args = parser.parse_args(argv)
@@ -68,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         print("averaging:", *paths, sep="\n  ", file=sys.stderr)
     try:
-        state = average(paths)
+        state = average(paths, several_runs=args.allow_several_runs)
     except CheckpointError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

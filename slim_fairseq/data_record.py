@@ -76,9 +76,11 @@ def first_difference(current, trained):
     return f"the same size, {current['size']}, other entries"
 
 
-def mismatch(current, trained, checkpoint="the checkpoint"):
+def mismatch(current, trained, checkpoint="the checkpoint",
+             otherwise="a checkpoint trained on this data-bin"):
     """The one-line refusal (without the program's prefix) of data ``current`` for a checkpoint
-    whose record is ``trained``, or None when every dictionary they both name is the same."""
+    whose record is ``trained``, or None when every dictionary they both name is the same
+    (``otherwise``: the second thing that works, after the data-bin it was trained with)."""
     for name, entry in current["dictionaries"].items():
         other = trained["dictionaries"].get(name)
         if other is None:
@@ -89,7 +91,7 @@ def mismatch(current, trained, checkpoint="the checkpoint"):
         where = entry.get("file") or f"the {name} dictionary"
         hint = trained.get("data") or other.get("file")
         allowed = (f"the data-bin {checkpoint} was trained with" + (f" ({hint})" if hint else "")
-                   + ", or a checkpoint trained on this data-bin")
+                   + f", or {otherwise}")
         return (f"{where}: another dictionary than the one {checkpoint} was trained with "
                 f"({difference}); allowed: {allowed}")
     return None
