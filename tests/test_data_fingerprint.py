@@ -82,9 +82,10 @@ def first_difference(data, other, dict_name):
     return index + 4, ours[index], theirs[index]
 
 
-def mismatch_line(prog, data, other, dict_name, checkpoint, otherwise="a checkpoint trained on this data-bin"):
-    """The one line ``prog`` must print for ``checkpoint`` (trained on ``data``) read with
-    data-bin ``other``."""
+def mismatch_line(prog, data, other, dict_name, checkpoint, otherwise="a checkpoint trained on this data-bin",
+                  hint=None):
+    """The one line ``prog`` must print for ``checkpoint`` (trained on ``data``, whose path it
+    recorded as ``hint``) read with data-bin ``other``."""
     ours, theirs = entries(os.path.join(other, dict_name)), entries(os.path.join(data, dict_name))
     if len(ours) != len(theirs):
         what = f"{len(ours) + 4} entries here, {len(theirs) + 4} in the checkpoint's"
@@ -93,7 +94,7 @@ def mismatch_line(prog, data, other, dict_name, checkpoint, otherwise="a checkpo
         what = f"the same size, {len(ours) + 4}; entry {index} is {here!r} here, {there!r} in the checkpoint's"
     return (f"{prog}: error: {os.path.join(other, dict_name)}: another dictionary than the one {checkpoint} was "
             f"trained with ({what}); allowed: the data-bin {checkpoint} was trained with "
-            f"({os.path.abspath(data)}), or {otherwise}")
+            f"({hint or os.path.abspath(data)}), or {otherwise}")
 
 
 def run_of(path):
@@ -227,16 +228,29 @@ def test_translation_tools_refuse_another_dictionary(tmp_path):
 
 def test_fairseq_models_of_a_recipe_are_checked_through_its_save_dir(tmp_path):
     """fairseq's own transformer_lm carries no record in its checkpoints: the train recipe
-    writes the record beside them (data_record.json), and evaluate-lm.sh compares it."""
-    data = wikitext_data_bin()
+    writes the record beside them (data_record.json); evaluate-lm.sh compares it, and so does the
+    train recipe resuming the save-dir after the data-bin's dict.txt was rewritten in place."""
+    data = data_bin_copy(wikitext_data_bin(), tmp_path / "data", "dict.txt", lambda lines: lines)
     save_dir = tmp_path / "flm"
+    tiny = ["--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "16",
+            "--decoder-attention-heads", "2"]
     trained(recipe("lm/train-stlm.sh", data, "--arch", "transformer_lm", "--cpu-smoke", "--save-dir", save_dir,
-                   "--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "16",
-                   "--decoder-attention-heads", "2", cwd=tmp_path))
+                   *tiny, cwd=tmp_path))
     with open(save_dir / "data_record.json", encoding="utf-8") as f:
         assert json.load(f)["dictionaries"]["dictionary"]["size"] == len(entries(os.path.join(data, "dict.txt"))) + 4
     other = data_bin_copy(data, tmp_path / "shuffled", "dict.txt", shuffled)
     ckpt = str(save_dir / "checkpoint_best.pt")
     proc = recipe("lm/evaluate-lm.sh", other, save_dir, "--cpu", cwd=tmp_path)
-    assert refused(proc) == mismatch_line("evaluate-lm.sh", os.path.realpath(data), other, "dict.txt", ckpt)
+    assert refused(proc) == mismatch_line("evaluate-lm.sh", data, other, "dict.txt", ckpt,
+                                          hint=os.path.realpath(data))
     assert not (save_dir / "eval").exists()
+
+    kept = {name: os.path.getmtime(save_dir / name) for name in os.listdir(save_dir)}
+    original = tmp_path / "original"
+    data_bin_copy(data, original, "dict.txt", lambda lines: lines)
+    os.replace(os.path.join(other, "dict.txt"), os.path.join(data, "dict.txt"))
+    proc = recipe("lm/train-stlm.sh", data, "--arch", "transformer_lm", "--cpu-smoke", "--save-dir", save_dir,
+                  *tiny, cwd=tmp_path)
+    assert refused(proc) == mismatch_line("train-stlm.sh", original, data, "dict.txt", f"the run in {save_dir}",
+                                          "a --save-dir of its own for this data-bin", os.path.realpath(data))
+    assert {name: os.path.getmtime(save_dir / name) for name in os.listdir(save_dir)} == kept
