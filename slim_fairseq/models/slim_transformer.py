@@ -395,7 +395,7 @@ class WeightsCheckMixin:
             checkpoint = data_record.checkpoint_being_loaded() or "the checkpoint"
             problem = data_record.mismatch(self.data_record, trained, checkpoint)
             if problem:  # a SystemExit only, as below
-                raise SystemExit(OptionError(problem).code)
+                raise SystemExit(str(OptionError(problem).code))
         try:
             return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
         except RuntimeError:
