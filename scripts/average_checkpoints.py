@@ -9,8 +9,10 @@ with the averaged ``model`` weights; optimizer state is dropped (the result is f
 A folder's checkpoints are picked by their number (checkpoint10.pt is newer than
 checkpoint9.pt); the averaged files are listed, oldest first, on stdout (one per line).
 Refused, in one line: checkpoints whose parameters or model options differ from the first's
-(the average would keep the first one's settings), an --output that is one of the inputs, and
-an existing --output without --force.
+(the average would keep the first one's settings), checkpoints of different runs (each
+checkpoint records the run it belongs to; independently trained models do not average to a
+model) unless --allow-several-runs, an --output that is one of the inputs, and an existing
+--output without --force.
 The library is slim_fairseq_lab.checkpoints.
 
 usage:
@@ -27,7 +29,7 @@ import sys
 
 from slim_fairseq_lab import command
 from slim_fairseq_lab.checkpoints import (  # noqa: F401 (re-exported: the script's library)
-    EPOCH_PATTERN, UPDATE_PATTERN, CheckpointError, average, last_checkpoints, load)
+    EPOCH_PATTERN, SEVERAL_RUNS, UPDATE_PATTERN, CheckpointError, average, last_checkpoints, load)
 
 load_checkpoint = load
 PROG = "average_checkpoints"
@@ -45,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="ignore checkpoints after this epoch / update number")
     parser.add_argument("--force", action="store_true",
                         help="replace an existing --output (refused without it)")
+    parser.add_argument(SEVERAL_RUNS, action="store_true",
+                        help="average checkpoints of different runs on purpose (refused without it: "
+                        "each checkpoint records its run, and independent runs do not average to a model)")
     parser.add_argument("--quiet", action="store_true",
                         help="no messages on stderr (errors excepted); stdout still lists the inputs")
     args = parser.parse_args(argv)
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         print("averaging:", *paths, sep="\n  ", file=sys.stderr)
     try:
-        state = average(paths)
+        state = average(paths, several_runs=args.allow_several_runs)
     except CheckpointError as err:
         return command.refused(err, PROG)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)

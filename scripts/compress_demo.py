@@ -41,7 +41,8 @@ def checkpoint_params(path):
     state = torch.load(path, weights_only=True)["model"]
     seen, total, body = set(), 0, 0
     for key, tensor in state.items():
-        if not tensor.is_floating_point() or key.endswith(("_float_tensor", ".version")):
+        if not torch.is_tensor(tensor) or not tensor.is_floating_point() or key.endswith(
+                ("_float_tensor", ".version")):  # (the record of the data is no tensor)
             continue
         ident = (tensor.data_ptr(), tuple(tensor.shape))
         if ident in seen:

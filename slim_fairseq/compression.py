@@ -94,8 +94,9 @@ def compress_model(dense_model, slim_model, log=None):
     ``--tc-*``): dense tensors are copied, every Tensor Chain is the TT-SVD of the dense weight
     it replaces. Every tensor of both models must be accounted for (else CompressionError).
     Returns one record per chain: name, shape, bond, dense and chain parameters, relative error."""
-    dense_state = dense_model.state_dict()
-    slim_state = slim_model.state_dict()
+    # tensors only: the record of the data a model keeps beside them is the slim model's own
+    dense_state = {k: v for k, v in dense_model.state_dict().items() if torch.is_tensor(v)}
+    slim_state = {k: v for k, v in slim_model.state_dict().items() if torch.is_tensor(v)}
     chains = {name: module for name, module in slim_model.named_modules() if is_tensor_chain(module)}
     filled, used, records = {}, set(), []
     for name, module in chains.items():
@@ -495,7 +496,8 @@ def _plain_fairseq(cfg, state, dense_cfg, dense, model_name):
     plain_cfg.arch = plain_cfg._name = plain_name
     _, plain = _build_task_and_model(cfg, state, model_cfg=copy.deepcopy(plain_cfg))
     try:
-        plain.load_state_dict({_dense_key(k): v for k, v in dense.state_dict().items()}, strict=True)
+        plain.load_state_dict({_dense_key(k): v for k, v in dense.state_dict().items()
+                               if torch.is_tensor(v)}, strict=True)
     except RuntimeError as exc:
         raise CompressionError(f"--plain-fairseq: fairseq's {plain_name} does not take the "
                                f"exported tensors ({_one_line(exc)[:300]}); allowed: the export "

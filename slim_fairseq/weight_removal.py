@@ -145,7 +145,7 @@ def convert_state_dict(
         raise option_error("--mlp-branch-scale", 0.0, "makes the FFN output constant; nothing to "
                            "convert", "a number > 0")
 
-    sd = {k: v for k, v in state_dict.items()}
+    sd = {k: v for k, v in state_dict.items() if torch.is_tensor(v)}
     dtypes = {k: v.dtype for k, v in sd.items()}
     new = {}  # float64 results: key -> tensor (torch weight layout)
     others = [s for s in REMOVABLE if s != removed]
@@ -231,6 +231,8 @@ def convert_state_dict(
     for key, value in new.items():
         if key not in out and key not in drop:
             out[key] = value.to(dtypes[key])
+    # the record of the data and run (slim_fairseq/data_record.py) goes with the weights
+    out.update({k: v for k, v in state_dict.items() if not torch.is_tensor(v)})
 
     new_args = copy.deepcopy(model_args)
     _set(new_args, "removed_weights", removed)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import functools
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -42,6 +43,71 @@ def _checkpoint_safety():
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     return module
+
+
+@functools.lru_cache(maxsize=None)
+def _data_record():
+    """slim_fairseq/data_record.py, loaded as :func:`_checkpoint_safety` is."""
+    module = sys.modules.get("slim_fairseq.data_record")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("_slim_fairseq_data_record",
+                                                      os.path.join(PLUGIN_DIR, "data_record.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
+
+
+def data_record(path: str, state: dict) -> dict | None:
+    """What checkpoint ``path`` (loaded as ``state``) records of its data and run
+    (slim_fairseq/data_record.py): the record in its weights (the plugin's models), else the one a
+    recipe wrote beside it (fairseq's own models trained through a recipe), else None."""
+    records = _data_record()
+    found = records.of_state(state.get("model"))
+    if found is not None:
+        return found
+    beside = os.path.join(os.path.dirname(os.path.abspath(path)), records.SAVE_DIR_FILE)
+    try:
+        with open(beside, encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return found if records.is_record(found) else None
+
+
+def read_dictionary(path: str) -> list[str]:
+    """The symbols of a fairseq dictionary file in fairseq's order (its special symbols first),
+    as fairseq's ``Dictionary.load`` reads them."""
+    from fairseq.data import Dictionary
+    return list(Dictionary.load(path).symbols)
+
+
+def data_bin_record(data: str, trained: dict) -> dict:
+    """The record of data-bin ``data``'s dictionaries named as in ``trained`` (``dictionary``:
+    dict.txt; ``source`` / ``target``: the dict.LANG.txt files ``trained`` names)."""
+    records = _data_record()
+    entries = {}
+    for name, entry in trained["dictionaries"].items():
+        base = "dict.txt" if name == "dictionary" else os.path.basename(entry.get("file") or "")
+        file = os.path.join(data, base)
+        if base and os.path.isfile(file):
+            entries[name] = records.dictionary_entry(read_dictionary(file), file)
+    return records.make(entries, data)
+
+
+def data_mismatch(path: str, state: dict, data: str) -> str | None:
+    """The one-line refusal of evaluating checkpoint ``path`` on data-bin ``data`` when its
+    dictionaries are not those the checkpoint was trained with; None when they are (or when
+    the checkpoint records none)."""
+    trained = data_record(path, state)
+    if trained is None:
+        return None
+    return _data_record().mismatch(data_bin_record(data, trained), trained, path)
+
+
+def run_of(path: str, state: dict) -> str | None:
+    """The run id of checkpoint ``path`` (None: not recorded)."""
+    found = data_record(path, state)
+    return found.get("run") if found else None
 
 
 def load(path: str, mmap: bool = False) -> dict:
@@ -187,23 +253,28 @@ def complete_neighbour(path: str) -> str | None:
     return None
 
 
-def average(paths: list[str]) -> dict:
-    """Element-wise mean of the ``model`` weights of PATHS (their other fields: the first's).
-    Refused when the checkpoints hold other parameters or were trained with other model
-    options (an average of two models would keep the first one's settings)."""
+def average(paths: list[str], several_runs: bool = False) -> dict:
+    """Element-wise mean of the ``model`` weights of PATHS (their other fields, the record of
+    their data and run included: the first's). Refused when the checkpoints hold other
+    parameters, were trained with other model options (an average of two models would keep the
+    first one's settings) or belong to other runs (independently trained models do not average
+    to a model; ``several_runs``: allowed on purpose)."""
     import torch
 
     result = None
     sums: dict = {}
     keys = None
     first_options = None
+    first_run = None
     for path in paths:
         state = load(path)
-        model = state["model"]
+        model = {key: value for key, value in state["model"].items() if torch.is_tensor(value)}
+        run = run_of(path, state)
         if keys is None:
             keys = list(model.keys())
             result = state
             first_options = model_options(state)
+            first_run = run
         elif set(model.keys()) != set(keys):
             raise CheckpointError(f"--inputs: {path}: its parameters differ from those of {paths[0]}; "
                                   "allowed: checkpoints of one run")
@@ -213,6 +284,11 @@ def average(paths: list[str]) -> dict:
                 raise CheckpointError(f"--inputs: {path} was trained with other model options than "
                                       f"{paths[0]} ({', '.join(differences)}); allowed: checkpoints of "
                                       "one run (the same --arch and model options)")
+            if not several_runs and run and first_run and run != first_run:
+                raise CheckpointError(f"--inputs: {path} is a checkpoint of another run than {paths[0]} "
+                                      f"(run {run[:8]}, and {first_run[:8]}): independently trained models do "
+                                      f"not average to a model; allowed: checkpoints of one run, or "
+                                      f"{SEVERAL_RUNS} to average them on purpose")
         for key in keys:
             tensor = model[key]
             if tuple(tensor.shape) != tuple(result["model"][key].shape):
@@ -225,12 +301,17 @@ def average(paths: list[str]) -> dict:
             total = tensor.to(torch.float64)
             sums[key] = total if key not in sums else sums[key] + total
     averaged = collections.OrderedDict()
-    for key in keys:
-        tensor = result["model"][key]
-        if torch.is_floating_point(tensor):
-            averaged[key] = (sums[key] / len(paths)).to(tensor.dtype)
+    for key, value in result["model"].items():
+        if not torch.is_tensor(value):
+            averaged[key] = value  # the record of the data and the run (the first's)
+        elif torch.is_floating_point(value):
+            averaged[key] = (sums[key] / len(paths)).to(value.dtype)
         else:
             averaged[key] = sums[key]
     result["model"] = averaged
     result.pop("last_optimizer_state", None)
     return result
+
+
+#: the option of scripts/average_checkpoints.py that averages checkpoints of several runs
+SEVERAL_RUNS = "--allow-several-runs"

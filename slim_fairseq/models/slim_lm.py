@@ -37,6 +37,7 @@ from slim_fairseq.models.slim_transformer import (
     SlimTransformerDecoder,
     WeightsCheckMixin,
     finish_build,
+    task_data_record,
     token_table,
 )
 from slim_fairseq.option_errors import check_task, one_line_option_errors, option_error
@@ -123,6 +124,7 @@ class SlimLanguageModel(WeightsCheckMixin, ContractOverridesMixin, TransformerLa
                                          task.target_dictionary, table, no_encoder_attn=True)
         model = cls(decoder)
         model.args = args  # the options it was built with (weight removal rebuilds it)
+        model.data_record = task_data_record(task, lm=True)
         return finish_build(model, model_options, [decoder.layers])
 
     def upgrade_state_dict_named(self, state_dict, name):

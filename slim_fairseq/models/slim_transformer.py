@@ -55,7 +55,8 @@ from slim_fairseq.modules.skipless import init_skipless_table_
 from slim_fairseq.modules.tensor_chain import TensorChainLinear
 from slim_fairseq.modules.tensor_chain_policy import force_modes_
 from slim_fairseq.modules.weight_tying import apply_weight_tying
-from slim_fairseq.option_errors import check_task, one_line_option_errors, option_error
+from slim_fairseq import data_record
+from slim_fairseq.option_errors import OptionError, check_task, one_line_option_errors, option_error
 
 
 def _wrap_layer(cfg, layer):
@@ -370,17 +371,39 @@ class ContractOverridesMixin:
 class WeightsCheckMixin:
     """``load_state_dict`` that refuses, in one line, weights of another model (fairseq-train
     resuming a --save-dir of another architecture or other options; fairseq would stop with a
-    traceback and "please ensure that the architectures match"). fairseq's trainer wraps it in an
-    ``Exception`` of its own; the plugin's command edge finds the refusal in it and prints its
-    one line (:func:`slim_fairseq.option_errors.install_command_edge`)."""
+    traceback and "please ensure that the architectures match") and a checkpoint trained with
+    other dictionaries than the data the model was built for (:mod:`slim_fairseq.data_record`).
+    fairseq's trainer wraps the refusal in an ``Exception`` of its own; the plugin's command edge
+    finds the refusal in it and prints its one line
+    (:func:`slim_fairseq.option_errors.install_command_edge`).
+
+    The model's :attr:`data_record` (set by ``build_model``) is its extra state, so it is in
+    every checkpoint; a checkpoint's run id is taken over when it is loaded."""
+
+    data_record = None
+
+    def get_extra_state(self):
+        return copy.deepcopy(self.data_record)
+
+    def set_extra_state(self, state):
+        if data_record.is_record(state) and self.data_record is not None:
+            self.data_record = dict(self.data_record, run=state["run"])
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        if data_record.KEY not in state_dict:  # written before the record: loads as it did
+            state_dict[data_record.KEY] = None
+        trained = data_record.of_state(state_dict)
+        if trained is not None and self.data_record is not None:
+            checkpoint = data_record.checkpoint_being_loaded() or "the checkpoint"
+            problem = data_record.mismatch(self.data_record, trained, checkpoint)
+            if problem:
+                raise OptionError(problem)
         try:
             return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
         except RuntimeError:
             if not strict:
                 raise
-            own = {k: tuple(v.shape) for k, v in self.state_dict().items()}
+            own = {k: tuple(v.shape) for k, v in self.state_dict().items() if hasattr(v, "shape")}
             given = {k: tuple(v.shape) for k, v in state_dict.items() if hasattr(v, "shape")}
             missing = sorted(set(own) - set(given))
             unexpected = sorted(set(given) - set(own))
@@ -392,6 +415,33 @@ class WeightsCheckMixin:
                                  f"of another shape, e.g. {example})", "the arch and options the "
                                  "checkpoint was trained with, or a --save-dir of its own when training")
             raise error from None
+
+
+def task_data_record(task, lm):
+    """The record (:mod:`slim_fairseq.data_record`) of the dictionaries ``task`` gives a model:
+    a language model's one dictionary, a translation model's source and target."""
+    import os
+    data = None
+    for holder in (getattr(task, "cfg", None), getattr(task, "args", None)):
+        if getattr(holder, "data", None):
+            data = str(holder.data).split(os.pathsep)[0]
+            break
+    task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
+
+    def file(name):
+        return os.path.join(data, name) if data else None
+
+    if lm:
+        dictionary = getattr(task, "source_dictionary", None) or task.target_dictionary
+        entries = {"dictionary": data_record.dictionary_entry(dictionary.symbols, file("dict.txt"))}
+    else:
+        src, tgt = getattr(task_cfg, "source_lang", None), getattr(task_cfg, "target_lang", None)
+        entries = {
+            "source": data_record.dictionary_entry(task.source_dictionary.symbols,
+                                                   file(f"dict.{src}.txt") if src else None),
+            "target": data_record.dictionary_entry(task.target_dictionary.symbols,
+                                                   file(f"dict.{tgt}.txt") if tgt else None)}
+    return data_record.make(entries, os.path.abspath(data) if data else None)
 
 
 def check_languages(args, task):
@@ -440,6 +490,7 @@ class SlimTransformerModel(WeightsCheckMixin, ContractOverridesMixin, Transforme
             check_languages(args, task)
             check_adaptive_cutoffs(args, len(task.target_dictionary))
             model = super().build_model(args, task)
+            model.data_record = task_data_record(task, lm=False)
             return finish_build(model, options, [model.encoder.layers, model.decoder.layers])
 
     @classmethod

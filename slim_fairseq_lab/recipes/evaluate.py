@@ -189,6 +189,7 @@ class Evaluation:
             raise refuse(f"CKPT={where}", f"the model translates {src} -> {tgt}, and {self.data}/recipe.info "
                          f"says {self.src} -> {self.tgt}", f"a data-bin of {src} -> {tgt} (a prepare script's "
                          f"--src {src} --tgt {tgt})")
+        evaluation.check_data(self.model, self.data)
 
     def check_options(self):
         """The options passed on to fairseq-generate are ones it knows (else it would stop with

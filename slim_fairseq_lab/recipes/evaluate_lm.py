@@ -112,6 +112,7 @@ def evaluate_lm(argv):
         raise refuse(f"CKPT={model.averaged[-1] if model.averaged else model.path}",
                      f"a translation model ({evaluation.describe(state)}), and evaluate-lm.sh scores language "
                      "models", "examples/translation/evaluate.sh DATA_BIN CKPT")
+    evaluation.check_data(model, data)
 
     # the model's positions and the block it was trained on
     positions = checkpoints.max_positions(state)

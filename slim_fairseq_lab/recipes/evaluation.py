@@ -5,7 +5,7 @@ import os
 import re
 
 from slim_fairseq_lab import checkpoints
-from slim_fairseq_lab.recipes.cli import log, refuse
+from slim_fairseq_lab.recipes.cli import RecipeError, log, refuse
 
 
 def folder_of(ckpt):
@@ -73,9 +73,32 @@ def resolve(ckpt, avg, out_dir):
                          (f"--avg {most} or less, or " if most > 1 else "") + "a checkpoint file")
         newest_first = checkpoints.last_checkpoints(ckpt, avg, pattern)
         states = [read(path) for path in newest_first]  # every one is complete
+        check_one_run(avg, newest_first, states)
         return Resolved(os.path.join(out_dir, f"average_last{avg}.pt"), reversed(newest_first), pattern,
                         states[0])
     raise refuse(f"CKPT={ckpt}", "no such file or folder", "a checkpoint file, or the --save-dir of a run")
+
+
+def check_one_run(avg, paths, states):
+    """The checkpoints of an average belong to one run (each records its run; independently
+    trained models do not average to a model)."""
+    runs = [(path, checkpoints.run_of(path, state)) for path, state in zip(paths, states)]
+    runs = [(path, run) for path, run in runs if run]
+    other = next(((path, run) for path, run in runs if run != runs[0][1]), None)
+    if other:
+        raise refuse(f"--avg={avg}", f"{other[0]} is a checkpoint of another run than {runs[0][0]} "
+                     f"(run {other[1][:8]}, and {runs[0][1][:8]}): independently trained models do not "
+                     "average to a model", "--avg 1 (one checkpoint), or a folder of one run's checkpoints")
+
+
+def check_data(model, data):
+    """The data-bin's dictionaries are those the checkpoint was trained with (what the checkpoint,
+    or the recipe beside it, records; slim_fairseq/data_record.py): another one, even a shuffled
+    dict.txt of the same size, would give a wrong score without a word."""
+    where = model.averaged[-1] if model.averaged else model.path
+    problem = checkpoints.data_mismatch(where, model.state, data)
+    if problem:
+        raise RecipeError(problem)
 
 
 def read(path):

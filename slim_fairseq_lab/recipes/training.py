@@ -25,6 +25,7 @@ save-dir as it found it.
 import argparse
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import re
@@ -313,7 +314,7 @@ def train(recipe, argv):
         shrink = getattr(ARCH_MODEL_REGISTRY[arch], "contract_overrides", lambda name: [])(arch)
         print(f"+ (tiny overrides of {arch} appended) {shlex.join(cmd)}", flush=True)
         if not args.dry_run:
-            launch(cmd + [str(word) for word in shrink], save_dir, data)
+            launch(cmd + [str(word) for word in shrink], save_dir, data, parsed)
         return 0
 
     visible = None
@@ -407,7 +408,7 @@ def train(recipe, argv):
         cli.log(note)
     print("+ " + shlex.join(cmd), flush=True)
     if not args.dry_run:
-        launch(cmd, save_dir, data)
+        launch(cmd, save_dir, data, parsed)
     return 0
 
 
@@ -422,9 +423,49 @@ def check_data(parsed):
         raise RecipeError(str(error)) from None
 
 
-def launch(cmd, save_dir, data):
-    """Run fairseq-train, after noting the data-bin in SAVE_DIR/recipe.data; a run that fails
-    before it saved a checkpoint leaves the save-dir as it was."""
+def data_record(parsed):
+    """The record of the dictionaries the parsed fairseq-train command trains with and of a new
+    run (slim_fairseq/data_record.py), as the plugin's models keep it in their checkpoints: kept
+    in the save-dir for fairseq's own models, whose checkpoints carry none."""
+    from fairseq.data import data_utils
+    from slim_fairseq import data_record as records
+    data = parsed.data.split(os.pathsep)[0]
+    if parsed.task == "language_modeling":
+        names = {"dictionary": "dict.txt"}
+    else:
+        src, tgt = getattr(parsed, "source_lang", None), getattr(parsed, "target_lang", None)
+        if src is None or tgt is None:
+            src, tgt = data_utils.infer_language_pair(data)
+        names = {"source": f"dict.{src}.txt", "target": f"dict.{tgt}.txt"}
+    entries = {name: records.dictionary_entry(checkpoints.read_dictionary(os.path.join(data, file)),
+                                              os.path.join(data, file)) for name, file in names.items()}
+    return records.make(entries, os.path.realpath(data))
+
+
+def check_save_dir_data(save_dir, parsed):
+    """The run SAVE_DIR holds (its data_record.json) was trained with the dictionaries of the
+    data-bin it would be resumed on."""
+    from slim_fairseq import data_record as records
+    path = os.path.join(save_dir, records.SAVE_DIR_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            trained = json.load(f)
+    except (OSError, ValueError):
+        return
+    if records.is_record(trained):
+        problem = records.mismatch(data_record(parsed), trained, f"the run in {save_dir}",
+                                   "a --save-dir of its own for this data-bin")
+        if problem:
+            raise RecipeError(problem)
+
+
+def launch(cmd, save_dir, data, parsed=None):
+    """Run fairseq-train, after noting the data-bin in SAVE_DIR/recipe.data and its
+    dictionaries and the run in SAVE_DIR/data_record.json (kept when the run resumes); a run that
+    fails before it saved a checkpoint leaves the save-dir as it was."""
+    from slim_fairseq.data_record import SAVE_DIR_FILE
+    if parsed is not None:
+        check_save_dir_data(save_dir, parsed)
     created = not os.path.isdir(save_dir)
     record = os.path.join(save_dir, "recipe.data")
     wrote_record = not os.path.isfile(record)
@@ -433,6 +474,10 @@ def launch(cmd, save_dir, data):
     if wrote_record:
         with open(record, "w", encoding="utf-8") as f:
             f.write(os.path.realpath(data) + "\n")
+    dictionaries = os.path.join(save_dir, SAVE_DIR_FILE)
+    if parsed is not None and not os.path.isfile(dictionaries):
+        with open(dictionaries, "w", encoding="utf-8") as f:
+            json.dump(data_record(parsed), f)
     try:
         tools.run(cmd)
     except RecipeError:
@@ -442,7 +487,7 @@ def launch(cmd, save_dir, data):
             if created:
                 shutil.rmtree(save_dir, ignore_errors=True)
             else:
-                for name in {"recipe.data", "crash.pt"} - before:
+                for name in {"recipe.data", "crash.pt", SAVE_DIR_FILE} - before:
                     if name != "recipe.data" or wrote_record:
                         with contextlib.suppress(FileNotFoundError):
                             os.remove(os.path.join(save_dir, name))
