@@ -177,12 +177,14 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         mode and the cores are the same tensors, unmodified, in the same autocast state (a
         decoding step then multiplies by W instead of rebuilding it). Training mode, or a
         gradient through the cores, builds W at every call."""
-        if self.training or (torch.is_grad_enabled() and self.cores[0].requires_grad):
+        cores = tuple(self.cores._parameters.values())  # (not ParameterList's slower indexing)
+        if self.training or (torch.is_grad_enabled() and cores[0].requires_grad):
             return self.full_weight()
-        device_type = self.cores[0].device.type
+        first = cores[0]
+        device_type = "cuda" if first.is_cuda else "cpu" if first.is_cpu else first.device.type
         autocast = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)) \
             if device_type in ("cpu", "cuda") else None
-        key = (tuple((core.data_ptr(), core._version, core.dtype) for core in self.cores), autocast)
+        key = (tuple((core.data_ptr(), core._version, core.dtype) for core in cores), autocast)
         cached = self.__dict__.get("_inference_weight")
         if cached is None or cached[0] != key:
             cached = self.__dict__["_inference_weight"] = (key, self.full_weight())
@@ -229,10 +231,22 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         return tensor_chain_policy.contract_pays(self.cost_ratio(rows, weight_built), materialise_macs, rows,
                                                  *tensor_chain_policy.target(self.cores[0] if like is None else like))
 
+    def _contracts(self, rows, x, reuse):
+        """:meth:`use_contraction` for ``rows`` rows of ``x``; while W is kept (decoding), the
+        answer is kept per rows, target and ``forward_mode`` (a step then skips the policy)."""
+        if not reuse:
+            return self.use_contraction(rows, x)
+        key = (rows, tensor_chain_policy.target(x), self.forward_mode)
+        kept = self.__dict__.setdefault("_kept_choices", {})
+        choice = kept.get(key)
+        if choice is None:
+            choice = kept[key] = self.use_contraction(rows, x, weight_built=True)
+        return choice
+
     def forward(self, x):
         shape = x.shape
-        reuse = self.reuses_weight()
-        if not self.use_contraction(x.numel() // self.in_features, x, weight_built=reuse):
+        reuse = not self.training and not (torch.is_grad_enabled() and self.cores[0].requires_grad)
+        if not self._contracts(x.numel() // self.in_features, x, reuse):
             if not torch.is_grad_enabled():
                 # one op: F.linear with W in nn.Linear's layout (a view), no reshapes around it
                 return F.linear(x, self._linear_layout(reuse), self.bias)
