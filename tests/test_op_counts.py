@@ -25,8 +25,8 @@ COUNTS = {
     "stlm_tied": (457, 107.25),                # STLM block: RMSNorm, RoPE, GQA, SwiGLU
     "skipless_lm": (522, 115.25),              # shaped attention, no residual, no norm
     "slim_lm": (561, 116.5),                   # every option off: fairseq's pre-norm LM
-    "anthe_lm_gpt2_small": (796, 121.375),     # Anthe as a language model
-    "anthe_base": (1677, 194.75),              # gates, GLU, H-SoftPOS, Tensor Chains
+    "anthe_lm_gpt2_small": (794, 120.375),     # Anthe as a language model
+    "anthe_base": (1673, 193.75),              # gates, GLU, H-SoftPOS, Tensor Chains
     "subformer_base": (1907, 238.125),         # SAFE and a wider sandwich
     "slim_transformer": (1522, 206.375),       # every option off: fairseq's transformer
     "transformer_lm": (565, 116.5),            # fairseq's, pre-norm
