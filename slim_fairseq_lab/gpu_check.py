@@ -73,14 +73,19 @@ class Profile:
 
 
 def _bench_jobs():
-    """fp16 at d 512 and d 1024 with every model (what --fp16 / --amp users run), then the chain
-    models alone with their modes in fp32 and bf16 at d 512 (for the policy of those dtypes)."""
-    every = gpu_check_bench.MAIN_MODELS + gpu_check_bench.mode_models(gpu_check_bench.CHAIN_MODELS)
+    """First every family at the batches users train with (8,192 and 32,768 tokens per step, d 512
+    then d 1024, fp16; generation at batch 1 beam 1 and batch 64 beam 5), three repetitions each;
+    then the chain models with their forced modes in fp16 at d 512, and alone in fp32 and bf16
+    (for the policy of those dtypes). Jobs run in this order while they fit the stage's time."""
+    modes = ["anthe_base", f"tc={gpu_check_bench.TC_MODEL}"] + gpu_check_bench.mode_models(
+        gpu_check_bench.CHAIN_MODELS)
     chains = gpu_check_bench.chain_models(gpu_check_bench.CHAIN_MODELS)
-    return [{"name": "d512-fp16", "dim": 512, "heads": 8, "dtype": "fp16", "models": every},
-            {"name": "d1024-fp16", "dim": 1024, "heads": 16, "dtype": "fp16", "models": every},
-            {"name": "d512-fp32-chains", "dim": 512, "heads": 8, "dtype": "fp32", "models": chains},
-            {"name": "d512-bf16-chains", "dim": 512, "heads": 8, "dtype": "bf16", "models": chains}]
+    batches = gpu_check_bench.batch_jobs([512, 1024], [8, 16], "fp16",
+                                         extra=["--repeats", "3", "--no-op-counts"])
+    return batches + [
+        {"name": "d512-fp16-modes", "dim": 512, "heads": 8, "dtype": "fp16", "models": modes, "flags": []},
+        {"name": "d512-fp32-chains", "dim": 512, "heads": 8, "dtype": "fp32", "models": chains, "flags": []},
+        {"name": "d512-bf16-chains", "dim": 512, "heads": 8, "dtype": "bf16", "models": chains, "flags": []}]
 
 
 PROFILES = {
@@ -104,13 +109,15 @@ PROFILES = {
                       "--num-batches", "1", "--steps", "1", "--repeats", "1", "--batch-sizes", "1,64",
                       "--beams", "1,5", "--gen-len", "2", "--tokens-per-sample", "32", "--gemm-size", "64",
                       "--no-memory"],
-        bench_jobs=[{"name": "d64-fp32", "dim": 64, "heads": 4, "dtype": "fp32",
-                     "models": gpu_check_bench.chain_models(["anthe_base"])}],
+        bench_jobs=gpu_check_bench.batch_jobs([64], [4], "fp32", tokens=(256,)) + [
+            {"name": "d64-fp32", "dim": 64, "heads": 4, "dtype": "fp32",
+             "models": gpu_check_bench.chain_models(["anthe_base"]), "flags": []}],
         stage_ends={"contract": 0.3, "removal": 0.35, "tc_layers": 0.4, "train": 0.65, "benchmark": 0.97},
         differs=[
             "tiny sizes: contract-size models (d 32) for training, removal and the contract; 6 "
-            "training updates of the broadest family (`slim_transformer` with every technique); one "
-            "benchmark job, fp32 at d 64 with 3 layers, of `anthe_base` and its forced modes;",
+            "training updates of the broadest family (`slim_transformer` with every technique); two "
+            "benchmark jobs, fp32 at d 64 with 3 layers: every family at 256 tokens per step (the "
+            "GPU's 8,192 and 32,768), and `anthe_base` with its forced modes;",
             "`--fp16` runs with `--fp16-no-flatten-grads`: fairseq's flat fp32 master copy asks "
             "`torch.cuda.current_device()`; fairseq's overflow handler also calls `.cuda()`, so an "
             "fp16 overflow would end the run on the CPU;",

@@ -18,6 +18,26 @@ BENCHMARK = os.path.join(REPO, "scripts", "benchmark.py")
 
 TC_MODEL = "slim_transformer --tc-ff 0.005 --tc-patt 0.07"  # `tc` of docs/RESULTS.md
 MAIN_MODELS = ["anthe_base", f"tc={TC_MODEL}", "sandwich_base", "stlm_tied"]
+# one model of every family (the benchmark adds fairseq's transformer and transformer_lm)
+FAMILY_MODELS = MAIN_MODELS + ["skipless_lm"]
+# the batches users train and generate with: training tokens per step, and generation at batch 1,
+# beam 1 and batch 64, beam 5 (the benchmark times every pair of --batch-sizes and --beams)
+TRAINING_TOKENS = (8192, 32768)
+GENERATION = ["--batch-sizes", "1,64", "--beams", "1,5"]
+
+
+def batch_jobs(dims, heads, dtype, tokens=TRAINING_TOKENS, models=FAMILY_MODELS, extra=()):
+    """Benchmark jobs of every family at the batches of :data:`TRAINING_TOKENS`: per width, one
+    job per tokens per step, the first of them with generation (:data:`GENERATION`), the others
+    training only; ``extra``: flags of every such job (after the common ones, so they win)."""
+    jobs = []
+    for dim, head_count in zip(dims, heads):
+        for i, count in enumerate(tokens):
+            flags = ["--max-tokens", str(count), *extra]
+            flags += GENERATION if i == 0 else ["--no-generation"]
+            jobs.append({"name": f"d{dim}-{dtype}-tokens{count}", "dim": dim, "heads": head_count,
+                         "dtype": dtype, "models": list(models), "flags": flags})
+    return jobs
 # each chain model with its forward forced both ways, and the contraction's backward both ways
 FORCED = {"materialise": "--tc-forward materialise",
           "contract": "--tc-forward contract --tc-backward recompute",
@@ -42,7 +62,8 @@ def chain_models(names):
 def benchmark_command(job, common, out_dir, ende_data, lm_data):
     """The ``scripts/benchmark.py`` command line of one job."""
     argv = [sys.executable, BENCHMARK, "--out", out_dir, "--dim", str(job["dim"]), "--heads", str(job["heads"]),
-            "--dtype", job["dtype"], "--ende-data", ende_data, "--lm-data", lm_data, *common]
+            "--dtype", job["dtype"], "--ende-data", ende_data, "--lm-data", lm_data, *common,
+            *job.get("flags", [])]
     for spec in job["models"]:
         argv += ["--model", spec]
     return argv

@@ -568,9 +568,9 @@ def test_chains_of_one_shape_build_their_weights_together(monkeypatch):
         proj.forward_mode = "materialise"
     x = torch.randn(5, 2, 16)
     calls = []
-    real = tensor_chain.materialise_pairs
-    monkeypatch.setattr(tensor_chain, "materialise_pairs",
-                        lambda *a: calls.append(len(a[0])) or real(*a))
+    real = tensor_chain.ChainWeights.apply
+    monkeypatch.setattr(tensor_chain.ChainWeights, "apply",
+                        lambda count, *cores: calls.append(count) or real(count, *cores))
 
     def run():
         out, _ = mha(x, x, x, need_weights=False)

@@ -73,7 +73,11 @@ def test_cpu_run_removal_layers_training_and_benchmark(cpu_report):
     for name in ("fp32", "fp16", "memory-efficient-fp16", "amp"):
         assert runs[name]["status"] == "ok" and len(runs[name]["losses"]) == profile.train_updates, runs[name]
     assert runs["fp16"]["loss_scale"] > 1 and runs["amp"]["loss_scale"] == 1  # the CPU's amp is fp32
-    job, = stages["benchmark"]["jobs"]
+    batches, job = stages["benchmark"]["jobs"]
+    assert batches["status"] == "ok" and batches["name"] == "d64-fp32-tokens256"
+    assert batches["command"][batches["command"].index("--max-tokens", 20) + 1] == "256"
+    assert {r["label"] for r in batches["rows"]} == {
+        "transformer", "transformer_lm", "anthe_base", "tc", "sandwich_base", "stlm_tied", "skipless_lm"}
     assert job["status"] == "ok" and {r["label"] for r in job["rows"]} >= {"transformer", "anthe_base@contract"}
     verdict, = job["verdicts"]
     assert verdict["model"] == "anthe_base" and set(verdict["forward"]) == {
@@ -90,12 +94,32 @@ def test_cpu_run_takes_the_gpu_run_s_paths():
     assert {tuple(sorted(j)) for j in cpu.bench_jobs} == {tuple(sorted(j)) for j in cuda.bench_jobs}
     dims = {j["dim"] for j in cuda.bench_jobs}
     assert dims == {512, 1024}
-    every = set(cuda.bench_jobs[0]["models"])
+    every = {m for j in cuda.bench_jobs for m in j["models"]}
     for model in ("anthe_base", f"tc={gpu_check_bench.TC_MODEL}", "sandwich_base", "stlm_tied"):
         assert model in every
     for name in gpu_check_bench.CHAIN_MODELS:
         for mode, flags in gpu_check_bench.FORCED.items():
             assert f"{name}@{mode}={gpu_check_bench.CHAIN_MODELS[name]} {flags}" in every
+
+
+def test_the_gpu_run_measures_every_family_at_realistic_batches():
+    """Training at 8,192 and 32,768 tokens per step at d 512 and d 1024 in fp16, every family
+    (fairseq's models are added by the benchmark), generation at batch 1 beam 1 and batch 64
+    beam 5 once per width; these jobs come first."""
+    jobs = gpu_check.PROFILES["cuda"].bench_jobs
+    batches = [j for j in jobs if "--max-tokens" in j["flags"]]
+    assert jobs[:len(batches)] == batches
+    seen = {(j["dim"], j["flags"][j["flags"].index("--max-tokens") + 1]) for j in batches}
+    assert seen == {(d, t) for d in (512, 1024) for t in ("8192", "32768")}
+    for j in batches:
+        assert j["dtype"] == "fp16" and set(j["models"]) == set(gpu_check_bench.FAMILY_MODELS)
+        argv = gpu_check_bench.benchmark_command(j, ["--max-tokens", "4096"], "OUT", "E", "L")
+        tokens = argv[len(argv) - argv[::-1].index("--max-tokens")]  # the last one wins
+        assert tokens == j["flags"][j["flags"].index("--max-tokens") + 1]
+        if tokens == "8192":
+            assert argv[argv.index("--batch-sizes") + 1] == "1,64" and argv[argv.index("--beams") + 1] == "1,5"
+        else:
+            assert "--no-generation" in argv
 
 
 def test_training_specs_every_family_and_precision(tmp_path):
@@ -187,10 +211,11 @@ def test_benchmark_stage_skips_a_job_that_would_not_fit(monkeypatch, tmp_path):
     profile = gpu_check.PROFILES["cuda"]
     budget = gpu_check.Budget(450.0, {**profile.stage_ends, "benchmark": 1.0})
     stage = gpu_check.stage_benchmark(profile, ("E", "L"), budget, str(tmp_path))
-    # d512-fp16: 12 models, 240 s; d1024-fp16 would need 240 of the 210 left; the fp32 chains
-    # job needs 200 and runs; the bf16 one would need 200 of the 10 left
-    assert [j["status"] for j in stage["jobs"]] == ["ok", "skipped", "ok", "skipped"]
-    assert started == [("d512-fp16", 450.0), ("d512-fp32-chains", 210.0)]
+    # each batch job: 7 models, 140 s; the fourth would need 140 of the 30 left, and each job
+    # after it (10 models) 200
+    assert [j["status"] for j in stage["jobs"]] == ["ok"] * 3 + ["skipped"] * 4
+    assert started == [("d512-fp16-tokens8192", 450.0), ("d512-fp16-tokens32768", 310.0),
+                       ("d1024-fp16-tokens8192", 170.0)]
     assert stage["status"] == "partial"
 
 

@@ -25,8 +25,8 @@ COUNTS = {
     "stlm_tied": (457, 107.25),                # STLM block: RMSNorm, RoPE, GQA, SwiGLU
     "skipless_lm": (522, 115.25),              # shaped attention, no residual, no norm
     "slim_lm": (561, 116.5),                   # every option off: fairseq's pre-norm LM
-    "anthe_lm_gpt2_small": (1018, 157.375),    # Anthe as a language model
-    "anthe_base": (2349, 238.25),              # gates, GLU, H-SoftPOS, Tensor Chains
+    "anthe_lm_gpt2_small": (794, 120.375),     # Anthe as a language model
+    "anthe_base": (1673, 193.75),              # gates, GLU, H-SoftPOS, Tensor Chains
     "subformer_base": (1907, 238.125),         # SAFE and a wider sandwich
     "slim_transformer": (1522, 206.375),       # every option off: fairseq's transformer
     "transformer_lm": (565, 116.5),            # fairseq's, pre-norm
@@ -78,11 +78,12 @@ def test_ops_per_step(counts, arch, step):
 def test_counts_see_what_the_blocks_run(counts):
     """The counts move with the blocks: the decoding step of stlm_tied runs fewer ops than
     fairseq's pre-norm transformer_lm although it adds RoPE and grouped key/value heads, an
-    Anthe training step runs its Tensor-Chain weights' ops on top of fairseq's transformer's,
-    and under autocast the GLU of stlm_tied multiplies by its two weights stacked."""
+    Anthe training step runs the few batched products that build and differentiate its
+    Tensor-Chain weights on top of fairseq's transformer's ops, and under autocast the GLU of
+    stlm_tied multiplies by its two weights stacked."""
     result, stacked = counts
     assert result["stlm_tied"]["decode"].top < result["transformer_lm"]["decode"].top
-    assert result["anthe_base"]["train"].top > 1.2 * result["transformer"]["train"].top
+    assert result["anthe_base"]["train"].top > result["transformer"]["train"].top
     assert all(c["train"].all > c["train"].top for c in result.values())
     assert True in stacked
 

@@ -33,6 +33,7 @@ from slim_fairseq.models.slim_options import (
     validate_slim_args,
 )
 from slim_fairseq.models.slim_transformer import (
+    ChainsBuiltTogetherMixin,
     ContractOverridesMixin,
     SlimTransformerDecoder,
     WeightsCheckMixin,
@@ -44,7 +45,8 @@ from slim_fairseq.option_errors import check_task, one_line_option_errors, optio
 
 
 @register_model("slim_lm")
-class SlimLanguageModel(WeightsCheckMixin, ContractOverridesMixin, TransformerLanguageModel):
+class SlimLanguageModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, ContractOverridesMixin,
+                        TransformerLanguageModel):
     """Decoder-only transformer LM with the plugin's techniques as options."""
 
     SIDES = ("decoder",)

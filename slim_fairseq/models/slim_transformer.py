@@ -13,6 +13,7 @@ import copy
 import math
 from typing import Dict, List, Optional
 
+import torch
 import torch.nn as nn
 from torch import Tensor
 
@@ -52,7 +53,7 @@ from slim_fairseq.modules.input_embedding import build_input_embedding, build_to
 from slim_fairseq.modules.safe import SAFEOutputProjection
 from slim_fairseq.modules.sandwich import SandwichCrossAttention, build_sandwich_stack
 from slim_fairseq.modules.skipless import init_skipless_table_
-from slim_fairseq.modules.tensor_chain import TensorChainLinear
+from slim_fairseq.modules.tensor_chain import TensorChainLinear, built_together, two_core_chains
 from slim_fairseq.modules.tensor_chain_policy import force_modes_
 from slim_fairseq.modules.weight_tying import apply_weight_tying
 from slim_fairseq import data_record
@@ -368,6 +369,18 @@ class ContractOverridesMixin:
         return out
 
 
+class ChainsBuiltTogetherMixin:
+    """``forward`` in which the Tensor-Chain weights of one shape, across all layers, are built
+    in one batched product and differentiated in one (:func:`built_together`): a training step
+    launches a few products for all its chain weights instead of a few per weight."""
+
+    def forward(self, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            return super().forward(*args, **kwargs)
+        with built_together(two_core_chains(self)):
+            return super().forward(*args, **kwargs)
+
+
 class WeightsCheckMixin:
     """``load_state_dict`` that refuses, in one line, weights of another model (fairseq-train
     resuming a --save-dir of another architecture or other options; fairseq would stop with a
@@ -463,7 +476,8 @@ def check_languages(args, task):
 
 
 @register_model("slim_transformer")
-class SlimTransformerModel(WeightsCheckMixin, ContractOverridesMixin, TransformerModel):
+class SlimTransformerModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, ContractOverridesMixin,
+                           TransformerModel):
     """Encoder-decoder transformer with the plugin's techniques as options (docs/DESIGN.md)."""
 
     @classmethod

@@ -251,7 +251,10 @@ class SlimMultiheadAttention(nn.Module):
                         -1, self.beam_size, key_padding_mask.size(1))[:, 0, :]
             value = key
 
-        with built_together((self.q_proj, self.k_proj, self.v_proj), tgt_len * bsz, query):
+        if torch.is_grad_enabled() and self.tc_ratio:
+            with built_together((self.q_proj, self.k_proj, self.v_proj), tgt_len * bsz, query):
+                q, k, v = self.project_inputs(query, key, value)
+        else:  # (no weights to build together: a decoding step skips the context manager)
             q, k, v = self.project_inputs(query, key, value)
         q = _heads(q, self.num_heads, self.head_dim)
         if k is not None:

@@ -127,7 +127,7 @@ class HSoftPOSEmbedding(nn.Module):
         x = self.embed_scale * self.table(tokens)
         if positions is not None:
             x = x + positions
-        keep = tokens.ne(self.padding_idx).unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+        keep = tokens.ne(self.padding_idx).unsqueeze(-1)  # (B, T, 1), bool: x * keep is x or 0
         x = x * keep
         parts = [x, self.soft_positions(0, x)]
         for level, (conv, dil) in enumerate(zip(self.convs, self.dilations), start=1):
@@ -140,7 +140,7 @@ class HSoftPOSEmbedding(nn.Module):
         x = self.embed_scale * self.table(token)
         if position is not None:
             x = x + position
-        keep = token.ne(self.padding_idx).unsqueeze(-1).to(x.dtype)
+        keep = token.ne(self.padding_idx).unsqueeze(-1)
         x = x * keep
         parts = [x, self.soft_positions(0, x)]
         cache = self.get_incremental_state(incremental_state, "conv_inputs") or {}

@@ -255,6 +255,44 @@ class RecomputedInputLinear(torch.autograd.Function):
         return (grad_x, grad_w, grad_bias, None, None, *([None] * len(inputs)))
 
 
+class MaterialisedLinear(torch.autograd.Function):
+    """``F.linear(x, w, bias)`` (``w`` [out, in]: a materialised chain weight in nn.Linear's
+    layout) for ``x`` of any leading shape, in as few ops each way as a dense layer: no reshapes
+    in forward, one product per gradient in backward, no casts of tensors already in the right
+    dtype. Under autocast ``x`` is kept in the compute dtype (as autograd through ``F.linear``
+    keeps it). Same results as autograd through ``F.linear``, gradients of gradients included
+    (outside autocast)."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias):
+        remember_autocast(ctx, x)
+        enabled, dtype = ctx.autocast
+        ctx.cast = enabled and x.dtype != dtype and x.is_floating_point()
+        if ctx.cast:
+            x = x.to(dtype)  # the cast autocast makes in F.linear, kept for backward
+        ctx.save_for_backward(x, w)
+        ctx.dtypes = (x.dtype, None if bias is None else bias.dtype)
+        return torch.nn.functional.linear(x, w, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.cast:  # (without the cast, backward's own ops record gradients of gradients)
+            refuse_double_backward("Tensor-Chain linear layer under autocast")
+        x, w = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grad_x = grad_w = grad_bias = None
+        grad2d = grad.reshape(-1, w.shape[0])
+        with forward_autocast(ctx):
+            if needs[0]:
+                grad_x = torch.matmul(grad, w)
+            if needs[1]:
+                grad_w = torch.mm(grad2d.t(), x.reshape(-1, w.shape[1]))
+        if needs[2] and ctx.dtypes[1] is not None:
+            grad_bias = grad2d.sum(0)
+        return tuple(g if g is None or g.dtype == t else g.to(t)
+                     for g, t in zip((grad_x, grad_w, grad_bias), (x.dtype, w.dtype, ctx.dtypes[1])))
+
+
 def linear_input_of(x, x2d, w, bias):
     """``x2d @ w + bias``; when ``x`` was marked by :func:`mark_recomputable`, keep the
     recompute inputs instead of ``x2d`` (see :class:`RecomputedInputLinear`)."""

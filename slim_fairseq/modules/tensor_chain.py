@@ -12,9 +12,12 @@ import warnings
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from slim_fairseq.modules.tc_autograd import (chain_contract_input_of, chain_value, linear_input_of,
-                                              mark_recomputable)
+from slim_fairseq.modules.tc_autograd import (chain_contract_input_of, chain_value, forward_autocast,
+                                              linear_input_of, mark_recomputable, MaterialisedLinear,
+                                              recompute_recipe,
+                                              remember_autocast)
 from slim_fairseq.modules import tensor_chain_policy
 from slim_fairseq.modules.tc_contraction import (  # noqa: F401  (the chain's arithmetic, re-exported)
     contract_input, contract_pair, contract_pair_rows, first_core_first, materialise,
@@ -165,21 +168,23 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
 
     def full_weight(self):
         """The materialised ``[in_features, out_features]`` matrix (``y = x @ W``), or the one
-        :func:`built_together` made for this forward."""
-        built = self.__dict__.get("_built")
-        return built if built is not None else materialise(list(self.cores))
+        :func:`built_together` builds with others of its shape."""
+        group = self.__dict__.get("_group")
+        return group.weight(self) if group is not None else materialise(list(self.cores))
 
     def inference_weight(self):
         """:meth:`full_weight`, built once and reused while no gradient is recorded in eval
         mode and the cores are the same tensors, unmodified, in the same autocast state (a
         decoding step then multiplies by W instead of rebuilding it). Training mode, or a
         gradient through the cores, builds W at every call."""
-        if self.training or (torch.is_grad_enabled() and self.cores[0].requires_grad):
+        cores = tuple(self.cores._parameters.values())  # (not ParameterList's slower indexing)
+        if self.training or (torch.is_grad_enabled() and cores[0].requires_grad):
             return self.full_weight()
-        device_type = self.cores[0].device.type
+        first = cores[0]
+        device_type = "cuda" if first.is_cuda else "cpu" if first.is_cpu else first.device.type
         autocast = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)) \
             if device_type in ("cpu", "cuda") else None
-        key = (tuple((core.data_ptr(), core._version, core.dtype) for core in self.cores), autocast)
+        key = (tuple((core.data_ptr(), core._version, core.dtype) for core in cores), autocast)
         cached = self.__dict__.get("_inference_weight")
         if cached is None or cached[0] != key:
             cached = self.__dict__["_inference_weight"] = (key, self.full_weight())
@@ -187,6 +192,7 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
 
     def train(self, mode=True):
         self.__dict__.pop("_inference_weight", None)  # parameters change in training
+        self.__dict__.pop("_linear_layout_of", None)
         return super().train(mode)
 
     @property
@@ -225,26 +231,55 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         return tensor_chain_policy.contract_pays(self.cost_ratio(rows, weight_built), materialise_macs, rows,
                                                  *tensor_chain_policy.target(self.cores[0] if like is None else like))
 
+    def _contracts(self, rows, x, reuse):
+        """:meth:`use_contraction` for ``rows`` rows of ``x``; while W is kept (decoding), the
+        answer is kept per rows, target and ``forward_mode`` (a step then skips the policy)."""
+        if not reuse:
+            return self.use_contraction(rows, x)
+        key = (rows, tensor_chain_policy.target(x), self.forward_mode)
+        kept = self.__dict__.setdefault("_kept_choices", {})
+        choice = kept.get(key)
+        if choice is None:
+            choice = kept[key] = self.use_contraction(rows, x, weight_built=True)
+        return choice
+
     def forward(self, x):
         shape = x.shape
-        x2d = x.reshape(-1, self.in_features)
-        reuse = self.reuses_weight()
-        if self.use_contraction(x2d.shape[0], x2d, weight_built=reuse):
-            recompute = torch.is_grad_enabled() and self.recompute_in_backward
-            if recompute:
-                # keeps only x2d (or what rebuilds it) and the cores for backward
-                y = chain_contract_input_of(x, x2d, list(self.cores))
-            else:  # plain autograd keeps every intermediate (or no grad: nothing to keep)
-                y = contract_input(x2d, list(self.cores))
-            if self.bias is not None:
-                y = y + self.bias
-            if recompute and self.rebuildable_output:
-                return mark_recomputable(y.reshape(*shape[:-1], self.out_features), chain_value,
-                                         x2d, self.bias, *self.cores)
-        else:
+        reuse = not self.training and not (torch.is_grad_enabled() and self.cores[0].requires_grad)
+        if not self._contracts(x.numel() // self.in_features, x, reuse):
+            if not torch.is_grad_enabled():
+                # one op: F.linear with W in nn.Linear's layout (a view), no reshapes around it
+                return F.linear(x, self._linear_layout(reuse), self.bias)
+            if recompute_recipe(x) is None:
+                return MaterialisedLinear.apply(x, self._linear_layout(reuse), self.bias)
             weight = self.inference_weight() if reuse else self.full_weight()
-            y = linear_input_of(x, x2d, weight, self.bias)
+            y = linear_input_of(x, x.reshape(-1, self.in_features), weight, self.bias)
+            return y.reshape(*shape[:-1], self.out_features)
+        x2d = x.reshape(-1, self.in_features)
+        recompute = torch.is_grad_enabled() and self.recompute_in_backward
+        if recompute:
+            # keeps only x2d (or what rebuilds it) and the cores for backward
+            y = chain_contract_input_of(x, x2d, list(self.cores))
+        else:  # plain autograd keeps every intermediate (or no grad: nothing to keep)
+            y = contract_input(x2d, list(self.cores))
+        if self.bias is not None:
+            y = y + self.bias
+        if recompute and self.rebuildable_output:
+            return mark_recomputable(y.reshape(*shape[:-1], self.out_features), chain_value,
+                                     x2d, self.bias, *self.cores)
         return y.reshape(*shape[:-1], self.out_features)
+
+    def _linear_layout(self, reuse):
+        """W as ``[out_features, in_features]`` (a view of the ``[in, out]`` matrix); with
+        ``reuse``, the view of :meth:`inference_weight`'s kept W, kept with it."""
+        if not reuse:
+            group = self.__dict__.get("_group")
+            return group.weight(self, layout="linear") if group is not None else self.full_weight().t()
+        weight = self.inference_weight()
+        kept = self.__dict__.get("_linear_layout_of")
+        if kept is None or kept[0] is not weight:
+            kept = self.__dict__["_linear_layout_of"] = (weight, weight.t())
+        return kept[1]
 
     @torch.no_grad()
     def to_dense(self):
@@ -280,31 +315,100 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         return module
 
 
+class ChainWeights(torch.autograd.Function):
+    """The weights of k two-core chains of one shape (``cores``: their k first cores, then their
+    k last cores) in one batched product, :func:`materialise_pairs`'s results in nn.Linear's
+    layout (``[out_features, in_features]``); backward runs one
+    batched product per core position for all k chains (a weight left unused gets a zero
+    gradient). Gradients of gradients differentiate :func:`materialise_pairs` instead."""
+
+    @staticmethod
+    def forward(ctx, count, *cores):
+        remember_autocast(ctx, cores[0])
+        (a1, bond, c1), (a2, _, c2) = cores[0].shape, cores[count].shape
+        left = torch.stack(cores[:count]).transpose(2, 3).reshape(count, a1 * c1, bond)
+        right = torch.stack(cores[count:]).transpose(1, 2).reshape(count, bond, a2 * c2)
+        ctx.count, ctx.shapes = count, (a1, bond, c1, a2, c2)
+        ctx.save_for_backward(left, right, *cores)
+        product = torch.bmm(left, right).view(count, a1, c1, a2, c2)
+        # W in nn.Linear's layout [c1 c2, a1 a2], the one a linear layer multiplies by
+        return product.permute(0, 2, 4, 1, 3).reshape(count, c1 * c2, a1 * a2).unbind(0)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        left, right, *cores = ctx.saved_tensors
+        count, (a1, bond, c1, a2, c2) = ctx.count, ctx.shapes
+        if torch.is_grad_enabled():  # create_graph: plain autograd through the same product
+            with torch.enable_grad(), forward_autocast(ctx):
+                weights = [w.t() for w in materialise_pairs(cores[:count], cores[count:])]
+            used = [(w, g) for w, g in zip(weights, grads) if g is not None]
+            got = torch.autograd.grad([w for w, _ in used], cores, [g for _, g in used],
+                                      create_graph=True, allow_unused=True)
+            return (None, *(torch.zeros_like(c) if g is None else g for g, c in zip(got, cores)))
+        like = next(g for g in grads if g is not None)
+        grad = torch.stack([like.new_zeros(()).expand_as(like) if g is None else g
+                            for g in grads])  # [k, c1 c2, a1 a2] = [k, c1, c2, a1, a2]
+        grad = grad.view(count, c1, c2, a1, a2).permute(0, 3, 1, 4, 2).reshape(count, a1 * c1, a2 * c2)
+        with forward_autocast(ctx):
+            grad_left = torch.bmm(grad, right.transpose(1, 2))  # [k, a1 c1, b]
+            grad_right = torch.bmm(left.transpose(1, 2), grad)  # [k, b, a2 c2]
+        dtype = cores[0].dtype
+        firsts = grad_left.view(count, a1, c1, bond).transpose(2, 3).to(dtype).unbind(0)
+        lasts = grad_right.view(count, bond, a2, c2).transpose(1, 2).to(dtype).unbind(0)
+        return (None, *firsts, *lasts)
+
+
+class _ChainGroup:
+    """Two-core chains of one shape whose weights are built together, at the first request of
+    any of them (:func:`built_together`)."""
+
+    def __init__(self, chains):
+        self.chains, self.weights = chains, None
+
+    def weight(self, chain, layout="chain"):
+        """W of ``chain``: ``[in, out]`` (layout "chain") or nn.Linear's ``[out, in]`` ("linear"),
+        each a view of the group's product."""
+        if self.weights is None:
+            cores = [c.cores[0] for c in self.chains] + [c.cores[1] for c in self.chains]
+            self.weights = dict(zip(map(id, self.chains), ChainWeights.apply(len(self.chains), *cores)))
+        weight = self.weights[id(chain)]
+        return weight if layout == "linear" else weight.t()
+
+
 @contextlib.contextmanager
-def built_together(chains, rows, like):
-    """Inside the block, the two-core chains of ``chains`` that share a shape and will multiply
-    ``rows`` rows of ``like`` by their weight, with a gradient recorded, use weights built in one
-    batched product (:func:`materialise_pairs`): the queries', keys' and values' projections of
-    an attention, a GLU's two input linears. Elsewhere (no gradient, contraction, one chain of a
-    shape) each builds its own."""
+def built_together(chains, rows=None, like=None):
+    """Inside the block, the two-core chains of ``chains`` that share a shape and, with a
+    gradient recorded, multiply by their weight, use weights built in one batched product
+    (:class:`ChainWeights`): every chain of a model (its forward in training), or the queries',
+    keys' and values' projections of an attention and a GLU's two input linears where they run
+    alone. The group's weights are built when the first of them is asked for; a chain that
+    contracts its input instead never asks. ``rows`` (of ``like``): leave out the chains that
+    would contract that many rows. Chains in a group of an enclosing block stay in it."""
     groups = {}
     if torch.is_grad_enabled():
         for chain in chains:
             if (isinstance(chain, TensorChainLinear) and chain.length == 2
-                    and chain.cores[0].requires_grad and not chain.use_contraction(rows, like)):
-                key = (tuple(core.shape for core in chain.cores), chain.cores[0].dtype)
+                    and "_group" not in chain.__dict__ and chain.cores[0].requires_grad
+                    and (rows is None or not chain.use_contraction(rows, like))):
+                core = chain.cores[0]
+                key = (tuple(core.shape for core in chain.cores), core.dtype, core.device)
                 groups.setdefault(key, []).append(chain)
     grouped = [group for group in groups.values() if len(group) > 1]
     try:
         for group in grouped:
-            weights = materialise_pairs([c.cores[0] for c in group], [c.cores[1] for c in group])
-            for chain, weight in zip(group, weights):
-                chain.__dict__["_built"] = weight
+            shared = _ChainGroup(group)
+            for chain in group:
+                chain.__dict__["_group"] = shared
         yield
     finally:
         for group in grouped:
             for chain in group:
-                chain.__dict__.pop("_built", None)
+                chain.__dict__.pop("_group", None)
+
+
+def two_core_chains(model):
+    """The two-core Tensor-Chain linear layers of ``model``."""
+    return [m for m in model.modules() if isinstance(m, TensorChainLinear) and m.length == 2]
 
 
 def tt_svd(w, in_factors, out_factors, bond):

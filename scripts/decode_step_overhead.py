@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Time of one incremental decoding step of every family against fairseq's model of the same
+shape, on the CPU at width 64 and batch 1 (a step bound by Python and op dispatch: the proxy for
+a small model's generation on a GPU), the models interleaved and each step's median reported:
+
+    OMP_NUM_THREADS=1 python scripts/decode_step_overhead.py [--rounds 20] [--model ARCH ...]
+
+prints a markdown table (µs per step, ratio against transformer_lm or transformer). The library
+is slim_fairseq_lab.benchmark.decode_overhead; docs/GPU.md holds a run's table.
+"""
+import argparse
+
+from slim_fairseq_lab.benchmark import decode_overhead, op_count
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", default=[], metavar="ARCH",
+                   help="a plugin architecture (repeatable); default: one of every family")
+    p.add_argument("--rounds", type=int, default=20,
+                   help="interleaved rounds; each decodes --steps tokens per model (default 20)")
+    shape = decode_overhead.SHAPE
+    for name in ("dim", "layers", "heads", "ffn"):
+        p.add_argument("--" + name, type=int, default=getattr(shape, name),
+                       help=f"default {getattr(shape, name)}")
+    p.add_argument("--steps", type=int, default=shape.decode_steps,
+                   help=f"tokens decoded per model per round (default {shape.decode_steps})")
+    return p
+
+
+def main(argv=None):
+    args = get_parser().parse_args(argv)
+    from slim_fairseq_lab import contract, specs
+    from slim_fairseq_lab.gpu_check import prepare_data, task_argv
+    if args.rounds < 1 or args.steps < 1:
+        raise SystemExit(f"decode_step_overhead.py: --rounds={args.rounds}, --steps={args.steps}: "
+                         "nothing to time; allowed: both >= 1")
+    archs = args.model or list(op_count.FAMILIES)
+    known = contract.plugin_archs()
+    unknown = [a for a in archs if a not in known]
+    if unknown:
+        raise SystemExit(f"decode_step_overhead.py: --model={unknown[0]}: not a plugin "
+                         "architecture; allowed: " + ", ".join(sorted(known)))
+    models = {arch: specs.is_language_model(arch) for arch in archs}
+    shape = op_count.OpShape(args.dim, args.layers, args.heads, args.ffn, 1, args.steps, args.steps)
+    data = prepare_data()
+
+    def build(arch, overrides, lm):
+        return contract.build(arch, overrides, task_argv(lm, data))
+
+    result = decode_overhead.step_times(build, models, shape, rounds=args.rounds)
+    print(decode_overhead.markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""scripts/decode_step_overhead.py and slim_fairseq_lab.benchmark.decode_overhead: per-step time of
+incremental decoding against fairseq's model of the same shape, at tiny sizes."""
+import os
+import subprocess
+import sys
+
+from helpers import build
+from slim_fairseq_lab.benchmark import decode_overhead
+from slim_fairseq_lab.benchmark.op_count import OpShape
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_every_model_is_timed_against_its_baseline_interleaved():
+    shape = OpShape(dim=32, layers=3, heads=4, ffn=64, batch=1, length=3, decode_steps=3)
+    result = decode_overhead.step_times(build, {"anthe_base": False, "stlm_tied": True}, shape,
+                                        rounds=2)
+    assert set(result) == {"anthe_base", "stlm_tied", "transformer", "transformer_lm"}
+    assert result["anthe_base"]["against"] == "transformer"
+    assert result["stlm_tied"]["against"] == "transformer_lm"
+    for arch, r in result.items():
+        assert r["steps"] == 2 * 3 and r["median_s"] > 0
+        base = result[r["against"]]["median_s"]
+        assert abs(r["ratio"] - r["median_s"] / base) < 1e-12
+    assert result["transformer"]["ratio"] == 1.0
+    table = decode_overhead.markdown(result)
+    assert table.count("\n") == 2 + 3 and "| anthe_base | transformer |" in table
+
+
+def test_the_script_refuses_an_unknown_model_in_one_line():
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "decode_step_overhead.py"),
+                           "--model", "nope", "--rounds", "1"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("decode_step_overhead.py: --model=nope: not a plugin architecture; "
+                                "allowed: ")
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
