@@ -45,8 +45,8 @@ def trained(proc):
 
 
 def refused(proc):
-    """The last line of a command that must have refused (exit status not 0)."""
-    assert proc.returncode != 0, (proc.stdout + proc.stderr)[-3000:]
+    """The last line of a command that must have refused (exit status 2, a refusal's)."""
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
     return proc.stderr.strip().splitlines()[-1]
 
 
@@ -181,7 +181,7 @@ def test_averaging_refuses_checkpoints_of_two_runs(lm):
 
     proc = average("--inputs", a2, b1, "--output", out)
     assert refused(proc) == (
-        f"error: --inputs: {b1} is a checkpoint of another run than {a2} (run {run_of(b1)[:8]}, and "
+        f"average_checkpoints: error: --inputs: {b1} is a checkpoint of another run than {a2} (run {run_of(b1)[:8]}, and "
         f"{run_of(a2)[:8]}): independently trained models do not average to a model; allowed: checkpoints of one "
         "run, or --allow-several-runs to average them on purpose")
     assert not out.exists()
