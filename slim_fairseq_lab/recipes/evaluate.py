@@ -186,7 +186,10 @@ class Evaluation:
         (:func:`text.same_sentence`): a line deleted and another added elsewhere keep the count
         and would score every hypothesis between them against another sentence."""
         index = source_index[:-len(f".{self.src}.idx")] + f".{self.tgt}.idx"
-        targets = text.binarized_lines(index, os.path.join(self.data, f"dict.{self.tgt}.txt"))
+        dictionary = os.path.join(self.data, f"dict.{self.tgt}.txt")
+        if not (os.path.isfile(index) and os.path.isfile(dictionary)):
+            return  # no target side: fairseq-generate prints no T- lines either
+        targets = text.binarized_lines(index, dictionary)
         for number, (words, line) in enumerate(zip(targets, text.read_lines(ref)), 1):
             target = text.post_processed(words, self.scheme)
             if not text.same_sentence(target, line):

@@ -347,13 +347,13 @@ WORD = re.compile(r"\w+")
 
 
 def same_sentence(target, reference):
-    """Whether a target line as fairseq reads it (tokenized, ``<unk>`` for unknown words) and a
-    reference line are one sentence: most of their words (letters and digits, any case) are
-    shared, whatever the tokenization and punctuation normalisation made of the rest."""
-    unknown = target.count("<unk>")
+    """Whether a target line as fairseq reads it (tokenized, ``<unk>`` for unknown pieces) and a
+    reference line are one sentence: at least half of the target's letters and digits are in
+    words (or, next to an ``<unk>``, pieces of words) of the reference, whatever the tokenization
+    and punctuation normalisation made of the rest."""
     ours = set(WORD.findall(target.replace("<unk>", " ").lower()))
-    theirs = set(WORD.findall(reference.lower()))
-    if not ours and not theirs:
+    if not ours:
         return True
-    shared = len(ours & theirs)
-    return shared >= 0.5 * max(len(ours), len(theirs) - unknown, 1)
+    theirs = " ".join(WORD.findall(reference.lower()))
+    found = sum(len(word) for word in ours if word in theirs)
+    return found >= 0.5 * sum(len(word) for word in ours)
