@@ -383,14 +383,15 @@ def translation_stand_in(folder: Path, src: str, tgt: str, count: int = DOC_SENT
     """A translation data-bin of COUNT sentences per split, as the prepare scripts leave it:
     dictionaries, binarized splits, recipe.info and the untokenized valid/test references."""
     folder.mkdir(parents=True)
-    words = sorted({w for lang in (src, tgt) for line in stand_in(lang, "test", 0, count) for w in line.split()})
+    words = sorted({w for lang in (src, tgt) for split in ("valid", "test")
+                    for line in stand_in(lang, split, 0, count) for w in line.split()})
+    ids = {word: 4 + i for i, word in enumerate(words)}
     for lang in (src, tgt):
         (folder / f"dict.{lang}.txt").write_text(_dictionary(words), encoding="utf-8")
     for split in ("train", "valid", "test"):
         for lang in (src, tgt):
             lines = stand_in(lang, "test" if split == "train" else split, 0, count)
-            write_indexed(folder / f"{split}.{src}-{tgt}.{lang}",
-                          [[4 + i % 50 for i in range(len(line.split()))] + [2] for line in lines])
+            write_indexed(folder / f"{split}.{src}-{tgt}.{lang}", [[ids[w] for w in line.split()] + [2] for line in lines])
             if split != "train":
                 (folder / f"{split}.raw.{lang}").write_text(_text(lines).decode("utf-8"), encoding="utf-8")
     (folder / "recipe.info").write_text(f"SRC={src}\nTGT={tgt}\nSCHEME=moses-bpe\n", encoding="utf-8")

@@ -394,7 +394,7 @@ RECIPES = [
      "data-bin (one line per sentence)",
      [("the test.raw.de written with the data-bin", "translation/evaluate.sh", EVAL)]),
     ("translation/evaluate.sh", ["{latin1}", "{mtckpt}", "--lenpens", "1.0"],
-     "evaluate.sh: error: {latin1}/test.raw.de: line 3 is not UTF-8 text (byte 0xe9 at 4); allowed: the text as "
+     "evaluate.sh: error: {latin1}/test.raw.de: line 1 is not UTF-8 text (byte 0xfc at 8); allowed: the text as "
      "UTF-8 (e.g. iconv -f LATIN1 -t UTF-8)",
      [("iconv -f LATIN1 -t UTF-8", "translation/evaluate.sh", ["{utf8}", "{mtckpt}", "--lenpens", "1.0"])]),
     # an option fairseq-generate does not know: refused before anything is translated
@@ -410,8 +410,8 @@ ACCEPTED = list(dict.fromkeys((script, tuple(argv)) for *_, fixes in RECIPES for
 
 def _placeholders(tmp_path):
     """{ende}, {lm} and damaged copies of them: without a valid split ({novalid}), with an empty
-    training split ({emptytrain}), with line 50 of test.raw.de deleted ({shifted}), with a
-    Latin-1 reference ({latin1}) and that reference converted to UTF-8 as iconv -f LATIN1 -t UTF-8
+    training split ({emptytrain}), with line 50 of test.raw.de deleted ({shifted}), with the
+    reference in Latin-1 ({latin1}) and that reference converted to UTF-8 as iconv -f LATIN1 -t UTF-8
     does ({utf8}), in the other direction ({deen}); checkpoints of a language model, of en -> de
     and of de -> en translation (their configuration only), a truncated one ({truncated}) in a
     save-dir ({truncdir}) that holds a complete earlier one (checkpoint1.pt), and a save-dir
@@ -433,8 +433,8 @@ def _placeholders(tmp_path):
     with open(os.path.join(ende, "test.raw.de"), encoding="utf-8") as f:
         refs = f.read().splitlines(keepends=True)
     (tmp_path / "shifted" / "test.raw.de").write_text("".join(refs[:49] + refs[50:]), encoding="utf-8")
-    (tmp_path / "latin1" / "test.raw.de").write_bytes("".join(refs[:2]).encode("utf-8") + "caf\u00e9\n".encode(
-        "latin-1") + "".join(refs[3:]).encode("utf-8"))
+    # what a Latin-1 file can hold of the references ("?" for those it has not, e.g. U+2026)
+    (tmp_path / "latin1" / "test.raw.de").write_bytes("".join(refs).encode("latin-1", errors="replace"))
     (tmp_path / "utf8" / "test.raw.de").write_bytes(
         (tmp_path / "latin1" / "test.raw.de").read_bytes().decode("latin-1").encode("utf-8"))
     (tmp_path / "deen" / "recipe.info").write_text("SRC=de\nTGT=en\nSCHEME=moses-bpe\n")

@@ -172,6 +172,25 @@ def argparse_refusal(message, options):
     return refuse(flag, problem, options)
 
 
+NEGATIVE = re.compile(r"-(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def negative_values_joined(words):
+    """``--flag -1e-3`` as ``--flag=-1e-3``: argparse takes a word that starts with ``-`` and is
+    not a plain ``-N`` / ``-N.N`` for an option, and would answer "expected one argument"."""
+    joined, i = [], 0
+    while i < len(words):
+        word = words[i]
+        if (word.startswith("--") and "=" not in word and i + 1 < len(words)
+                and NEGATIVE.fullmatch(words[i + 1])):
+            joined.append(f"{word}={words[i + 1]}")
+            i += 2
+            continue
+        joined.append(word)
+        i += 1
+    return joined
+
+
 class Help(Exception):
     """-h / --help was given."""
 

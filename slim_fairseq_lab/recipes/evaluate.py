@@ -31,7 +31,8 @@ they were (a failed run's logs stay in the temporary folder its error names). Tr
 logs its progress.
 Refused before anything is translated: references that are not UTF-8, or whose lines are not
 the sentences of the binarized subset (a line deleted or added would score every later
-hypothesis against another sentence), a checkpoint that is not complete, a language model,
+hypothesis against another sentence: each line is compared with the target sentence
+fairseq-generate reads, after the same BPE removal, and the first that differs is named), a checkpoint that is not complete, a language model,
 a model trained to translate other languages than recipe.info names, and options that
 fairseq-generate does not know.
 
@@ -176,7 +177,26 @@ class Evaluation:
             raise refuse(ref, f"{count} lines, and the binarized {subset} split holds {sentences} sentences: "
                          "its hypotheses would be scored against other sentences' references",
                          f"the {os.path.basename(ref)} written with the data-bin (one line per sentence)")
+        self.check_references(subset, ref, index)
         return count
+
+    def check_references(self, subset, ref, source_index):
+        """Each reference line is the target sentence fairseq-generate reads from the data-bin
+        (its ``T-`` line after the same BPE removal), compared word by word
+        (:func:`text.same_sentence`): a line deleted and another added elsewhere keep the count
+        and would score every hypothesis between them against another sentence."""
+        index = source_index[:-len(f".{self.src}.idx")] + f".{self.tgt}.idx"
+        dictionary = os.path.join(self.data, f"dict.{self.tgt}.txt")
+        if not (os.path.isfile(index) and os.path.isfile(dictionary)):
+            return  # no target side: fairseq-generate prints no T- lines either
+        targets = text.binarized_lines(index, dictionary)
+        for number, (words, line) in enumerate(zip(targets, text.read_lines(ref)), 1):
+            target = text.post_processed(words, self.scheme)
+            if not text.same_sentence(target, line):
+                raise refuse(ref, f"line {number} is not the target sentence {number} of the binarized {subset} "
+                             f"split ('{_short(line)}', and the data-bin holds '{_short(target)}'): the "
+                             "references are not the test set's", f"the {os.path.basename(ref)} written with the "
+                             "data-bin (one line per sentence, in its order)")
 
     def check_model(self):
         state = self.model.state
@@ -355,6 +375,10 @@ class Evaluation:
                 if match:
                     found[match.group(1)] = match.group(2)
         return found
+
+
+def _short(line, most=60):
+    return line if len(line) <= most else line[:most - 3] + "..."
 
 
 def same_lines(ref, hyp):

@@ -294,3 +294,66 @@ def pair_index(data, subset, src, tgt):
         if os.path.isfile(path):
             return path
     return None
+
+
+def dictionary_symbols(path):
+    """The symbols of a fairseq ``dict.txt`` by id: fairseq's four specials, then its lines."""
+    symbols = ["<s>", "<pad>", "</s>", "<unk>"]
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            word, _, field = line.rstrip("\n").rpartition(" ")
+            if field == "#fairseq:overwrite":
+                word = word.rpartition(" ")[0]
+            symbols.append(word)
+    return symbols
+
+
+def binarized_lines(index, dictionary):
+    """The lines of a binarized split (``index``: its ``.idx``) as words of ``dictionary``,
+    without the end-of-sentence symbol: the ``T-`` lines of fairseq-generate, before its
+    post-processing."""
+    import numpy as np
+    from slim_fairseq.run_checks import read_index
+    sizes, end = read_index(index)
+    if sizes is None:
+        raise RecipeError(f"{index}: not an mmap index of fairseq-preprocess; allowed: a data-bin written by "
+                          "fairseq-preprocess (its default --dataset-impl mmap)")
+    with open(index, "rb") as f:
+        f.seek(9 + 8)
+        code = f.read(1)[0]
+    dtype = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16, 9: np.uint32,
+             10: np.uint64}[code]
+    ids = np.fromfile(index[:-len(".idx")] + ".bin", dtype=dtype)
+    symbols = dictionary_symbols(dictionary)
+    lines, start = [], 0
+    for size in sizes:
+        words = [symbols[i] if i < len(symbols) else "<unk>" for i in ids[start:start + size]]
+        start += int(size)
+        if words and words[-1] == "</s>":
+            words.pop()
+        lines.append(words)
+    return lines
+
+
+def post_processed(words, scheme):
+    """fairseq-generate's post-processing of a ``T-`` line: BPE removed (``--remove-bpe``) or
+    sentencepiece decoded."""
+    if scheme == "sentencepiece":
+        return "".join(words).replace("\u2581", " ").strip()
+    return (" ".join(words) + " ").replace("@@ ", "").rstrip()
+
+
+WORD = re.compile(r"\w+")
+
+
+def same_sentence(target, reference):
+    """Whether a target line as fairseq reads it (tokenized, ``<unk>`` for unknown pieces) and a
+    reference line are one sentence: at least half of the target's letters and digits are in
+    words (or, next to an ``<unk>``, pieces of words) of the reference, whatever the tokenization
+    and punctuation normalisation made of the rest."""
+    ours = set(WORD.findall(target.replace("<unk>", " ").lower()))
+    if not ours:
+        return True
+    theirs = " ".join(WORD.findall(reference.lower()))
+    found = sum(len(word) for word in ours if word in theirs)
+    return found >= 0.5 * sum(len(word) for word in ours)

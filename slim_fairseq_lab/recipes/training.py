@@ -267,6 +267,7 @@ def main(recipe, argv=None):
 
 def train(recipe, argv):
     args, extra = cli.split(parser(recipe), argv, ("DATA_BIN",), pass_through=True)
+    extra = cli.negative_values_joined(extra)
     data = args.data_bin
     if not data:
         raise refuse("DATA_BIN", "missing", "the data-bin of a prepare script as the first argument (see --help)")
@@ -413,12 +414,17 @@ def train(recipe, argv):
 
 
 def check_data(parsed):
-    """The data-bin holds what the task of the parsed command reads."""
+    """The data-bin holds what the task of the parsed command reads, the values can train and
+    the save-dir can be written (the checks of fairseq-train with the plugin)."""
+    from slim_fairseq import run_checks
     from slim_fairseq.option_errors import OptionError
-    from slim_fairseq.run_checks import check_data_bin
     valid = () if parsed.disable_validation else tuple(s for s in parsed.valid_subset.split(",") if s)
     try:
-        check_data_bin(parsed.data, parsed.task, parsed.train_subset, valid, name="DATA_BIN", recipe=True)
+        run_checks.check_data_bin(parsed.data, parsed.task, parsed.train_subset, valid, name="DATA_BIN",
+                                  recipe=True)
+        run_checks.check_values(parsed)
+        run_checks.check_data_files(parsed, name="DATA_BIN")
+        run_checks.check_save_dir(parsed.save_dir)
     except OptionError as error:
         raise RecipeError(str(error)) from None
 
@@ -460,17 +466,34 @@ def check_save_dir_data(save_dir, parsed):
 
 
 def launch(cmd, save_dir, data, parsed=None):
-    """Run fairseq-train, after noting the data-bin in SAVE_DIR/recipe.data and its
+    """Run fairseq-train, after taking the save-dir for this run (one run per save-dir:
+    :mod:`slim_fairseq.save_dir_lock`) and noting the data-bin in SAVE_DIR/recipe.data and its
     dictionaries and the run in SAVE_DIR/data_record.json (kept when the run resumes); a run that
     fails before it saved a checkpoint leaves the save-dir as it was."""
-    from slim_fairseq.data_record import SAVE_DIR_FILE
+    from slim_fairseq import save_dir_lock
     if parsed is not None:
         check_save_dir_data(save_dir, parsed)
     created = not os.path.isdir(save_dir)
     record = os.path.join(save_dir, "recipe.data")
     wrote_record = not os.path.isfile(record)
     before = set() if created else set(os.listdir(save_dir))
-    os.makedirs(save_dir, exist_ok=True)
+    try:
+        note = save_dir_lock.take(save_dir)
+    except save_dir_lock.SaveDirInUse as error:
+        raise RecipeError(str(save_dir_lock.in_use_error(error))) from None
+    if note:
+        cli.log(note)
+    try:
+        _run_in(cmd, save_dir, data, parsed, created, record, wrote_record, before)
+    finally:
+        save_dir_lock.release(save_dir)
+
+
+def _run_in(cmd, save_dir, data, parsed, created, record, wrote_record, before):
+    """fairseq-train in the save-dir this recipe holds (it is told so: it takes the lock in
+    fairseq-train with the plugin too)."""
+    from slim_fairseq import save_dir_lock
+    from slim_fairseq.data_record import SAVE_DIR_FILE
     if wrote_record:
         with open(record, "w", encoding="utf-8") as f:
             f.write(os.path.realpath(data) + "\n")
@@ -479,7 +502,7 @@ def launch(cmd, save_dir, data, parsed=None):
         with open(dictionaries, "w", encoding="utf-8") as f:
             json.dump(data_record(parsed), f)
     try:
-        tools.run(cmd)
+        tools.run(cmd, env={save_dir_lock.HOLDER_ENV: str(os.getpid())})
     except RecipeError:
         saved = [name for name in set(os.listdir(save_dir)) - before
                  if re.fullmatch(r"checkpoint[_\d]*(best|last)?\.pt", name)]
