@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time of one incremental decoding step of every family against fairseq's model of the same
 shape, on the CPU at width 64 and batch 1 (a step bound by Python and op dispatch: the proxy for
-a small model's generation on a GPU), the models interleaved and each step's median reported:
+a small model's generation on a GPU), the models interleaved and each step's median reported.
 
     OMP_NUM_THREADS=1 python scripts/decode_step_overhead.py [--rounds 20] [--model ARCH ...]
 

@@ -9,7 +9,7 @@ starts a worker): what fairseq itself would only find later, with a traceback.
   the run reads, or with an empty one (an empty training file binarizes to an empty ``.bin``,
   which fairseq cannot map), a truncated ``.bin``, a validation sample longer than
   ``--max-tokens``, two dictionaries with ``--share-all-embeddings``;
-* values that cannot train (a learning rate <= 0, negative limits, ``--tokens-per-sample 0``);
+* values that cannot train (a learning rate <= 0, limits below 0, ``--tokens-per-sample 0``);
 * a save-dir that is a file, lies under one or cannot be written.
 
 Then the run takes its save-dir for itself (:mod:`slim_fairseq.save_dir_lock`).
@@ -174,8 +174,8 @@ def read_index(path):
 
 
 def check_values(args):
-    """Values with which fairseq-train cannot train: a learning rate <= 0, a negative
-    ``--max-update`` / ``--max-epoch`` (0 is fairseq's "no limit" for both), an update
+    """Values with which fairseq-train cannot train: a learning rate <= 0, a
+    ``--max-update`` / ``--max-epoch`` below 0 (0 is fairseq's "no limit" for both), an update
     frequency, ``--batch-size`` or ``--tokens-per-sample`` < 1."""
     for lr in getattr(args, "lr", None) or ():
         if lr <= 0:
@@ -184,7 +184,7 @@ def check_values(args):
     for flag, effect in (("--max-update", "stops after the first update"), ("--max-epoch", "trains no epoch")):
         value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is not None and value < 0:
-            raise option_error(flag, value, f"a negative limit, with which fairseq {effect}",
+            raise option_error(flag, value, f"a limit below 0, with which fairseq {effect}",
                                f"{flag} N, N >= 1, or {flag} 0 (no limit)")
     freq = getattr(args, "update_freq", None) or ()
     if any(f < 1 for f in freq):

@@ -32,29 +32,25 @@ class CheckpointError(ValueError):
 
 
 @functools.lru_cache(maxsize=None)
+def _plugin_module(name):
+    """slim_fairseq/NAME.py, loaded by path (once per process) so that reading a checkpoint does
+    not import fairseq (the package's __init__ registers every model); the loaded package's
+    module when it is already imported."""
+    module = sys.modules.get(f"slim_fairseq.{name}")
+    if module is None:
+        spec = importlib.util.spec_from_file_location(f"_slim_fairseq_{name}",
+                                                      os.path.join(PLUGIN_DIR, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
+
+
 def _checkpoint_safety():
-    """slim_fairseq/checkpoint_safety.py, loaded by path (once per process) so that reading a
-    checkpoint does not import fairseq (the package's __init__ registers every model); the loaded
-    package's module when it is already imported."""
-    module = sys.modules.get("slim_fairseq.checkpoint_safety")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("_slim_fairseq_checkpoint_safety",
-                                                      os.path.join(PLUGIN_DIR, "checkpoint_safety.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
+    return _plugin_module("checkpoint_safety")
 
 
-@functools.lru_cache(maxsize=None)
 def _data_record():
-    """slim_fairseq/data_record.py, loaded as :func:`_checkpoint_safety` is."""
-    module = sys.modules.get("slim_fairseq.data_record")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("_slim_fairseq_data_record",
-                                                      os.path.join(PLUGIN_DIR, "data_record.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
+    return _plugin_module("data_record")
 
 
 def data_record(path: str, state: dict) -> dict | None:

@@ -3,6 +3,7 @@ parser, make small batches, run fairseq's CLI tools, load a script of scripts/ a
 import argparse
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 
@@ -84,3 +85,10 @@ def assert_incremental_equals_full(task, model, src_len=6, tgt_len=5, seed=1):
         steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
                  for t in range(tgt_len)]
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-4)
+
+
+def sigint_at_default():
+    """``preexec_fn`` of a command a test interrupts: SIGINT back at its default in the child.
+    pytest-xdist's workers ignore SIGINT, a child inherits that, and a Python started with SIGINT
+    ignored never sees Ctrl-C (as a job started with ``nohup`` or ``&`` does not)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -794,7 +794,11 @@ def test_generate_on_a_language_model_ends_in_one_line_and_its_advice_works(tmp_
 ONE_LINE = re.compile(r"^(\S+: error: )?[^:;\s][^:;]*?(=[^:;]+)?: [^\n]+; allowed: [^\n]+$")
 # helpers that build such a message from (flag, value, problem, allowed); a method (".name")
 # re-renders an error already in the format, whatever the object is called
-BUILDERS = {"option_error": 3, "_off": 3, "unknown_arch": None, ".with_alternatives": None}
+# functions that build a refusal in the format (their number of arguments before ``allowed``, or
+# None: the format is theirs): combined joins refusals that are in it; SaveDirInUse is no
+# refusal but the lock's signal, which every caller turns into in_use_error's
+BUILDERS = {"option_error": 3, "_off": 3, "unknown_arch": None, ".with_alternatives": None,
+            "in_use_error": None, "combined": None, "SaveDirInUse": None}
 
 
 def _template(node):

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from helpers import BIN, REPO, wikitext_data_bin
+from helpers import BIN, REPO, sigint_at_default, wikitext_data_bin
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "checkpoints_0_2_0")
 PLUGIN = os.path.join(REPO, "slim_fairseq")
@@ -135,7 +135,8 @@ def test_recipe_refusal_exits_2(tmp_path):
 
 def _interrupt(argv, ready, cwd):
     """Start ``argv``, send SIGINT once a line of its stdout contains ``ready``; the process."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd,
+                            preexec_fn=sigint_at_default)
     deadline = time.monotonic() + 240
     for line in proc.stdout:
         if ready in line or time.monotonic() > deadline:
@@ -160,7 +161,7 @@ def test_script_interrupted_exits_130(tmp_path):
             "sys.argv = ['checkpoint_info.py', 'any.pt', 'positions']; import runpy; "
             "runpy.run_path('scripts/checkpoint_info.py', run_name='__main__')")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ENV, cwd=REPO)
+                            text=True, env=ENV, cwd=REPO, preexec_fn=sigint_at_default)
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)

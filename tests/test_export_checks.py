@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from helpers import BIN, REPO, wikitext_data_bin
+from helpers import BIN, REPO, sigint_at_default, wikitext_data_bin
 from hf_export_fixtures import data_of, exported, tiny_checkpoint
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -181,7 +181,7 @@ def test_interrupt_says_one_line_and_leaves_out_dir_as_found(folder, lm_checkpoi
     os.chmod(out, 0o751)
     proc = subprocess.Popen([os.path.join(BIN, PROG), lm_checkpoint, wikitext_data_bin(),
                              str(out), "--check-sentences", "2"], stderr=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, text=True, env=_env())
+                            stdout=subprocess.DEVNULL, text=True, env=_env(), preexec_fn=sigint_at_default)
     seen = []
     for line in proc.stderr:  # the export under way: its model chosen, nothing kept yet
         seen.append(line)
@@ -221,7 +221,8 @@ def test_bench_interrupt_says_one_line(folder):
     proc = subprocess.Popen([sys.executable, os.path.join(REPO, "scripts",
                                                           "bench_export_decoding.py"),
                              path, data_of(True), result.out_dir, "--tokens", "8"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            preexec_fn=sigint_at_default)
     deadline = time.time() + 300
     while proc.poll() is None and time.time() < deadline:
         with open(f"/proc/{proc.pid}/maps") as maps:

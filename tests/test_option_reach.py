@@ -99,6 +99,11 @@ def _settings(model, attribute):
     return [getattr(m, attribute) for m in model.modules() if hasattr(m, attribute)]
 
 
+def tensors(state):
+    """The weights of a state dict, without the model's extra state (its data record)."""
+    return {k: v for k, v in state.items() if torch.is_tensor(v)}
+
+
 def differences(model_kind, context, given, same_values_attribute=None):
     """What differs between the model of ``context`` and that of ``context + given`` (empty:
     the option changed nothing)."""
@@ -107,7 +112,7 @@ def differences(model_kind, context, given, same_values_attribute=None):
     if same_values_attribute:
         a, b = _settings(base, same_values_attribute), _settings(changed, same_values_attribute)
         return [f"{same_values_attribute}: {a[:1]} -> {b[:1]}"] if a != b else []
-    base_sd, changed_sd = base.state_dict(), changed.state_dict()
+    base_sd, changed_sd = tensors(base.state_dict()), tensors(changed.state_dict())
     shapes = {k: tuple(v.shape) for k, v in base_sd.items()}
     if shapes != {k: tuple(v.shape) for k, v in changed_sd.items()}:
         return ["parameters (names or shapes)"]

@@ -85,10 +85,10 @@ REFUSED = [
     # fairseq reads --max-update 0 and --max-epoch 0 as "no limit" (fairseq_cli/train.py:
     # `max_update or math.inf`): only negative limits are refused (0 is accepted below)
     ("{lm}", LM + ["--max-update", "-5"],
-     "fairseq-train: error: --max-update=-5: a negative limit, with which fairseq stops after the first update; "
+     "fairseq-train: error: --max-update=-5: a limit below 0, with which fairseq stops after the first update; "
      "allowed: --max-update N, N >= 1, or --max-update 0 (no limit)"),
     ("{lm}", LM + ["--max-epoch", "-1"],
-     "fairseq-train: error: --max-epoch=-1: a negative limit, with which fairseq trains no epoch; allowed: "
+     "fairseq-train: error: --max-epoch=-1: a limit below 0, with which fairseq trains no epoch; allowed: "
      "--max-epoch N, N >= 1, or --max-epoch 0 (no limit)"),
     ("{lm}", LM + ["--tokens-per-sample", "0"],
      "fairseq-train: error: --tokens-per-sample=0: a sample holds at least one token; allowed: "
@@ -129,10 +129,10 @@ REFUSED = [
 
 # fairseq-train's entry point run once per command line, each in a process forked from one that
 # imported fairseq and the plugin already (the imports are most of a refusal's time): the child
-# ends as the interpreter would (an uncaught SystemExit's text on stderr and exit status 1, a
-# traceback for another exception)
+# ends as the interpreter would (an uncaught SystemExit's status, or the excepthook the plugin sets
+# for any other error: one line and status 2 for a refusal, a traceback otherwise)
 FORKED_TRAIN = r"""
-import json, os, sys, traceback
+import json, os, sys
 import fairseq_cli.train
 from fairseq import utils
 import argparse
@@ -153,8 +153,11 @@ for argv, err in json.loads(sys.stdin.read()):
             if not isinstance(stop.code, (int, type(None))):
                 print(stop.code, file=sys.stderr)
         except BaseException:
-            traceback.print_exc()
-            code = 1
+            try:  # what Python does with an uncaught error: the hook the plugin set
+                sys.excepthook(*sys.exc_info())
+                code = 1
+            except SystemExit as stop:
+                code = stop.code
         sys.stderr.flush()
         os._exit(code or 0)
     results.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
@@ -233,7 +236,7 @@ def _recipe(script, *argv, cwd):
      "train-anthe.sh: error: --lr=-0.001: a learning rate must be > 0 (the updates would not move, or move away "
      "from the minimum); allowed: --lr N, N > 0 (e.g. 0.0005)"),
     (["--max-update", "-5"],
-     "train-anthe.sh: error: --max-update=-5: a negative limit, with which fairseq stops after the first update; "
+     "train-anthe.sh: error: --max-update=-5: a limit below 0, with which fairseq stops after the first update; "
      "allowed: --max-update N, N >= 1, or --max-update 0 (no limit)"),
     (["--save-dir", "{tmp}/afile/run"],
      "train-anthe.sh: error: --save-dir={tmp}/afile/run: lies under {tmp}/afile, which is a file; allowed: a "
@@ -260,7 +263,10 @@ def test_one_run_per_save_dir_and_a_killed_runs_lock_is_taken_over(tmp_path):
     takes the save-dir over with a note, trains and leaves no lock file."""
     save_dir = tmp_path / "run"
     argv = [wikitext_data_bin(), *PLUGIN, *LM, "--save-dir", str(save_dir)]
-    first = subprocess.Popen([os.path.join(BIN, "fairseq-train"), *argv, "--max-update", "1000000"],
+    # no checkpoint while the test runs (else the recipe would refuse the save-dir for the model
+    # it holds, when the first run reaches an epoch's end before the recipe's checks)
+    first = subprocess.Popen([os.path.join(BIN, "fairseq-train"), *argv, "--max-update", "1000000",
+                              "--save-interval", "1000000"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path,
                              start_new_session=True)
     try:

@@ -409,8 +409,8 @@ class WeightsCheckMixin:
         if trained is not None and self.data_record is not None:
             checkpoint = data_record.checkpoint_being_loaded() or "the checkpoint"
             problem = data_record.mismatch(self.data_record, trained, checkpoint)
-            if problem:
-                raise OptionError(problem)
+            if problem:  # a line in the format (data_record.mismatch), passed on
+                raise OptionError(str(problem))
         try:
             return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
         except RuntimeError:

@@ -163,6 +163,11 @@ class Evaluation:
         # 1. the checkpoint, checked before anything is written
         self.model = evaluation.resolve(ckpt, args.avg, self.out_dir)
         self.check_model()
+        # the references read through the data-bin's dictionary: after the check that it is the
+        # checkpoint's (another one would make every line differ, and hide the reason)
+        for subset in self.subsets:
+            self.check_references(subset, os.path.join(data, f"{subset}.raw.{self.tgt}"),
+                                  text.pair_index(self.data, subset, self.src, self.tgt))
         self.check_options()
 
     def check_alignment(self, subset, ref):
@@ -177,7 +182,6 @@ class Evaluation:
             raise refuse(ref, f"{count} lines, and the binarized {subset} split holds {sentences} sentences: "
                          "its hypotheses would be scored against other sentences' references",
                          f"the {os.path.basename(ref)} written with the data-bin (one line per sentence)")
-        self.check_references(subset, ref, index)
         return count
 
     def check_references(self, subset, ref, source_index):
