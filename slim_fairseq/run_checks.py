@@ -149,27 +149,41 @@ def check_data_bin(data, task, train_subset="train", valid_subsets=("valid",), n
 # ---------------------------------------------------------------------------------------------
 # values that cannot train, the data-bin's index, the save-dir
 
-# dtype sizes of fairseq's mmap index codes (fairseq/data/indexed_dataset.py, _code_to_dtype)
-_ITEM_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 8, 8: 2, 9: 4, 10: 8}
+# numpy dtypes of fairseq's mmap index codes (fairseq/data/indexed_dataset.py, _code_to_dtype)
+INDEX_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float64", 7: "float64",
+                8: "uint16", 9: "uint32", 10: "uint64"}
 
 
-def read_index(path):
-    """``(sizes, bin_bytes)`` of a fairseq mmap index file: the item sizes and the bytes its
-    ``.bin`` must hold; ``(None, None)`` for another layout (fairseq reads those itself)."""
+def read_mmap_index(path):
+    """``(dtype, count, sizes, pointers)`` of a fairseq mmap index file: the items' numpy dtype
+    (None for a code fairseq does not write), the number of items its header says, their sizes
+    and their byte offsets in the ``.bin`` (shorter than ``count`` in a truncated file); None for
+    another layout."""
     import struct
 
     import numpy as np
     with open(path, "rb") as f:
         if f.read(9) != b"MMIDIDX\x00\x00":
-            return None, None
+            return None
         f.read(8)
         (code,) = struct.unpack("<B", f.read(1))
         (count,) = struct.unpack("<Q", f.read(8))
         sizes = np.fromfile(f, dtype=np.int32, count=count)
         pointers = np.fromfile(f, dtype=np.int64, count=count)
-    if len(sizes) < count or len(pointers) < count or code not in _ITEM_BYTES:
+    return INDEX_DTYPES.get(code), count, sizes, pointers
+
+
+def read_index(path):
+    """``(sizes, bin_bytes)`` of a fairseq mmap index file: the item sizes and the bytes its
+    ``.bin`` must hold; ``(None, None)`` for another layout (fairseq reads those itself)."""
+    import numpy as np
+    index = read_mmap_index(path)
+    if index is None:
+        return None, None
+    dtype, count, sizes, pointers = index
+    if len(sizes) < count or len(pointers) < count or dtype is None:
         return sizes, None
-    end = int(pointers[-1]) + int(sizes[-1]) * _ITEM_BYTES[code] if count else 0
+    end = int(pointers[-1]) + int(sizes[-1]) * np.dtype(dtype).itemsize if count else 0
     return sizes, end
 
 

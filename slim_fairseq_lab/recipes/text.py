@@ -264,10 +264,9 @@ def index_sizes(path):
     import numpy as np
     with open(path, "rb") as f:
         head = f.read(9)
-        if head == b"MMIDIDX\x00\x00":  # version <Q, dtype code <B, count <Q, then int32 sizes
-            f.read(9)
-            (count,) = struct.unpack("<Q", f.read(8))
-            return np.fromfile(f, dtype=np.int32, count=count)
+        if head == b"MMIDIDX\x00\x00":
+            from slim_fairseq.run_checks import read_mmap_index
+            return read_mmap_index(path)[2]
         if head[:8] == b"TNTIDX\x00\x00":  # version <Q, code and element size <QQ, count and s
             f.seek(32)                      # <QQ, then two int64 offset tables, then s sizes
             count, sizes = struct.unpack("<QQ", f.read(16))
@@ -313,16 +312,12 @@ def binarized_lines(index, dictionary):
     without the end-of-sentence symbol: the ``T-`` lines of fairseq-generate, before its
     post-processing."""
     import numpy as np
-    from slim_fairseq.run_checks import read_index
-    sizes, end = read_index(index)
-    if sizes is None:
+    from slim_fairseq.run_checks import read_mmap_index
+    read = read_mmap_index(index)
+    if read is None:
         raise RecipeError(f"{index}: not an mmap index of fairseq-preprocess; allowed: a data-bin written by "
                           "fairseq-preprocess (its default --dataset-impl mmap)")
-    with open(index, "rb") as f:
-        f.seek(9 + 8)
-        code = f.read(1)[0]
-    dtype = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16, 9: np.uint32,
-             10: np.uint64}[code]
+    dtype, _, sizes, _ = read
     ids = np.fromfile(index[:-len(".idx")] + ".bin", dtype=dtype)
     symbols = dictionary_symbols(dictionary)
     lines, start = [], 0
