@@ -16,6 +16,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "slim_fairseq")
 BIN = os.path.dirname(sys.executable)
 TEST_DATA = os.path.join(REPO, "build", "test-data")
+# what a recipe or tool run as a subprocess sees: this venv's python and tools (CI activates no
+# venv, and a recipe runs ${PYTHON:-python3}), one thread, no Python warnings
+TOOL_ENV = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHON=sys.executable,
+                OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
 
 
 def ende_data_bin():

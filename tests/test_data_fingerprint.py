@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from helpers import BIN, REPO, USER_DIR, ende_data_bin, wikitext_data_bin
+from helpers import BIN, REPO, TOOL_ENV, USER_DIR, ende_data_bin, wikitext_data_bin
 
 pytestmark = pytest.mark.slow  # fairseq-train and the tools, each in its own process
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+ENV = TOOL_ENV
 TINY_LM = ["--task", "language_modeling", "--tokens-per-sample", "16", "--arch", "slim_lm",
            "--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "16",
            "--decoder-attention-heads", "2"]

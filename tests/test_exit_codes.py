@@ -11,12 +11,12 @@ import time
 import pytest
 import torch
 
-from helpers import BIN, REPO, sigint_at_default, wikitext_data_bin
+from helpers import BIN, REPO, TOOL_ENV, sigint_at_default, wikitext_data_bin
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "checkpoints_0_2_0")
 PLUGIN = os.path.join(REPO, "slim_fairseq")
 SCRIPTS = os.path.join(REPO, "scripts")
-ENV = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+ENV = TOOL_ENV
 TINY_LM = ["--task", "language_modeling", "--tokens-per-sample", "32", "--decoder-layers", "1",
            "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
            "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "256", "--num-workers", "0", "--cpu",

@@ -21,9 +21,9 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers import BIN, REPO, ende_data_bin, parse_train_args, wikitext_data_bin  # noqa: E402
+from helpers import BIN, REPO, TOOL_ENV, ende_data_bin, parse_train_args, wikitext_data_bin  # noqa: E402
 
-ENV = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+ENV = TOOL_ENV
 PLUGIN = ["--user-dir", os.path.join(REPO, "slim_fairseq")]
 # a language model of a few thousand weights: parsing and the checks are what the cases time
 LM = ["--task", "language_modeling", "--arch", "slim_lm", "--decoder-layers", "2", "--decoder-embed-dim", "32",
