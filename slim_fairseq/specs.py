@@ -28,7 +28,9 @@ class AttentionSpec:
     ``--no-patt``, Tensor-Chain projections, grouped key/value heads, a head width other than
     width/heads, RoPE (self-attention), biases, and a skipless decoder's shaped attention with
     its removed projection. ``kv_heads`` 0 = as many as the query heads; ``head_dim`` 0 = the
-    input width over the heads (both resolved: a value equal to the default is stored as 0)."""
+    input width over the heads (both resolved: a value equal to the default is stored as 0).
+    ``extensions``: the specs of the attention extensions on in this role (docs/DESIGN.md,
+    "Adding a technique"), in the order they were registered."""
 
     gate: str = "none"
     no_patt: bool = False
@@ -40,6 +42,7 @@ class AttentionSpec:
     shaped: bool = False
     removed: str = "none"
     out_proj: bool = True
+    extensions: tuple = ()
 
     @property
     def plain(self):

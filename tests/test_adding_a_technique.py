@@ -1,44 +1,84 @@
-"""The worked example of docs/DESIGN.md, "Adding a technique": a feed-forward variant written
-outside the plugin (tests/fixtures/low_rank_ffn.py: its spec, its module, its registration)
-becomes an option of both models, checked by its own rules and the plugin's, built inside
-fairseq's encoder and decoder, trained, decoded step by step and saved, with no file of the
-plugin changed; then it leaves the vocabulary again."""
+"""The worked examples of docs/DESIGN.md, "Adding a technique": a feed-forward variant
+(tests/fixtures/low_rank_ffn.py), a gate on the attention's output
+(tests/fixtures/attention_output_gate.py) and a positional scheme of biases on the attention
+scores (tests/fixtures/alibi.py), each written outside the plugin as a spec, a module and a
+registration, become options of both models, checked by their own rules and the plugin's, built
+inside fairseq's encoder and decoder, trained, decoded step by step and saved, with no file of
+the plugin changed; then they leave the vocabulary again."""
 import ast
 import importlib.util
 import os
 import subprocess
 
 import pytest
+import torch
 
-from helpers import BIN, REPO, build, task_args
+from helpers import BIN, REPO, TOOL_ENV, build, task_args
 from slim_fairseq_lab import contract
 
-EXAMPLE = os.path.join(REPO, "tests", "fixtures", "low_rank_ffn.py")
+FIXTURES = os.path.join(REPO, "tests", "fixtures")
+EXAMPLE = os.path.join(FIXTURES, "low_rank_ffn.py")
 TINY_LM = ["--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "48",
            "--decoder-attention-heads", "4", "--decoder-layers", "3"]
+TINY_TRANSLATION = ["--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "48",
+                    "--encoder-attention-heads", "4", "--encoder-layers", "2",
+                    "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "48",
+                    "--decoder-attention-heads", "4", "--decoder-layers", "2"]
+# each example: its file, (spec class, module class, registration), the options that turn it on
+EXAMPLES = {
+    "low_rank_ffn": (("LowRankOptions", "LowRankFeedForward", "register_feed_forward"),
+                     ["--ffn-rank", "8"]),
+    "attention_output_gate": (("OutputGateOptions", "OutputGate", "register_attention_extension"),
+                              ["--attn-output-gate"]),
+    "alibi": (("ALiBiOptions", "ALiBi", "register_attention_extension"),
+              ["--alibi", "--no-token-positional-embeddings"]),
+}
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(FIXTURES, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture()
-def low_rank():
-    """The example's module, registered for the test and removed after it."""
-    from slim_fairseq.models.slim_layers import unregister_feed_forward
-    spec = importlib.util.spec_from_file_location("low_rank_ffn", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def examples():
+    """The examples' modules, registered for the test and removed after it."""
+    from slim_fairseq.models.slim_layers import (unregister_attention_extension,
+                                                 unregister_feed_forward)
+    loaded = {name: _load(name) for name in EXAMPLES}
     try:
-        yield module
+        yield loaded
     finally:
-        unregister_feed_forward(module.LowRankOptions)
+        unregister_feed_forward(loaded["low_rank_ffn"].LowRankOptions)
+        unregister_attention_extension(loaded["attention_output_gate"].OutputGateOptions)
+        unregister_attention_extension(loaded["alibi"].ALiBiOptions)
 
 
-def test_the_example_is_a_spec_a_module_and_a_registration():
-    """The three parts a variant has (docs/DESIGN.md): one spec class, one module class, one
-    registration call, and nothing else of the plugin."""
-    tree = ast.parse(open(EXAMPLE).read())
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_each_example_is_a_spec_a_module_and_a_registration(name):
+    """The three parts every technique has (docs/DESIGN.md): one spec class, one module class,
+    one registration call, and nothing else of the plugin."""
+    tree = ast.parse(open(os.path.join(FIXTURES, name + ".py")).read())
     classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
     calls = [ast.unparse(node.value.func) for node in tree.body
              if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)]
-    assert classes == ["LowRankOptions", "LowRankFeedForward"] and calls == ["register_feed_forward"]
+    spec_cls, module_cls, registration = EXAMPLES[name][0]
+    assert classes == [spec_cls, module_cls] and calls == [registration]
+
+
+def _checked(arch, model, task, args, lm, directory):
+    """The contract's checks (gradients, step-by-step decoding equal to the full pass, no
+    future leak, padding, a checkpoint's round trip), each of which must pass."""
+    results = contract.run_checks(arch, model, task, args, lm, directory)
+    assert {name: r["error"] for name, r in results.items() if not r["ok"]} == {}
+    return results
+
+
+@pytest.fixture()
+def low_rank(examples):
+    return examples["low_rank_ffn"]
 
 
 def test_a_variant_from_outside_builds_trains_and_decodes(low_rank, tmp_path):
@@ -54,7 +94,7 @@ def test_a_variant_from_outside_builds_trains_and_decodes(low_rank, tmp_path):
     _, _, dense = build("slim_lm", TINY_LM, True, ["--dropout", "0"])
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(dense) - count(model) == 3 * (32 * 48 - (32 * 8 + 8 * 48))
-    contract.run_checks("slim_lm", model, task, args, True, tmp_path)
+    _checked("slim_lm", model, task, args, True, tmp_path)
     # the plugin's techniques combine with it: tying shares the factorised weights, LoRA adapts them
     _, _, tied = build("slim_lm", TINY_LM, True, ["--ffn-rank", "8", "--tie-ffn", "0",
                                                  "--ffn-lora-rank", "2"])
@@ -98,3 +138,146 @@ def test_fairseq_train_loads_the_variant_with_its_user_dir(tmp_path):
         capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(fc1): Sequential" in proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------------------- attention extensions
+
+BOTH = ["--attn-output-gate", "--alibi", "--no-token-positional-embeddings", "--dropout", "0"]
+
+
+@pytest.mark.parametrize("arch, lm, shape", [("slim_lm", True, TINY_LM),
+                                             ("slim_transformer", False, TINY_TRANSLATION)])
+def test_attention_extensions_from_outside_build_train_and_decode(examples, arch, lm, shape,
+                                                                  tmp_path):
+    args, task, model = build(arch, shape, lm, BOTH)
+    gate, alibi = examples["attention_output_gate"].OutputGate, examples["alibi"].ALiBi
+    for layer in model.decoder.layers:  # the self-attentions hold both, the cross-attention none
+        assert [type(m) for m in layer.self_attn.extensions.values()] == [gate, alibi]
+        assert getattr(getattr(layer, "encoder_attn", None), "extensions", None) is None
+    names = {n for n in model.state_dict() if ".extensions." in n}
+    assert "decoder.layers.0.self_attn.extensions.attn_output_gate.proj.weight" in names
+    assert not any("alibi" in n for n in names)  # the slopes are no weights
+    _, _, plain = build(arch, shape, lm, ["--no-token-positional-embeddings", "--dropout", "0"])
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    self_attentions = 3 if lm else 4
+    assert count(model) - count(plain) == self_attentions * (32 * 32 + 32)
+    _checked(arch, model, task, args, lm, tmp_path)
+
+
+def test_an_output_gate_joins_a_skipless_block(examples, tmp_path):
+    args, task, model = build("skipless_lm", TINY_LM, True, ["--attn-output-gate"])
+    assert "attn_output_gate" in model.decoder.layers[0].self_attn.extensions
+    _checked("skipless_lm", model, task, args, True, tmp_path)
+
+
+def _attention(spec_options, need_weights):
+    """A decoder self-attention with the extensions of ``spec_options``, on 2 x 5 inputs:
+    (output, the same attention's output without its extensions, the attention)."""
+    from slim_fairseq.modules.attention import SlimMultiheadAttention, mark_causal
+    from slim_fairseq.specs import AttentionSpec
+    torch.manual_seed(0)
+    attention = SlimMultiheadAttention(16, 4, self_attention=True,
+                                       spec=AttentionSpec(extensions=tuple(spec_options))).eval()
+    x = torch.randn(5, 2, 16)
+    mask = mark_causal(torch.triu(torch.full((5, 5), float("-inf")), 1))
+    out, _ = attention(x, x, x, attn_mask=mask, need_weights=need_weights)
+    return out, attention, x, mask
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
+def test_alibi_adds_its_biases_to_the_scores(examples, need_weights):
+    """The attention with ALiBi equals softmax(q k^T / sqrt(d_h) - m_h (i - j) + causal) v,
+    in the fused path and in the one that returns the weights."""
+    alibi = examples["alibi"].ALiBiOptions(alibi=True)
+    out, attention, x, mask = _attention([alibi], need_weights)
+    q = attention.q_proj(x).view(5, 2, 4, 4).permute(1, 2, 0, 3)
+    k = attention.k_proj(x).view(5, 2, 4, 4).permute(1, 2, 0, 3)
+    v = attention.v_proj(x).view(5, 2, 4, 4).permute(1, 2, 0, 3)
+    slopes = torch.tensor([2.0 ** (-8.0 * h / 4) for h in range(1, 5)])
+    i = torch.arange(5)
+    bias = -slopes[:, None, None] * (i[:, None] - i[None, :]).abs()
+    scores = q @ k.transpose(2, 3) / 2.0 + bias + mask
+    expected = (torch.softmax(scores, -1) @ v).permute(2, 0, 1, 3).reshape(5, 2, 16)
+    torch.testing.assert_close(out, attention.out_proj(expected), rtol=1e-5, atol=1e-6)
+
+
+def test_the_output_gate_multiplies_the_heads_output(examples):
+    """A gate whose weights are zero is sigmoid(0) = 1/2 on every channel: the output projection
+    then reads half the ungated heads' output."""
+    gate = examples["attention_output_gate"].OutputGateOptions(attn_output_gate=True)
+    _, attention, x, mask = _attention([gate], False)
+    proj = attention.extensions["attn_output_gate"].proj
+    torch.nn.init.zeros_(proj.weight), torch.nn.init.zeros_(proj.bias)
+    out_proj, attention.out_proj = attention.out_proj, None
+    gated, _ = attention(x, x, x, attn_mask=mask)
+    attention._output_hooks = []
+    ungated, _ = attention(x, x, x, attn_mask=mask)
+    torch.testing.assert_close(gated, ungated / 2)
+    assert out_proj is not None
+
+
+@pytest.mark.parametrize("given, line", [
+    (["--alibi"], r"^--alibi: gives the attention its positions, and fairseq's token positional "
+                  r"embeddings add a second kind; allowed: --no-token-positional-embeddings$"),
+    (["--alibi", "--no-token-positional-embeddings", "--skipless-layout", "parallel"],
+     r"^--alibi: adds to the attention scores, and --skipless-layout makes the decoder's "
+     r"self-attention shaped attention, which has none; allowed: --skipless-layout none, or "
+     r"drop --alibi$"),
+])
+def test_an_extension_from_outside_is_checked_in_one_line(examples, given, line):
+    with pytest.raises(ValueError, match=line) as caught:
+        build("slim_lm", TINY_LM, True, given)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_extensions_leave_the_vocabulary():
+    from slim_fairseq import options
+    from slim_fairseq.modules.attention import EXTENSIONS
+    flags = {flag for option in options.all_options() for flag in option.flags()}
+    assert not {"--alibi", "--attn-output-gate"} & flags and EXTENSIONS == {}
+
+
+def test_fairseq_train_saves_and_eval_lm_reloads_extensions_of_a_user_dir(tmp_path):
+    """A user's own --user-dir that registers both extensions: fairseq-train trains and saves,
+    fairseq-eval-lm loads the checkpoint with the same --user-dir and scores the valid split."""
+    user_dir = tmp_path / "my_attention"
+    user_dir.mkdir()
+    (user_dir / "__init__.py").write_text(
+        open(os.path.join(FIXTURES, "attention_output_gate.py")).read() + "\n"
+        + open(os.path.join(FIXTURES, "alibi.py")).read())
+    save = tmp_path / "save"
+    train = subprocess.run(
+        [os.path.join(BIN, "fairseq-train"), *task_args(True), "--user-dir", str(user_dir),
+         "--arch", "slim_lm", *TINY_LM, *BOTH, "--cpu", "--optimizer", "adam", "--lr", "1e-3",
+         "--max-update", "2", "--batch-size", "2", "--save-dir", str(save), "--no-epoch-checkpoints",
+         "--disable-validation", "--log-format", "simple"],
+        capture_output=True, text=True, env=TOOL_ENV, timeout=600)
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert "(attn_output_gate): OutputGate" in train.stdout + train.stderr
+    data = task_args(True)[0]
+    evaluate = subprocess.run(
+        [os.path.join(BIN, "fairseq-eval-lm"), data, "--user-dir", str(user_dir), "--path",
+         str(save / "checkpoint_last.pt"), "--cpu", "--batch-size", "2", "--max-sentences", "2",
+         "--tokens-per-sample", "64", "--max-valid-steps", "2"],
+        capture_output=True, text=True, env=TOOL_ENV, timeout=600)
+    assert evaluate.returncode == 0, evaluate.stderr[-3000:]
+    assert "Perplexity" in evaluate.stdout + evaluate.stderr
+
+
+def test_the_export_refuses_a_technique_it_does_not_know(examples, tmp_path):
+    """The export is an allow-list: an option of a technique registered from outside is
+    refused in one line, with the plugin's own options in the way, before anything is
+    written."""
+    from hf_export_fixtures import data_of, tiny_checkpoint
+    from slim_fairseq.export_hf import export
+    from slim_fairseq.option_errors import OptionError
+    path = tiny_checkpoint(tmp_path, "slim_lm", ["--attn-output-gate", "--output-bias"], True)
+    with pytest.raises(OptionError) as caught:
+        export(path, data_of(True), str(tmp_path / "hf"))
+    assert str(caught.value) == (
+        "--attn-output-gate, --output-bias: 2 options are in the way: --attn-output-gate: a "
+        "technique registered outside the plugin (attention_output_gate.OutputGateOptions), "
+        "which no layout of the export declares it computes; --output-bias: no class here has a "
+        "bias on the vocabulary projection; allowed: a model trained with all of no "
+        "--attn-output-gate, and no --output-bias")
+    assert not (tmp_path / "hf").exists()

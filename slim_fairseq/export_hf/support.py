@@ -7,6 +7,8 @@ changes at once, so that one retraining exports); the techniques that change the
 (Anthe's gates, H-SoftPOS, SAFE, a sandwich middle of another width, adaptive input and softmax,
 skipless blocks with shaped attention) have no counterpart in any class.
 """
+from slim_fairseq import options as vocabulary
+from slim_fairseq.models import slim_options
 from slim_fairseq.models.slim_options import SandwichOptions
 from slim_fairseq.option_errors import OptionError, option_error
 
@@ -113,6 +115,28 @@ def combined(errors):
         + "; allowed: a model trained with all of " + ", and ".join(a for _, _, a in parts))
 
 
+def known(spec_cls):
+    """Whether the export knows the technique of ``spec_cls``: a spec of the plugin's own
+    (``models/slim_options.py``), each of whose options the checks here either map to a class
+    or refuse. A technique registered from outside is known to no layout (the allow-list)."""
+    return spec_cls.__module__ == slim_options.__name__
+
+
+def check_known_techniques(src, refusals):
+    """Refuse every option on of a technique the export does not know."""
+    for spec_cls in vocabulary.specs():
+        if known(spec_cls):
+            continue
+        for described in spec_cls.options():
+            value = getattr(src.args, described.dest, None)
+            if value is not None and value != described.default:
+                refusals.add(option_error(
+                    described.flag, _shown(value), f"a technique registered outside the plugin "
+                    f"({spec_cls.__module__}.{spec_cls.__name__}), which no layout of the "
+                    "export declares it computes", f"no {described.flag}"
+                    if described.kind is bool else f"{described.flag} {described.default}"))
+
+
 def check_no_class(src, refusals=None):
     """Refuse every option of ``src`` that no class holds, in one line."""
     own = refusals is None
@@ -157,6 +181,7 @@ def choose(src):
 
 def _choose(src, refusals):
     from slim_fairseq.export_hf import fsmt, llama, m2m100, opt, xglm
+    check_known_techniques(src, refusals)
     check_no_class(src, refusals)
     args = src.args
     if src.lm:

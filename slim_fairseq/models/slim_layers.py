@@ -28,6 +28,7 @@ from torch import Tensor
 
 from slim_fairseq import options as vocabulary
 from slim_fairseq.models.slim_options import GLUOptions, ModelOptions
+from slim_fairseq.modules.attention import EXTENSIONS as ATTENTION_EXTENSIONS
 from slim_fairseq.modules.attention import build_attention
 from slim_fairseq.modules.dropout import SlimDropout
 from slim_fairseq.modules.feed_forward import FeedForward, GLUFeedForward, mount
@@ -61,6 +62,27 @@ def build_feed_forward(spec: FeedForwardSpec, dim, hidden_dim, dropout, quant_no
     """The feed-forward module of ``spec``: its variant's, or the dense one."""
     module_cls = FeedForward if spec.variant is None else FEED_FORWARDS[type(spec.variant)]
     return module_cls(spec, dim, hidden_dim, dropout, quant_noise=quant_noise)
+
+
+# ---------------------------------------------------------------------------- attention extensions
+
+def register_attention_extension(spec_cls, module_cls):
+    """Add an attention extension: its spec ``spec_cls`` (a
+    :class:`~slim_fairseq.models.slim_options.AttentionExtension` whose fields are its options)
+    joins the option vocabulary, and every attention of its ``roles`` whose options turn it on
+    holds ``module_cls(spec, attention)``, which defines either or both of
+    ``score_bias(query_positions, key_positions) -> (heads, T, S)``, added to the attention
+    scores, and ``output(attn, x) -> attn``, applied to the heads' output ``(T, B, heads d_h)``
+    before the output projection (``x``: the attention's input)."""
+    vocabulary.register(spec_cls)
+    ATTENTION_EXTENSIONS[spec_cls] = module_cls
+    return module_cls
+
+
+def unregister_attention_extension(spec_cls):
+    """Remove an extension added by :func:`register_attention_extension`."""
+    ATTENTION_EXTENSIONS.pop(spec_cls, None)
+    vocabulary.unregister(spec_cls)
 
 
 # ---------------------------------------------------------------------------- norms

@@ -274,6 +274,39 @@ class TyingOptions(OptionSpec):
                                "Chains", "0 with a Tensor-Chain feed-forward")
 
 
+# ---------------------------------------------------------------------------- attention extensions
+
+class AttentionExtension(OptionSpec):
+    """Base of an attention extension's spec (docs/DESIGN.md, "Adding a technique"): its options,
+    with ``on`` saying whether they turn it on and ``roles`` the attentions it joins (of
+    ``encoder_self``, ``decoder_self``, ``cross``); each attention of those roles builds the
+    module registered for it
+    (:func:`slim_fairseq.models.slim_layers.register_attention_extension`). Several may be on
+    together. ``changes_scores``: whether its module adds to the attention scores (a shaped
+    attention, which mixes values without them, refuses it)."""
+
+    roles = ("encoder_self", "decoder_self", "cross")
+    changes_scores = False
+
+    @property
+    def on(self):
+        raise NotImplementedError
+
+    @property
+    def flag(self):
+        """The option that turns the extension on (the first of its fields)."""
+        return type(self).options()[0].flag
+
+    def value(self):
+        return getattr(self, type(self).options()[0].dest)
+
+
+def attention_extensions(m, role):
+    """The specs of the extensions on in attentions of ``role``, in the order registered."""
+    return tuple(spec for spec in m.specs if isinstance(spec, AttentionExtension) and spec.on
+                 and role in spec.roles)
+
+
 # ---------------------------------------------------------------------------- feed-forward
 
 class FeedForwardVariant(OptionSpec):
@@ -828,6 +861,19 @@ class AttentionOptions(OptionSpec):
                                metavar="T")
 
     @rule
+    def extensions_read_scores(self, m):
+        """A skipless decoder's self-attention is shaped attention: an extension that adds to
+        the scores has none to add to there."""
+        if m.skipless_layout == "none":
+            return
+        for ext in attention_extensions(m, "decoder_self"):
+            if ext.changes_scores:
+                raise option_error(ext.flag, ext.value(), "adds to the attention scores, and "
+                                   "--skipless-layout makes the decoder's self-attention shaped "
+                                   "attention, which has none", alternatives=[
+                                       {ext.flag: None}, {"--skipless-layout": "none"}])
+
+    @rule
     def heads_divide_the_width(self, m):
         for side in m.sides:
             width, heads = m.get_side(side, "embed_dim"), m.get_side(side, "attention_heads")
@@ -950,7 +996,8 @@ class AttentionOptions(OptionSpec):
             bias=bool(m.linear_bias),
             shaped=shaped,
             removed=removed,
-            out_proj=removed == "none" or bool(m.keep_attn_out_proj))
+            out_proj=removed == "none" or bool(m.keep_attn_out_proj),
+            extensions=attention_extensions(m, role))
 
 
 # ---------------------------------------------------------------------------- the block

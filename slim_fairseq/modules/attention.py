@@ -44,6 +44,10 @@ from slim_fairseq.specs import PLAIN_ATTENTION, AttentionSpec
 ROLES = ("encoder_self", "decoder_self", "cross")
 _CAUSAL = "_slim_causal_mask"
 
+# the module of each attention extension, by its spec's class (docs/DESIGN.md, "Adding a
+# technique"; slim_fairseq.models.slim_layers.register_attention_extension fills it)
+EXTENSIONS = {}
+
 
 def mark_causal(mask: Tensor) -> Tensor:
     """Mark ``mask`` (a decoder's future mask: -inf above the diagonal) so that the attention
@@ -136,6 +140,17 @@ class SlimMultiheadAttention(nn.Module):
             if self.out_proj.bias is not None:
                 nn.init.zeros_(self.out_proj.bias)
         self.rope = RotaryEmbedding(self.head_dim, spec.rope_theta) if spec.rope_theta else None
+        # each extension's module, under the name of its option (--attn-output-gate:
+        # attn_output_gate), built after the attention's own parameters
+        self.extensions = nn.ModuleDict({
+            ext.flag.lstrip("-").replace("-", "_"): EXTENSIONS[type(ext)](ext, self)
+            for ext in spec.extensions}) if spec.extensions else None
+        self._score_biases = [m for m in (self.extensions or {}).values() if hasattr(m, "score_bias")]
+        self._output_hooks = [m for m in (self.extensions or {}).values() if hasattr(m, "output")]
+        if self._score_biases and (self.shaped or self.encoder_decoder_attention):
+            raise ValueError("an attention extension with score_bias: in a self-attention of "
+                             "softmax scores only; allowed: its spec's roles without 'cross', "
+                             "and no --skipless-layout")
         if self.shaped:
             self.alpha = nn.Parameter(torch.ones(num_heads))
             self.beta = nn.Parameter(torch.ones(num_heads))
@@ -233,6 +248,7 @@ class SlimMultiheadAttention(nn.Module):
     ) -> Tuple[Tensor, Optional[Tensor]]:
         need_weights = need_weights or need_head_weights
         tgt_len, bsz, _ = query.size()
+        attention_input = query
         saved: Optional[Dict[str, Optional[Tensor]]] = None
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
@@ -284,6 +300,8 @@ class SlimMultiheadAttention(nn.Module):
                 key_padding_mask = None
             elif key_padding_mask.dtype != torch.bool:  # fairseq's cache may hold 0/1 floats
                 key_padding_mask = key_padding_mask.to(torch.bool)
+        if self._score_biases:
+            attn_mask = self._add_score_biases(attn_mask, tgt_len, k.size(2), q)
 
         weights: Optional[Tensor] = None
         if self.shaped:
@@ -299,9 +317,23 @@ class SlimMultiheadAttention(nn.Module):
                 return attn, weights
         else:
             attn = self._fused_attention(q, k, v, attn_mask, key_padding_mask, kv_bsz)
+        for extension in self._output_hooks:
+            attn = extension.output(attn, attention_input)
         if self.out_proj is not None:
             attn = self.out_proj(attn)
         return attn, weights
+
+    def _add_score_biases(self, attn_mask, tgt_len, src_len, q):
+        """``attn_mask`` (T, S) or None plus every extension's ``score_bias(query_positions,
+        key_positions)`` (heads, T, S): the queries are the last ``tgt_len`` of the ``src_len``
+        positions the keys hold (a decoding step's query is the newest)."""
+        keys = torch.arange(src_len, device=q.device)
+        queries = keys[src_len - tgt_len:]
+        for extension in self._score_biases:
+            bias = extension.score_bias(queries, keys).to(q.dtype if not torch.is_autocast_enabled(
+                q.device.type) else torch.float32)
+            attn_mask = bias if attn_mask is None else attn_mask + bias
+        return attn_mask
 
     def _fused_attention(self, q, k, v, attn_mask, key_padding_mask, kv_bsz):
         """torch's fused attention; returns (T, B, heads * d_h). Several beams per encoder
@@ -345,7 +377,9 @@ class SlimMultiheadAttention(nn.Module):
             rows = q.reshape(kv_bsz, beams, kv_heads, group, tgt_len, head_dim).permute(
                 0, 2, 3, 1, 4, 5).reshape(kv_bsz, kv_heads, group * beams * tgt_len, head_dim)
         scores = torch.matmul(rows * self.scaling, k.transpose(2, 3)).view(*grouped, src_len)
-        if attn_mask is not None:
+        if attn_mask is not None and attn_mask.dim() == 3:  # per head: (heads, T, S)
+            scores = scores + attn_mask.view(kv_heads, group, 1, tgt_len, src_len)
+        elif attn_mask is not None:
             scores = scores + attn_mask
         if key_padding_mask is not None:
             scores = scores.masked_fill(key_padding_mask.view(kv_bsz, 1, 1, 1, 1, src_len),
