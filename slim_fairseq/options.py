@@ -26,6 +26,34 @@ VALUE_RULE = "value"
 MODEL_RULE = "model"
 
 
+class Choices:
+    """The values of a choice option that a registry extends: the plugin's own, then each
+    one registered (``slim_fairseq.models.slim_layers.register_norm``), in order."""
+
+    def __init__(self, *values):
+        self._values = list(values)
+
+    def add(self, value):
+        if value not in self._values:
+            self._values.append(value)
+
+    def remove(self, value):
+        if value in self._values:
+            self._values.remove(value)
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __contains__(self, value):
+        return value in self._values
+
+    def __len__(self):
+        return len(self._values)
+
+    def __repr__(self):
+        return f"Choices{tuple(self._values)!r}"
+
+
 @dataclass(frozen=True)
 class Option:
     """One option. ``check`` names the value rule (``nonneg``, ``positive``, ``ratio``,

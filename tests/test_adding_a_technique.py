@@ -46,11 +46,12 @@ def _load(name):
 def examples():
     """The examples' modules, registered for the test and removed after it."""
     from slim_fairseq.models.slim_layers import (unregister_attention_extension,
-                                                 unregister_feed_forward)
-    loaded = {name: _load(name) for name in EXAMPLES}
+                                                 unregister_feed_forward, unregister_norm)
+    loaded = {name: _load(name) for name in (*EXAMPLES, "scale_norm")}
     try:
         yield loaded
     finally:
+        unregister_norm("scalenorm")
         unregister_feed_forward(loaded["low_rank_ffn"].LowRankOptions)
         unregister_attention_extension(loaded["attention_output_gate"].OutputGateOptions)
         unregister_attention_extension(loaded["alibi"].ALiBiOptions)
@@ -281,3 +282,39 @@ def test_the_export_refuses_a_technique_it_does_not_know(examples, tmp_path):
         "bias on the vocabulary projection; allowed: a model trained with all of no "
         "--attn-output-gate, and no --output-bias")
     assert not (tmp_path / "hf").exists()
+
+
+# ---------------------------------------------------------------------------- a norm
+
+@pytest.mark.parametrize("arch, lm, shape", [("slim_lm", True, TINY_LM),
+                                             ("slim_transformer", False, TINY_TRANSLATION)])
+def test_a_norm_from_outside_builds_trains_and_decodes(examples, arch, lm, shape, tmp_path):
+    args, task, model = build(arch, shape, lm, ["--norm", "scalenorm", "--dropout", "0"])
+    scale_norm = examples["scale_norm"].ScaleNorm
+    norms = [m for m in model.modules() if isinstance(m, scale_norm)]
+    # every block's norms, and the final norm of a pre-norm LM (a post-norm translation model
+    # has none): 3 layers x 2 + 1, or 2 encoder layers x 2 + 2 decoder layers x 3
+    assert len(norms) == (3 * 2 + 1 if lm else 2 * 2 + 2 * 3)
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
+    _checked(arch, model, task, args, lm, tmp_path)
+
+
+def test_a_norm_from_outside_is_a_choice_and_the_export_refuses_it(examples, tmp_path):
+    from hf_export_fixtures import data_of, tiny_checkpoint
+    from slim_fairseq.export_hf import export
+    from slim_fairseq.option_errors import OptionError
+    with pytest.raises(ValueError, match=r"^--norm=scale: not one of the choices; allowed: "
+                                         r"layernorm\|rmsnorm\|none\|scalenorm$"):
+        build("slim_lm", TINY_LM, True, ["--norm", "scale"])
+    path = tiny_checkpoint(tmp_path, "slim_lm", ["--norm", "scalenorm"], True)
+    with pytest.raises(OptionError) as caught:
+        export(path, data_of(True), str(tmp_path / "hf"))
+    assert str(caught.value).startswith("--norm=scalenorm: a norm registered outside the plugin "
+                                        "(scale_norm.ScaleNorm), which no layout of the export "
+                                        "computes; allowed: ")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_the_norm_leaves_the_choices():
+    from slim_fairseq.models.slim_options import NORMS
+    assert list(NORMS) == ["layernorm", "rmsnorm", "none"]

@@ -123,7 +123,15 @@ def known(spec_cls):
 
 
 def check_known_techniques(src, refusals):
-    """Refuse every option on of a technique the export does not know."""
+    """Refuse every option on of a technique the export does not know, and a norm registered
+    from outside."""
+    from slim_fairseq.models.slim_layers import NORM_MODULES
+    norm = getattr(src.args, "norm", None)
+    if norm in NORM_MODULES:
+        refusals.add(option_error("--norm", norm, f"a norm registered outside the plugin "
+                                  f"({NORM_MODULES[norm].__module__}.{NORM_MODULES[norm].__name__}), "
+                                  "which no layout of the export computes",
+                                  "--norm layernorm|rmsnorm"))
     for spec_cls in vocabulary.specs():
         if known(spec_cls):
             continue

@@ -27,7 +27,7 @@ from fairseq.modules.transformer_layer import (
 from torch import Tensor
 
 from slim_fairseq import options as vocabulary
-from slim_fairseq.models.slim_options import GLUOptions, ModelOptions
+from slim_fairseq.models.slim_options import NORMS, GLUOptions, ModelOptions
 from slim_fairseq.modules.attention import EXTENSIONS as ATTENTION_EXTENSIONS
 from slim_fairseq.modules.attention import build_attention
 from slim_fairseq.modules.dropout import SlimDropout
@@ -87,13 +87,35 @@ def unregister_attention_extension(spec_cls):
 
 # ---------------------------------------------------------------------------- norms
 
+# the module of each norm registered from outside (register_norm), by its --norm name
+NORM_MODULES = {}
+
+
+def register_norm(name, module_cls):
+    """Add ``--norm NAME``: the blocks' norms and the final norm become ``module_cls(dim,
+    spec)`` (``spec`` the :class:`~slim_fairseq.specs.NormSpec`), with the parameters it makes
+    (docs/DESIGN.md, "Adding a technique")."""
+    assert name not in NORMS or name in NORM_MODULES, f"--norm {name}: the plugin's own"
+    NORMS.add(name)
+    NORM_MODULES[name] = module_cls
+    return module_cls
+
+
+def unregister_norm(name):
+    """Remove a norm added by :func:`register_norm`."""
+    if NORM_MODULES.pop(name, None) is not None:
+        NORMS.remove(name)
+
+
 def build_norm(spec: NormSpec, dim):
     """The norm ``--norm`` selects at width ``dim``: fairseq's LayerNorm, RMSNorm (weight only,
-    ``--rms-norm-eps``), or None (``none``)."""
+    ``--rms-norm-eps``), a registered norm's module, or None (``none``)."""
     if spec.kind == "rmsnorm":
         return RMSNorm(dim, eps=spec.eps)
     if spec.kind == "none":
         return None
+    if spec.kind in NORM_MODULES:
+        return NORM_MODULES[spec.kind](dim, spec)
     return LayerNorm(dim, export=spec.export)
 
 

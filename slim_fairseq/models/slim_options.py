@@ -53,7 +53,8 @@ TC_PLACES = ("tc_ff", "tc_patt", "tc_layer", "tc_emb", "tc_output")
 # chain must have (ChainOptions.shape_needs_a_chain; compression.without_tensor_chains restores them)
 TC_SHAPE_DEFAULTS = (("tc_backward", "auto"), ("tc_forward", "auto"), ("tc_length", 2),
                      ("tc_min_bond", 0))
-NORMS = ("layernorm", "rmsnorm", "none")
+# the plugin's norms and those registered (slim_layers.register_norm)
+NORMS = vocabulary.Choices("layernorm", "rmsnorm", "none")
 SKIPLESS_LAYOUTS = ("none", "serial", "parallel")
 SAFE_OUTPUTS = ("linear", "mlp")
 SANDWICH_CROSS_NORMS = ("layernorm", "none")
@@ -1009,8 +1010,9 @@ class BlockOptions(OptionSpec):
     #subformer-training-setup)."""
 
     norm: Optional[str] = option(
-        "--norm", None, "normalisation of the blocks and the final norm: layernorm, rmsnorm or "
-        "none (default layernorm; none, and only none, with skipless blocks)", BLOCK,
+        "--norm", None, "normalisation of the blocks and the final norm: layernorm, rmsnorm, "
+        "none or a registered norm (default layernorm; none, and only none, with skipless "
+        "blocks)", BLOCK,
         check="choice", choices=NORMS, metavar="NORM",
         shown_default="layernorm; none with --skipless-layout")
     rms_norm_eps: float = option("--rms-norm-eps", 1e-6, "RMSNorm epsilon; needs --norm rmsnorm",

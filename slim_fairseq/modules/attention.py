@@ -147,10 +147,9 @@ class SlimMultiheadAttention(nn.Module):
             for ext in spec.extensions}) if spec.extensions else None
         self._score_biases = [m for m in (self.extensions or {}).values() if hasattr(m, "score_bias")]
         self._output_hooks = [m for m in (self.extensions or {}).values() if hasattr(m, "output")]
-        if self._score_biases and (self.shaped or self.encoder_decoder_attention):
-            raise ValueError("an attention extension with score_bias: in a self-attention of "
-                             "softmax scores only; allowed: its spec's roles without 'cross', "
-                             "and no --skipless-layout")
+        # (the rules: a score bias joins self-attentions of softmax scores only)
+        assert not (self._score_biases and (self.shaped or self.encoder_decoder_attention)), \
+            "a score bias in a cross-attention or a shaped attention"
         if self.shaped:
             self.alpha = nn.Parameter(torch.ones(num_heads))
             self.beta = nn.Parameter(torch.ones(num_heads))
