@@ -111,21 +111,31 @@ def refusal_in(error):
     return None
 
 
-def exit_refused(message, prog=None):
-    """End a command with its one-line refusal ``PROG: error: message``, status 2."""
+def print_refusal(message, prog=None):
+    """Print the one-line refusal ``PROG: error: message``; returns its exit status, 2."""
     sys.stdout.flush()
     print(f"{prog or prog_name()}: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(REFUSED)
+    return REFUSED
 
 
-def exit_interrupted(prog=None):
-    """End a command stopped by Ctrl-C: ``PROG: interrupted``, status 130."""
+def print_interrupted(prog=None):
+    """Print ``PROG: interrupted`` (Ctrl-C); returns its exit status, 130."""
     try:
         sys.stdout.flush()
     except Exception:  # noqa: BLE001 - a closed or broken stdout must not hide the line
         pass
     print(f"{prog or prog_name()}: interrupted", file=sys.stderr, flush=True)
-    sys.exit(INTERRUPTED)
+    return INTERRUPTED
+
+
+def exit_refused(message, prog=None):
+    """End a command with its one-line refusal ``PROG: error: message``, status 2."""
+    sys.exit(print_refusal(message, prog))
+
+
+def exit_interrupted(prog=None):
+    """End a command stopped by Ctrl-C: ``PROG: interrupted``, status 130."""
+    sys.exit(print_interrupted(prog))
 
 
 def _command_edge(kind, error, trace, previous):

@@ -10,14 +10,12 @@ complete checkpoint (a copy or a save that did not finish) is a one-line
 from __future__ import annotations
 
 import collections
-import functools
-import importlib.util
 import json
 import os
 import re
 import sys
 
-from slim_fairseq_lab.paths import PLUGIN_DIR
+from slim_fairseq_lab.paths import plugin_module
 
 EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_PATTERN = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
@@ -31,26 +29,12 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read or used; the message is one line naming the file."""
 
 
-@functools.lru_cache(maxsize=None)
-def _plugin_module(name):
-    """slim_fairseq/NAME.py, loaded by path (once per process) so that reading a checkpoint does
-    not import fairseq (the package's __init__ registers every model); the loaded package's
-    module when it is already imported."""
-    module = sys.modules.get(f"slim_fairseq.{name}")
-    if module is None:
-        spec = importlib.util.spec_from_file_location(f"_slim_fairseq_{name}",
-                                                      os.path.join(PLUGIN_DIR, f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
-
-
 def _checkpoint_safety():
-    return _plugin_module("checkpoint_safety")
+    return plugin_module("checkpoint_safety")
 
 
 def _data_record():
-    return _plugin_module("data_record")
+    return plugin_module("data_record")
 
 
 def data_record(path: str, state: dict) -> dict | None:

@@ -10,23 +10,21 @@ The plugin's own commands (``slim-fairseq-help``, ``slim-fairseq-export-hf``, an
 with ``--user-dir slim_fairseq``) end the same way (:mod:`slim_fairseq.option_errors`). This
 module imports neither fairseq nor torch.
 """
-import os
 import sys
 
+from slim_fairseq_lab.paths import plugin_module
+
+# the plugin's command edge (slim_fairseq/option_errors.py, which imports neither fairseq nor
+# torch): the exit statuses, the command's name and the two one-line endings, defined there once
+_edge = plugin_module("option_errors")
 #: exit status of a refusal (argparse's) and of a command stopped by Ctrl-C (128 + SIGINT)
-REFUSED, INTERRUPTED = 2, 130
-
-
-def prog_name():
-    """The running command's name, as argparse shows it."""
-    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+REFUSED, INTERRUPTED = _edge.REFUSED, _edge.INTERRUPTED
+prog_name = _edge.prog_name
 
 
 def refused(message, prog=None):
     """Print the refusal ``PROG: error: message`` (one line) and return exit status 2."""
-    sys.stdout.flush()
-    print(f"{prog or prog_name()}: error: {message}", file=sys.stderr, flush=True)
-    return REFUSED
+    return _edge.print_refusal(message, prog)
 
 
 def run(main, argv=None, prog=None):
@@ -37,12 +35,7 @@ def run(main, argv=None, prog=None):
         status = main(argv) if argv is not None else main()
         return status if isinstance(status, int) else 0
     except KeyboardInterrupt:
-        try:
-            sys.stdout.flush()
-        except Exception:  # noqa: BLE001 - a broken stdout must not hide the line
-            pass
-        print(f"{prog or prog_name()}: interrupted", file=sys.stderr, flush=True)
-        return INTERRUPTED
+        return _edge.print_interrupted(prog)
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
             raise

@@ -59,7 +59,7 @@ def _run(args):
     import slim_fairseq  # noqa: F401  (registers the plugin's models with fairseq)
     from slim_fairseq.compression import CompressionError
     from slim_fairseq.export_hf import export
-    from slim_fairseq.option_errors import OptionError
+    from slim_fairseq.option_errors import OptionError, print_refusal
 
     def log(message):
         print(f"[export-hf] {message}", file=sys.stderr, flush=True)
@@ -72,8 +72,7 @@ def _run(args):
                         force=args.force, sentences=args.check_sentences, log=log,
                         valid_text=args.valid_text)
     except (OptionError, CompressionError) as error:
-        print(f"slim-fairseq-export-hf: error: {error}", file=sys.stderr)
-        return 2
+        return print_refusal(str(error), "slim-fairseq-export-hf")
     print(result.out_dir)
     return 0
 
