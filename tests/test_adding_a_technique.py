@@ -318,3 +318,48 @@ def test_a_norm_from_outside_is_a_choice_and_the_export_refuses_it(examples, tmp
 def test_the_norm_leaves_the_choices():
     from slim_fairseq.models.slim_options import NORMS
     assert list(NORMS) == ["layernorm", "rmsnorm", "none"]
+
+
+def test_positions_of_queries_and_keys_from_outside_are_the_plugins_rope(tmp_path):
+    """An extension whose ``queries_keys`` rotates the new queries and keys with the plugin's
+    RotaryEmbedding computes what ``--rope-theta 10000`` does, in the full pass and step by
+    step: the hook sees each step's position."""
+    from dataclasses import dataclass
+
+    from slim_fairseq.models.slim_layers import (register_attention_extension,
+                                                 unregister_attention_extension)
+    from slim_fairseq.models.slim_options import AttentionExtension
+    from slim_fairseq.modules.rope import RotaryEmbedding
+    from slim_fairseq.options import option
+
+    @dataclass(frozen=True)
+    class RotaryOptions(AttentionExtension):
+        rotary_from_outside: bool = option("--rotary-from-outside", False, "RoPE, from outside",
+                                           "a test's technique", kind=bool)
+        roles = ("encoder_self", "decoder_self")
+
+        @property
+        def on(self):
+            return self.rotary_from_outside
+
+    class Rotary(torch.nn.Module):
+        def __init__(self, spec, attention):
+            super().__init__()
+            self.rope = RotaryEmbedding(attention.head_dim, 10000.0)
+
+        def queries_keys(self, q, k, past):
+            rows = self.rope.rows(q, past)
+            return self.rope.rotate(q, *rows), self.rope.rotate(k, *rows)
+
+    register_attention_extension(RotaryOptions, Rotary)
+    try:
+        common = ["--no-token-positional-embeddings", "--dropout", "0"]
+        args, task, outside = build("slim_lm", TINY_LM, True, ["--rotary-from-outside", *common])
+        _, _, plugin = build("slim_lm", TINY_LM, True, ["--rope-theta", "10000", *common])
+        plugin.load_state_dict(outside.state_dict())
+        tokens = torch.randint(4, len(task.target_dictionary), (2, 7))
+        outside.eval(), plugin.eval()
+        torch.testing.assert_close(outside(tokens)[0], plugin(tokens)[0], rtol=0, atol=0)
+        _checked("slim_lm", outside, task, args, True, tmp_path)
+    finally:
+        unregister_attention_extension(RotaryOptions)

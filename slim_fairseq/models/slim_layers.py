@@ -70,10 +70,13 @@ def register_attention_extension(spec_cls, module_cls):
     """Add an attention extension: its spec ``spec_cls`` (a
     :class:`~slim_fairseq.models.slim_options.AttentionExtension` whose fields are its options)
     joins the option vocabulary, and every attention of its ``roles`` whose options turn it on
-    holds ``module_cls(spec, attention)``, which defines either or both of
-    ``score_bias(query_positions, key_positions) -> (heads, T, S)``, added to the attention
-    scores, and ``output(attn, x) -> attn``, applied to the heads' output ``(T, B, heads d_h)``
-    before the output projection (``x``: the attention's input)."""
+    holds ``module_cls(spec, attention)``, which defines any of
+    ``queries_keys(q, k, past) -> (q, k)``, applied to the new queries ``(B, heads, T, d_h)``
+    and keys ``(B, kv_heads, T, d_h)`` of a self-attention before they are cached (``past``:
+    the positions cached before them), ``score_bias(query_positions, key_positions) ->
+    (heads, T, S)``, added to the attention scores, and ``output(attn, x) -> attn``, applied to
+    the heads' output ``(T, B, heads d_h)`` before the output projection (``x``: the
+    attention's input)."""
     vocabulary.register(spec_cls)
     ATTENTION_EXTENSIONS[spec_cls] = module_cls
     return module_cls

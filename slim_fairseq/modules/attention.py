@@ -147,9 +147,14 @@ class SlimMultiheadAttention(nn.Module):
             for ext in spec.extensions}) if spec.extensions else None
         self._score_biases = [m for m in (self.extensions or {}).values() if hasattr(m, "score_bias")]
         self._output_hooks = [m for m in (self.extensions or {}).values() if hasattr(m, "output")]
-        # (the rules: a score bias joins self-attentions of softmax scores only)
+        self._position_hooks = [m for m in (self.extensions or {}).values()
+                                if hasattr(m, "queries_keys")]
+        # (the rules: a score bias joins self-attentions of softmax scores only, positions of
+        # queries and keys self-attentions only)
         assert not (self._score_biases and (self.shaped or self.encoder_decoder_attention)), \
             "a score bias in a cross-attention or a shaped attention"
+        assert not (self._position_hooks and self.encoder_decoder_attention), \
+            "positions of queries and keys in a cross-attention"
         if self.shaped:
             self.alpha = nn.Parameter(torch.ones(num_heads))
             self.beta = nn.Parameter(torch.ones(num_heads))
@@ -274,10 +279,13 @@ class SlimMultiheadAttention(nn.Module):
         q = _heads(q, self.num_heads, self.head_dim)
         if k is not None:
             k, v = _heads(k, self.kv_heads, self.head_dim), _heads(v, self.kv_heads, self.head_dim)
-        if self.rope is not None:
+        if self.rope is not None or self._position_hooks:
             past = 0 if saved is None or saved.get("prev_key") is None else saved["prev_key"].size(2)
-            rows = self.rope.rows(q, past)
-            q, k = self.rope.rotate(q, *rows), self.rope.rotate(k, *rows)
+            if self.rope is not None:
+                rows = self.rope.rows(q, past)
+                q, k = self.rope.rotate(q, *rows), self.rope.rotate(k, *rows)
+            for extension in self._position_hooks:
+                q, k = extension.queries_keys(q, k, past)
 
         kv_bsz = bsz if k is None else k.size(0)
         if saved is not None:
