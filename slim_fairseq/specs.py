@@ -91,7 +91,9 @@ class LayerSpec:
 class EmbeddingSpec:
     """The input embedding of one side: the token table (a Tensor Chain with ``--tc-emb``),
     fairseq's scaled embedding plus positions, H-SoftPOS (``--hsoftpos-levels``,
-    ``--hsoftpos-min-token-dim``) or SAFE (``--safe-embed-dim``), and the side it feeds."""
+    ``--hsoftpos-min-token-dim``) or SAFE (``--safe-embed-dim``), and the side it feeds;
+    ``variant``: the spec of an input embedding registered from outside whose options are on
+    (docs/DESIGN.md, "Adding a technique"), or None."""
 
     model_dim: int
     max_positions: int
@@ -106,6 +108,7 @@ class EmbeddingSpec:
     safe_dim: int = 0
     dropout: float = 0.0
     attention_dropout: float = 0.0
+    variant: object = None
 
 
 @dataclass(frozen=True)

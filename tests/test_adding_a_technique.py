@@ -363,3 +363,68 @@ def test_positions_of_queries_and_keys_from_outside_are_the_plugins_rope(tmp_pat
         _checked("slim_lm", outside, task, args, True, tmp_path)
     finally:
         unregister_attention_extension(RotaryOptions)
+
+
+# ---------------------------------------------------------------------------- an input embedding
+
+@pytest.fixture()
+def channel_scaled():
+    """An input embedding from outside: fairseq's path on a table half the model's width,
+    projected in, then scaled per channel by learned factors."""
+    from dataclasses import dataclass
+
+    from slim_fairseq.models.slim_layers import (register_input_embedding,
+                                                 unregister_input_embedding)
+    from slim_fairseq.models.slim_options import InputEmbeddingVariant
+    from slim_fairseq.modules.input_embedding import StandardInputEmbedding
+    from slim_fairseq.options import option
+
+    @dataclass(frozen=True)
+    class ChannelScaledOptions(InputEmbeddingVariant):
+        channel_scaled_embedding: bool = option("--channel-scaled-embedding", False,
+                                                "a narrow table, scaled per channel",
+                                                "a test's technique", kind=bool)
+
+        @property
+        def on(self):
+            return self.channel_scaled_embedding
+
+    class ChannelScaled(StandardInputEmbedding):
+        @staticmethod
+        def table_dim(spec):
+            return spec.model_dim // 2
+
+        @classmethod
+        def from_spec(cls, spec, table):
+            module = super().from_spec(spec, table)
+            module.channel_scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, spec.model_dim))
+            return module
+
+        def forward(self, tokens, incremental_state=None):
+            return super().forward(tokens, incremental_state) * self.channel_scale
+
+    register_input_embedding(ChannelScaledOptions, ChannelScaled)
+    try:
+        yield ChannelScaled
+    finally:
+        unregister_input_embedding(ChannelScaledOptions)
+
+
+@pytest.mark.parametrize("arch, lm, shape", [("slim_lm", True, TINY_LM),
+                                             ("slim_transformer", False, TINY_TRANSLATION)])
+def test_an_input_embedding_from_outside_builds_trains_and_decodes(channel_scaled, arch, lm,
+                                                                   shape, tmp_path):
+    args, task, model = build(arch, shape, lm, ["--channel-scaled-embedding", "--dropout", "0"])
+    sides = [model.decoder] if lm else [model.encoder, model.decoder]
+    for side in sides:
+        embedding = side.embed_tokens
+        assert isinstance(embedding, channel_scaled) and embedding.table.embedding_dim == 16
+        assert embedding.project_in_dim.in_features == 16
+    _checked(arch, model, task, args, lm, tmp_path)
+
+
+def test_an_input_embedding_from_outside_is_one_of_them(channel_scaled):
+    with pytest.raises(ValueError, match=r"^--channel-scaled-embedding: an input embedding, and "
+                                         r"--hsoftpos-levels selects another; allowed: "
+                                         r"--hsoftpos-levels 0, or drop --channel-scaled-embedding$"):
+        build("slim_lm", TINY_LM, True, ["--channel-scaled-embedding", "--hsoftpos-levels", "2"])

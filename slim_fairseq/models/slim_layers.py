@@ -31,6 +31,7 @@ from slim_fairseq.models.slim_options import NORMS, GLUOptions, ModelOptions
 from slim_fairseq.modules.attention import EXTENSIONS as ATTENTION_EXTENSIONS
 from slim_fairseq.modules.attention import build_attention
 from slim_fairseq.modules.dropout import SlimDropout
+from slim_fairseq.modules.input_embedding import INPUT_EMBEDDINGS
 from slim_fairseq.modules.feed_forward import FeedForward, GLUFeedForward, mount
 from slim_fairseq.modules.rmsnorm import RMSNorm
 from slim_fairseq.specs import FeedForwardSpec, LayerSpec, NormSpec
@@ -85,6 +86,28 @@ def register_attention_extension(spec_cls, module_cls):
 def unregister_attention_extension(spec_cls):
     """Remove an extension added by :func:`register_attention_extension`."""
     ATTENTION_EXTENSIONS.pop(spec_cls, None)
+    vocabulary.unregister(spec_cls)
+
+
+# ---------------------------------------------------------------------------- input embeddings
+
+def register_input_embedding(spec_cls, module_cls):
+    """Add an input embedding: its spec ``spec_cls`` (a
+    :class:`~slim_fairseq.models.slim_options.InputEmbeddingVariant`) joins the option
+    vocabulary, and both sides of a model whose options turn it on build
+    ``module_cls.from_spec(spec, table)`` (``spec`` the side's
+    :class:`~slim_fairseq.specs.EmbeddingSpec`, whose ``variant`` is the technique's spec;
+    ``table`` the token table, ``module_cls.table_dim(spec)`` wide when it defines that, else
+    the model's width), called as ``forward(tokens, incremental_state=None)`` and returning
+    ``(B, T, d)`` (with an incremental state, the last position only) before dropout."""
+    vocabulary.register(spec_cls)
+    INPUT_EMBEDDINGS[spec_cls] = module_cls
+    return module_cls
+
+
+def unregister_input_embedding(spec_cls):
+    """Remove an input embedding added by :func:`register_input_embedding`."""
+    INPUT_EMBEDDINGS.pop(spec_cls, None)
     vocabulary.unregister(spec_cls)
 
 

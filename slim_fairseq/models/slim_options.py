@@ -308,6 +308,33 @@ def attention_extensions(m, role):
                  and role in spec.roles)
 
 
+# ---------------------------------------------------------------------------- input embeddings
+
+class InputEmbeddingVariant(OptionSpec):
+    """Base of the spec of an input embedding registered from outside (docs/DESIGN.md, "Adding
+    a technique"): its options, with ``on`` saying whether they select it; both sides build the
+    module registered for it
+    (:func:`slim_fairseq.models.slim_layers.register_input_embedding`) in place of fairseq's
+    scaled table plus positions, H-SoftPOS or SAFE."""
+
+    @property
+    def on(self):
+        raise NotImplementedError
+
+    @property
+    def flag(self):
+        """The option that selects the input embedding (the first of its fields)."""
+        return type(self).options()[0].flag
+
+    def value(self):
+        return getattr(self, type(self).options()[0].dest)
+
+
+def input_embedding_variants(m):
+    """The specs of the registered input embeddings whose options are on."""
+    return [spec for spec in m.specs if isinstance(spec, InputEmbeddingVariant) and spec.on]
+
+
 # ---------------------------------------------------------------------------- feed-forward
 
 class FeedForwardVariant(OptionSpec):
@@ -595,6 +622,15 @@ class EmbeddingOptions(OptionSpec):
             raise option_error("--hsoftpos-levels", self.hsoftpos_levels, "and --safe-embed-dim "
                                "are alternative input embeddings", alternatives=[
                                    {"--hsoftpos-levels": 0}, {"--safe-embed-dim": 0}])
+        own = [(flag, value) for flag, value in (("--hsoftpos-levels", self.hsoftpos_levels),
+                                                 ("--safe-embed-dim", self.safe_embed_dim))
+               if value]
+        variants = input_embedding_variants(m)
+        if variants and len(own) + len(variants) > 1:
+            other = own[0][0] if own else variants[1].flag
+            changes = [{flag: 0} for flag, _ in own] + [{v.flag: None} for v in variants]
+            raise option_error(variants[0].flag, variants[0].value(), f"an input embedding, and "
+                               f"{other} selects another", alternatives=changes)
 
     @rule
     def safe_output_needs_safe(self, m):
@@ -684,7 +720,8 @@ class EmbeddingOptions(OptionSpec):
             hsoftpos_min_token_dim=int(self.hsoftpos_min_token_dim),
             safe_dim=int(self.safe_embed_dim),
             dropout=float(cfg.dropout),
-            attention_dropout=float(cfg.attention_dropout))
+            attention_dropout=float(cfg.attention_dropout),
+            variant=next(iter(input_embedding_variants(m)), None))
 
     def token_table_dim(self, m, cfg, model_dim):
         """Width of the token table for an input embedding at ``model_dim`` (the table is built

@@ -17,8 +17,17 @@ from slim_fairseq.modules.tensor_chain import TensorChainEmbedding
 from slim_fairseq.specs import ChainSpec, EmbeddingSpec
 
 
+# the module of each input embedding registered from outside, by its spec's class
+# (slim_fairseq.models.slim_layers.register_input_embedding fills it)
+INPUT_EMBEDDINGS = {}
+
+
 def token_table_dim(spec: EmbeddingSpec):
-    """Width of the token table the input embedding of ``spec`` needs."""
+    """Width of the token table the input embedding of ``spec`` needs (a registered one's
+    ``table_dim(spec)``, else the model width)."""
+    if spec.variant is not None:
+        module_cls = INPUT_EMBEDDINGS[type(spec.variant)]
+        return module_cls.table_dim(spec) if hasattr(module_cls, "table_dim") else spec.model_dim
     if spec.hsoftpos_levels:
         return hsoftpos_dims(spec.model_dim, spec.hsoftpos_levels, spec.hsoftpos_min_token_dim)[2]
     if spec.safe_dim:
@@ -36,7 +45,10 @@ def build_token_table(chain: ChainSpec, dictionary, dim):
 
 
 def build_input_embedding(spec: EmbeddingSpec, table):
-    """Wrap ``table`` into the input embedding ``spec`` selects (standard, H-SoftPOS, SAFE)."""
+    """Wrap ``table`` into the input embedding ``spec`` selects (standard, H-SoftPOS, SAFE, or
+    one registered from outside)."""
+    if spec.variant is not None:
+        return INPUT_EMBEDDINGS[type(spec.variant)].from_spec(spec, table)
     if spec.hsoftpos_levels:
         return HSoftPOSEmbedding.from_spec(spec, table)
     if spec.safe_dim:
