@@ -428,3 +428,61 @@ def test_an_input_embedding_from_outside_is_one_of_them(channel_scaled):
                                          r"--hsoftpos-levels selects another; allowed: "
                                          r"--hsoftpos-levels 0, or drop --channel-scaled-embedding$"):
         build("slim_lm", TINY_LM, True, ["--channel-scaled-embedding", "--hsoftpos-levels", "2"])
+
+
+# ---------------------------------------------------------------------------- an output projection
+
+@pytest.fixture()
+def low_rank_output():
+    """A vocabulary projection from outside: logits through rank 8, ``E (W x)`` with E the token
+    table when tied."""
+    from dataclasses import dataclass
+
+    from slim_fairseq.models.slim_layers import (register_output_projection,
+                                                 unregister_output_projection)
+    from slim_fairseq.models.slim_options import OutputVariant
+    from slim_fairseq.options import option
+
+    @dataclass(frozen=True)
+    class LowRankOutputOptions(OutputVariant):
+        low_rank_output: int = option("--low-rank-output", 0, "rank of the vocabulary projection",
+                                      "a test's technique", kind=int, check="nonneg")
+
+        @property
+        def on(self):
+            return self.low_rank_output > 0
+
+    class LowRankOutput(torch.nn.Module):
+        def __init__(self, spec, table, dim, vocab, tied):
+            super().__init__()
+            self.down = torch.nn.Linear(dim, spec.low_rank_output, bias=False)
+            self.up = torch.nn.Linear(spec.low_rank_output, vocab, bias=False)
+
+        def forward(self, x):
+            return self.up(self.down(x))
+
+    register_output_projection(LowRankOutputOptions, LowRankOutput)
+    try:
+        yield LowRankOutput
+    finally:
+        unregister_output_projection(LowRankOutputOptions)
+
+
+@pytest.mark.parametrize("arch, lm, shape", [("slim_lm", True, TINY_LM),
+                                             ("slim_transformer", False, TINY_TRANSLATION)])
+def test_an_output_projection_from_outside_builds_trains_and_decodes(low_rank_output, arch, lm,
+                                                                     shape, tmp_path):
+    args, task, model = build(arch, shape, lm, ["--low-rank-output", "8", "--dropout", "0"])
+    assert isinstance(model.decoder.output_projection, low_rank_output)
+    vocab = len(task.target_dictionary)
+    names = {n for n in model.state_dict() if n.startswith("decoder.output_projection.")}
+    assert names == {"decoder.output_projection.down.weight", "decoder.output_projection.up.weight"}
+    assert model.decoder.output_projection.up.weight.shape == (vocab, 8)
+    _checked(arch, model, task, args, lm, tmp_path)
+
+
+def test_an_output_projection_from_outside_is_one_of_them(low_rank_output):
+    with pytest.raises(ValueError, match=r"^--low-rank-output=8: a vocabulary projection, and "
+                                         r"--tc-output acts on another; allowed: --tc-output 0, or "
+                                         r"drop --low-rank-output$"):
+        build("slim_lm", TINY_LM, True, ["--low-rank-output", "8", "--tc-output", "0.5"])

@@ -111,6 +111,30 @@ def unregister_input_embedding(spec_cls):
     vocabulary.unregister(spec_cls)
 
 
+# ---------------------------------------------------------------------------- output projections
+
+# the module of each vocabulary projection registered from outside, by its spec's class
+OUTPUT_PROJECTIONS = {}
+
+
+def register_output_projection(spec_cls, module_cls):
+    """Add a vocabulary projection: its spec ``spec_cls`` (a
+    :class:`~slim_fairseq.models.slim_options.OutputVariant`) joins the option vocabulary, and a
+    decoder whose options turn it on builds ``module_cls(spec, table, dim, vocab, tied)`` as its
+    ``output_projection`` (``table``: the token table; ``tied``: whether
+    ``--share-decoder-input-output-embed`` or ``--share-all-embeddings`` ask to tie it), which
+    maps the decoder's features ``(B, T, dim)`` to ``(B, T, vocab)`` logits."""
+    vocabulary.register(spec_cls)
+    OUTPUT_PROJECTIONS[spec_cls] = module_cls
+    return module_cls
+
+
+def unregister_output_projection(spec_cls):
+    """Remove a vocabulary projection added by :func:`register_output_projection`."""
+    OUTPUT_PROJECTIONS.pop(spec_cls, None)
+    vocabulary.unregister(spec_cls)
+
+
 # ---------------------------------------------------------------------------- norms
 
 # the module of each norm registered from outside (register_norm), by its --norm name

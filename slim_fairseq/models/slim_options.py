@@ -275,9 +275,29 @@ class TyingOptions(OptionSpec):
                                "Chains", "0 with a Tensor-Chain feed-forward")
 
 
+# ---------------------------------------------------------------------------- techniques of every kind
+
+class TechniqueSpec(OptionSpec):
+    """What the spec of a technique of any kind has (docs/DESIGN.md, "Adding a technique"):
+    ``on``, whether its options turn it on, and the option that names it (its first field)."""
+
+    @property
+    def on(self):
+        raise NotImplementedError
+
+    @property
+    def flag(self):
+        """The option that turns the technique on (the first of its fields)."""
+        return type(self).options()[0].flag
+
+    def value(self):
+        """That option's value."""
+        return getattr(self, type(self).options()[0].dest)
+
+
 # ---------------------------------------------------------------------------- attention extensions
 
-class AttentionExtension(OptionSpec):
+class AttentionExtension(TechniqueSpec):
     """Base of an attention extension's spec (docs/DESIGN.md, "Adding a technique"): its options,
     with ``on`` saying whether they turn it on and ``roles`` the attentions it joins (of
     ``encoder_self``, ``decoder_self``, ``cross``); each attention of those roles builds the
@@ -289,18 +309,6 @@ class AttentionExtension(OptionSpec):
     roles = ("encoder_self", "decoder_self", "cross")
     changes_scores = False
 
-    @property
-    def on(self):
-        raise NotImplementedError
-
-    @property
-    def flag(self):
-        """The option that turns the extension on (the first of its fields)."""
-        return type(self).options()[0].flag
-
-    def value(self):
-        return getattr(self, type(self).options()[0].dest)
-
 
 def attention_extensions(m, role):
     """The specs of the extensions on in attentions of ``role``, in the order registered."""
@@ -310,24 +318,12 @@ def attention_extensions(m, role):
 
 # ---------------------------------------------------------------------------- input embeddings
 
-class InputEmbeddingVariant(OptionSpec):
+class InputEmbeddingVariant(TechniqueSpec):
     """Base of the spec of an input embedding registered from outside (docs/DESIGN.md, "Adding
     a technique"): its options, with ``on`` saying whether they select it; both sides build the
     module registered for it
     (:func:`slim_fairseq.models.slim_layers.register_input_embedding`) in place of fairseq's
     scaled table plus positions, H-SoftPOS or SAFE."""
-
-    @property
-    def on(self):
-        raise NotImplementedError
-
-    @property
-    def flag(self):
-        """The option that selects the input embedding (the first of its fields)."""
-        return type(self).options()[0].flag
-
-    def value(self):
-        return getattr(self, type(self).options()[0].dest)
 
 
 def input_embedding_variants(m):
@@ -335,22 +331,25 @@ def input_embedding_variants(m):
     return [spec for spec in m.specs if isinstance(spec, InputEmbeddingVariant) and spec.on]
 
 
+class OutputVariant(TechniqueSpec):
+    """Base of the spec of a vocabulary projection registered from outside (docs/DESIGN.md,
+    "Adding a technique"): the decoder builds the module registered for it
+    (:func:`slim_fairseq.models.slim_layers.register_output_projection`) in place of its linear,
+    Tensor-Chain or SAFE projection."""
+
+
+def output_variants(m):
+    """The specs of the registered vocabulary projections whose options are on."""
+    return [spec for spec in m.specs if isinstance(spec, OutputVariant) and spec.on]
+
+
 # ---------------------------------------------------------------------------- feed-forward
 
-class FeedForwardVariant(OptionSpec):
+class FeedForwardVariant(TechniqueSpec):
     """Base of a feed-forward variant's spec (docs/DESIGN.md, "Adding a technique"): its
     options, with ``on`` saying whether they select it; the block builds the module registered
     for it (:func:`slim_fairseq.models.slim_layers.register_feed_forward`), or the dense
     feed-forward when no variant is on."""
-
-    @property
-    def on(self):
-        raise NotImplementedError
-
-    @property
-    def flag(self):
-        """The option that selects the variant (the first of its fields)."""
-        return type(self).options()[0].flag
 
 
 @register
@@ -680,6 +679,22 @@ class EmbeddingOptions(OptionSpec):
             raise option_error(flag, m.tc_output or None, "acts on the vocabulary projection, "
                                "which SAFE replaces with its own path tied to the token table",
                                alternatives=[off, {"--safe-embed-dim": 0}])
+
+    @rule
+    def one_output_path(self, m):
+        variants = output_variants(m)
+        own = [(flag, value, change) for flag, value, change in (
+            ("--safe-embed-dim", self.safe_embed_dim, {"--safe-embed-dim": 0}),
+            ("--tc-output", m.tc_output, {"--tc-output": 0}),
+            ("--output-bias", self.output_bias, {"--no-output-bias": True}),
+            ("--adaptive-softmax-cutoff", m.adaptive_softmax_cutoff,
+             {"--adaptive-softmax-cutoff": None})) if value]
+        if variants and len(own) + len(variants) > 1:
+            other = own[0][0] if own else variants[1].flag
+            raise option_error(variants[0].flag, variants[0].value(), f"a vocabulary projection, "
+                               f"and {other} acts on another", alternatives=[
+                                   *(change for _, _, change in own),
+                                   *({v.flag: None} for v in variants)])
 
     @rule
     def adaptive_softmax_replaces_the_output(self, m):

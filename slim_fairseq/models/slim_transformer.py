@@ -32,6 +32,7 @@ from fairseq import utils
 
 from slim_fairseq.models.presets import Preset, apply_preset, model_defaults
 from slim_fairseq.models.slim_layers import (
+    OUTPUT_PROJECTIONS,
     SkiplessDecoderLayer,
     SlimDecoderLayer,
     SlimEncoderLayer,
@@ -43,6 +44,7 @@ from slim_fairseq.models.slim_options import (
     add_slim_args,
     check_adaptive_cutoffs,
     extend_fairseq_args,
+    output_variants,
     set_slim_defaults,
     validate_slim_args,
 )
@@ -182,11 +184,16 @@ class SlimTransformerDecoder(_LayerStackMixin, TransformerDecoderBase):
         return _wrap_layer(cfg, SlimDecoderLayer(cfg, no_encoder_attn, spec=spec))
 
     def build_output_projection(self, cfg, dictionary, embed_tokens):
-        """Vocabulary projection: adaptive softmax, SAFE, Tensor Chain or dense (tied or not)."""
+        """Vocabulary projection: adaptive softmax, SAFE, Tensor Chain, dense (tied or not), or
+        one registered from outside."""
         options = self.options
         table = embed_tokens.table if hasattr(embed_tokens, "table") else embed_tokens
         vocab = len(dictionary)
-        if cfg.adaptive_softmax_cutoff is not None:
+        variant = next(iter(output_variants(options)), None)
+        if variant is not None:
+            self.output_projection = OUTPUT_PROJECTIONS[type(variant)](
+                variant, table, self.output_embed_dim, vocab, self.share_input_output_embed)
+        elif cfg.adaptive_softmax_cutoff is not None:
             self.adaptive_softmax = AdaptiveSoftmax(
                 vocab, self.output_embed_dim,
                 utils.eval_str_list(cfg.adaptive_softmax_cutoff, type=int),
