@@ -77,7 +77,9 @@ class NormSpec:
 @dataclass(frozen=True)
 class LayerSpec:
     """One encoder or decoder layer: its attentions, feed-forward and norms; a skipless block
-    (``--skipless-layout``, He & Hofmann arXiv:2311.01906) with ``--mlp-branch-scale``."""
+    (``--skipless-layout``, He & Hofmann arXiv:2311.01906) with ``--mlp-branch-scale``;
+    ``layout``: the spec of a block layout registered from outside whose options are on
+    (docs/DESIGN.md, "Adding a technique"), or None."""
 
     self_attn: AttentionSpec = AttentionSpec()
     cross_attn: AttentionSpec = AttentionSpec()
@@ -85,6 +87,7 @@ class LayerSpec:
     norm: NormSpec = NormSpec()
     skipless: str = "none"
     mlp_branch_scale: float = 1.0
+    layout: object = None
 
 
 @dataclass(frozen=True)

@@ -486,3 +486,82 @@ def test_an_output_projection_from_outside_is_one_of_them(low_rank_output):
                                          r"--tc-output acts on another; allowed: --tc-output 0, or "
                                          r"drop --low-rank-output$"):
         build("slim_lm", TINY_LM, True, ["--low-rank-output", "8", "--tc-output", "0.5"])
+
+
+# ---------------------------------------------------------------------------- a block layout
+
+@pytest.fixture()
+def parallel_block():
+    """A block layout from outside: the parallel block of GPT-J and PaLM, attention and
+    feed-forward reading one norm of x, ``y = x + Attn(LN(x)) + FFN(LN(x))``, language models
+    only (its rule)."""
+    from dataclasses import dataclass
+
+    from slim_fairseq.models.slim_layers import (SlimDecoderLayer, register_block_layout,
+                                                 unregister_block_layout)
+    from slim_fairseq.models.slim_options import BlockLayout
+    from slim_fairseq.option_errors import option_error
+    from slim_fairseq.options import option, rule
+
+    @dataclass(frozen=True)
+    class ParallelOptions(BlockLayout):
+        parallel_block: bool = option("--parallel-block", False, "y = x + Attn(LN x) + FFN(LN x)",
+                                      "a test's technique", kind=bool)
+
+        @property
+        def on(self):
+            return self.parallel_block
+
+        @rule
+        def language_models_only(self, m):
+            if self.on and m.model != "slim_lm":
+                raise option_error("--parallel-block", None, "a decoder block without "
+                                   "cross-attention", "a language model (--arch slim_lm)")
+
+    class ParallelDecoderLayer(SlimDecoderLayer):
+        def __init__(self, cfg, no_encoder_attn=True, spec=None):
+            super().__init__(cfg, no_encoder_attn, spec=spec)
+            self.final_layer_norm = None  # one norm, read by both branches
+
+        def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
+                    prev_self_attn_state=None, prev_attn_layer_state=None, self_attn_mask=None,
+                    self_attn_padding_mask=None, need_attn=False, need_head_weights=False):
+            h = self.self_attn_layer_norm(x)
+            attn, _ = self.self_attn(query=h, key=h, value=h,
+                                     key_padding_mask=self_attn_padding_mask,
+                                     incremental_state=incremental_state, need_weights=False,
+                                     attn_mask=self_attn_mask)
+            return x + self.dropout_module(attn) + self.dropout_module(self.feed_forward(h)), \
+                None, None
+
+    register_block_layout(ParallelOptions, decoder_layer=ParallelDecoderLayer)
+    try:
+        yield ParallelDecoderLayer
+    finally:
+        unregister_block_layout(ParallelOptions)
+
+
+def test_a_block_layout_from_outside_builds_trains_and_decodes(parallel_block, tmp_path):
+    args, task, model = build("slim_lm", TINY_LM, True, ["--parallel-block", "--dropout", "0"])
+    assert all(type(layer) is parallel_block for layer in model.decoder.layers)
+    _, _, plugin = build("slim_lm", TINY_LM, True, ["--dropout", "0"])
+    own = set(model.state_dict())  # the plugin's block's parts but its second norm
+    assert own == {n for n in plugin.state_dict() if ".final_layer_norm." not in n}
+    plugin.load_state_dict(model.state_dict(), strict=False)
+    tokens = torch.randint(4, len(task.target_dictionary), (2, 7))
+    model.eval(), plugin.eval()
+    assert not torch.allclose(model(tokens)[0], plugin(tokens)[0])  # another computation
+    _checked("slim_lm", model, task, args, True, tmp_path)
+
+
+@pytest.mark.parametrize("arch, lm, given, line", [
+    ("slim_lm", True, ["--parallel-block", "--skipless-layout", "serial"],
+     r"^--parallel-block: a block layout, and --skipless-layout selects another; allowed: "
+     r"--skipless-layout none, or drop --parallel-block$"),
+    ("slim_transformer", False, ["--parallel-block"],
+     r"^--parallel-block: a decoder block without cross-attention; allowed: a language model "
+     r"\(--arch slim_lm\)$"),
+])
+def test_a_block_layout_from_outside_is_checked_in_one_line(parallel_block, arch, lm, given, line):
+    with pytest.raises(ValueError, match=line):
+        build(arch, TINY_LM if lm else TINY_TRANSLATION, lm, given)

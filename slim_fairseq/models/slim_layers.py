@@ -135,6 +135,39 @@ def unregister_output_projection(spec_cls):
     vocabulary.unregister(spec_cls)
 
 
+# ---------------------------------------------------------------------------- block layouts
+
+# the layer classes of each block layout registered from outside, by its spec's class:
+# {"encoder": class or None, "decoder": class or None}
+BLOCK_LAYOUTS = {}
+
+
+def register_block_layout(spec_cls, encoder_layer=None, decoder_layer=None):
+    """Add a block layout: its spec ``spec_cls`` (a
+    :class:`~slim_fairseq.models.slim_options.BlockLayout`) joins the option vocabulary, and a
+    model whose options turn it on builds its encoder layers as ``encoder_layer(cfg,
+    return_fc=..., spec=layer_spec)`` and its decoder layers as ``decoder_layer(cfg,
+    no_encoder_attn, spec=layer_spec)`` (subclasses of :class:`SlimEncoderLayer` and
+    :class:`SlimDecoderLayer` with a forward of their own; a side without a class keeps the
+    plugin's blocks)."""
+    vocabulary.register(spec_cls)
+    BLOCK_LAYOUTS[spec_cls] = {"encoder": encoder_layer, "decoder": decoder_layer}
+    return spec_cls
+
+
+def unregister_block_layout(spec_cls):
+    """Remove a block layout added by :func:`register_block_layout`."""
+    BLOCK_LAYOUTS.pop(spec_cls, None)
+    vocabulary.unregister(spec_cls)
+
+
+def layout_class(spec: LayerSpec, side):
+    """The layer class a registered block layout gives ``side``, or None."""
+    if spec is None or spec.layout is None:
+        return None
+    return BLOCK_LAYOUTS[type(spec.layout)][side]
+
+
 # ---------------------------------------------------------------------------- norms
 
 # the module of each norm registered from outside (register_norm), by its --norm name

@@ -343,6 +343,18 @@ def output_variants(m):
     return [spec for spec in m.specs if isinstance(spec, OutputVariant) and spec.on]
 
 
+class BlockLayout(TechniqueSpec):
+    """Base of the spec of a block layout registered from outside (docs/DESIGN.md, "Adding a
+    technique"): the layers of each side it registers a class for are built from that class
+    (:func:`slim_fairseq.models.slim_layers.register_block_layout`) in place of the plugin's
+    pre-/post-norm or skipless blocks."""
+
+
+def block_layouts(m):
+    """The specs of the registered block layouts whose options are on."""
+    return [spec for spec in m.specs if isinstance(spec, BlockLayout) and spec.on]
+
+
 # ---------------------------------------------------------------------------- feed-forward
 
 class FeedForwardVariant(TechniqueSpec):
@@ -1145,6 +1157,16 @@ class SkiplessOptions(OptionSpec):
         return self.skipless_layout != "none"
 
     @rule
+    def one_block_layout(self, m):
+        layouts = block_layouts(m)
+        if layouts and (self.on or len(layouts) > 1):
+            other = "--skipless-layout" if self.on else layouts[1].flag
+            raise option_error(layouts[0].flag, layouts[0].value(), f"a block layout, and {other} "
+                               "selects another", alternatives=[
+                                   *([{"--skipless-layout": "none"}] if self.on else []),
+                                   *({layout.flag: None} for layout in layouts)])
+
+    @rule
     def shape_needs_skipless_blocks(self, m):
         if self.on:
             return
@@ -1405,7 +1427,8 @@ class ModelOptions:
                                                        sub.attention_heads),
                          cross_attn=cross, ffn=self.feed_forward_spec(),
                          norm=self.norm_spec(cfg.export), skipless=skipless,
-                         mlp_branch_scale=float(self.mlp_branch_scale))
+                         mlp_branch_scale=float(self.mlp_branch_scale),
+                         layout=next(iter(block_layouts(self)), None))
 
     def embedding_spec(self, cfg, side):
         return self.get(EmbeddingOptions).spec(self, cfg, side)

@@ -37,6 +37,7 @@ from slim_fairseq.models.slim_layers import (
     SlimDecoderLayer,
     SlimEncoderLayer,
     build_norm,
+    layout_class,
 )
 from slim_fairseq.models.slim_options import (
     ModelOptions,
@@ -139,7 +140,8 @@ class SlimTransformerEncoder(_LayerStackMixin, TransformerEncoderBase):
         return self.build_encoder_layer(cfg, spec)
 
     def build_encoder_layer(self, cfg, spec=None):
-        return _wrap_layer(cfg, SlimEncoderLayer(cfg, return_fc=self.return_fc, spec=spec))
+        layer_cls = layout_class(spec, "encoder") or SlimEncoderLayer
+        return _wrap_layer(cfg, layer_cls(cfg, return_fc=self.return_fc, spec=spec))
 
     def forward_embedding(self, src_tokens, token_embedding: Optional[Tensor] = None):
         if token_embedding is not None:
@@ -179,6 +181,9 @@ class SlimTransformerDecoder(_LayerStackMixin, TransformerDecoderBase):
         return self.build_decoder_layer(cfg, self.no_encoder_attn, spec)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False, spec=None):
+        layer_cls = layout_class(spec, "decoder")
+        if layer_cls is not None:
+            return _wrap_layer(cfg, layer_cls(cfg, no_encoder_attn, spec=spec))
         if self.options.skipless_layout != "none":
             return _wrap_layer(cfg, SkiplessDecoderLayer(cfg, spec=spec))
         return _wrap_layer(cfg, SlimDecoderLayer(cfg, no_encoder_attn, spec=spec))
