@@ -544,6 +544,12 @@ def parallel_block():
 def test_a_block_layout_from_outside_builds_trains_and_decodes(parallel_block, tmp_path):
     args, task, model = build("slim_lm", TINY_LM, True, ["--parallel-block", "--dropout", "0"])
     assert all(type(layer) is parallel_block for layer in model.decoder.layers)
+    # a sandwich builds its layers through the same hook: its middle is the layout's too
+    sandwich_args, _, sandwich = build("slim_lm", TINY_LM, True, ["--parallel-block", "--sandwich",
+                                                                  "--dropout", "0"])
+    assert all(type(layer) is parallel_block for layer in sandwich.decoder.layers)
+    (tmp_path / "sandwich").mkdir()
+    _checked("slim_lm", sandwich, task, sandwich_args, True, tmp_path / "sandwich")
     _, _, plugin = build("slim_lm", TINY_LM, True, ["--dropout", "0"])
     own = set(model.state_dict())  # the plugin's block's parts but its second norm
     assert own == {n for n in plugin.state_dict() if ".final_layer_norm." not in n}
