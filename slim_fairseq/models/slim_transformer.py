@@ -126,7 +126,7 @@ class SlimTransformerEncoder(_LayerStackMixin, TransformerEncoderBase):
         super().__init__(_without_layers(cfg, "encoder"), dictionary, input_embedding,
                          return_fc=return_fc)
         self.cfg = cfg
-        self.__dict__["options"] = options
+        self.options = options
         self.embed_positions = None  # positions live in the input embedding
         slim_dropouts(self, ("dropout_module",))
         _swap_final_norm(self, cfg, options)
@@ -163,7 +163,7 @@ class SlimTransformerDecoder(_LayerStackMixin, TransformerDecoderBase):
         options = options or ModelOptions.of(cfg, "slim_lm" if no_encoder_attn else "slim_transformer")
         input_embedding = build_input_embedding(options.embedding_spec(cfg, "decoder"), embed_tokens)
         self.no_encoder_attn = no_encoder_attn
-        self.__dict__["options"] = options  # read by build_output_projection in fairseq's constructor
+        self.options = options  # read by build_output_projection in fairseq's constructor
         super().__init__(_without_layers(cfg, "decoder"), dictionary, input_embedding,
                          no_encoder_attn=no_encoder_attn, output_projection=output_projection)
         self.cfg = cfg
