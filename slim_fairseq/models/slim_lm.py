@@ -12,7 +12,6 @@ import argparse
 import sys
 
 from fairseq import options
-from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer_lm import (
@@ -26,6 +25,7 @@ from fairseq.modules import AdaptiveInput
 from slim_fairseq.checkpoint_upgrade import upgrade_state_dict
 from slim_fairseq.models.presets import Preset, apply_preset, model_defaults
 from slim_fairseq.models.slim_options import (
+    add_fairseq_args,
     add_slim_args,
     check_adaptive_cutoffs,
     extend_fairseq_args,
@@ -53,7 +53,7 @@ class SlimLanguageModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, ContractOve
 
     @classmethod
     def add_args(cls, parser):
-        gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
+        add_fairseq_args(parser, TransformerLanguageModelConfig, delete_default=True)
         add_slim_args(parser)
         extend_fairseq_args(parser)
         add_translation_only_args(parser)

@@ -40,6 +40,7 @@ from slim_fairseq.models.slim_layers import (
 from slim_fairseq.models.slim_options import (
     ModelOptions,
     SandwichOptions,
+    add_fairseq_args,
     add_slim_args,
     check_adaptive_cutoffs,
     extend_fairseq_args,
@@ -482,7 +483,7 @@ class SlimTransformerModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, Contract
 
     @classmethod
     def add_args(cls, parser):
-        TransformerModel.add_args(parser)
+        add_fairseq_args(parser, TransformerConfig, delete_default=True, with_prefix="")
         add_slim_args(parser)
         extend_fairseq_args(parser)
 
