@@ -59,6 +59,7 @@ from slim_fairseq.modules.tensor_chain_policy import force_modes_
 from slim_fairseq.modules.weight_tying import apply_weight_tying
 from slim_fairseq import data_record
 from slim_fairseq.option_errors import OptionError, check_task, one_line_option_errors, option_error
+from slim_fairseq.run_checks import mark_command_line
 
 
 def _wrap_layer(cfg, layer):
@@ -486,6 +487,7 @@ class SlimTransformerModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, Contract
         add_fairseq_args(parser, TransformerConfig, delete_default=True, with_prefix="")
         add_slim_args(parser)
         extend_fairseq_args(parser)
+        mark_command_line(parser)
 
     @classmethod
     def check_args(cls, args, task=None):
