@@ -19,9 +19,8 @@ are also what the train recipes of examples/ check (slim_fairseq_lab.recipes).
 """
 import glob
 import os
-import sys
 
-from slim_fairseq.option_errors import option_error
+from slim_fairseq.option_errors import option_error, prog_name
 
 RECIPE_FIXES = {
     "translation": "a translation data-bin (examples/translation/prepare-*.sh), or a language-model "
@@ -38,30 +37,31 @@ TOOL_FIXES = {
 }
 
 
-def _in_frames(test):
-    frame = sys._getframe(1)
-    while frame is not None:
-        if test(frame):
-            return True
-        frame = frame.f_back
-    return False
+# a parser's default that marks the namespaces it parses (:func:`mark_command_line`)
+COMMAND_LINE = "slim_fairseq_command_line"
 
 
-def parsing_command_line():
-    """Whether fairseq is parsing a command line now (``options.parse_args_and_arch``), not
-    building a model from a checkpoint's saved options."""
-    return _in_frames(lambda frame: frame.f_code.co_name == "parse_args_and_arch"
-                      and frame.f_globals.get("__name__") == "fairseq.options")
+def mark_command_line(parser):
+    """Mark the namespaces ``parser`` parses as a command line's. fairseq calls a model's
+    ``add_args`` only while it parses a command line (``options.parse_args_and_arch``), then the
+    architecture function on the namespace it parsed; a model built from a checkpoint's saved
+    options gets no mark."""
+    parser.set_defaults(**{COMMAND_LINE: True})
 
 
-def in_tool(name):
-    """Whether the process runs fairseq's command-line tool ``name`` (``fairseq_cli.NAME``)."""
-    return _in_frames(lambda frame: frame.f_globals.get("__name__") == f"fairseq_cli.{name}")
+def take_command_line_mark(args):
+    """Whether fairseq parsed ``args`` from a command line (:func:`mark_command_line`); the mark
+    is taken off, so it is read once and is never saved in a checkpoint."""
+    marked = getattr(args, COMMAND_LINE, None) is True
+    if marked:
+        delattr(args, COMMAND_LINE)
+    return marked
 
 
 def check_command_line(args):
-    """The checks of this module, when ``fairseq-train`` parses its command line."""
-    if parsing_command_line() and in_tool("train"):
+    """The checks of this module, for a command line of ``fairseq-train`` (the running program,
+    as its error lines name it) that fairseq parsed into ``args``."""
+    if prog_name() == "fairseq-train":
         check_devices(args)
         check_data_bin(getattr(args, "data", None), getattr(args, "task", None),
                        getattr(args, "train_subset", "train"), _valid_subsets(args))

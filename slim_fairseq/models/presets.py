@@ -196,16 +196,18 @@ class Preset:
 
     def __call__(self, args):
         """The architecture's function fairseq calls: :meth:`apply`, then the model checks the
-        options (once for equal options), and a ``fairseq-train`` run is checked
+        options (once for equal options), and a command line fairseq parsed is checked
         (:func:`slim_fairseq.run_checks.check_command_line`)."""
         from fairseq.models import ARCH_MODEL_REGISTRY
 
         from slim_fairseq import run_checks
 
+        command_line = run_checks.take_command_line_mark(args)
         self.apply(args)
         with one_line_option_errors():
             ARCH_MODEL_REGISTRY[self.name].check_args(args)
-            run_checks.check_command_line(args)
+            if command_line:
+                run_checks.check_command_line(args)
 
     def register(self):
         """Register with fairseq as architecture ``name`` of ``model``."""

@@ -31,8 +31,8 @@ from slim_fairseq.models.slim_options import NORMS, GLUOptions, ModelOptions
 from slim_fairseq.modules.attention import EXTENSIONS as ATTENTION_EXTENSIONS
 from slim_fairseq.modules.attention import build_attention
 from slim_fairseq.modules.dropout import SlimDropout
+from slim_fairseq.modules.feed_forward import FeedForward, FeedForwardHolder, GLUFeedForward
 from slim_fairseq.modules.input_embedding import INPUT_EMBEDDINGS
-from slim_fairseq.modules.feed_forward import FeedForward, GLUFeedForward, mount
 from slim_fairseq.modules.rmsnorm import RMSNorm
 from slim_fairseq.specs import FeedForwardSpec, LayerSpec, NormSpec
 
@@ -211,7 +211,7 @@ class _Identity(nn.Module):
 
 # ---------------------------------------------------------------------------- blocks
 
-class _Block:
+class _Block(FeedForwardHolder):
     """What the encoder and decoder layers share: their spec, norms and feed-forward."""
 
     def _norm(self, dim):
@@ -226,8 +226,9 @@ class _Block:
         return SlimDropout(float(activation_dropout_p), module_name=type(self).__name__)
 
     def _mount_feed_forward(self, ffn_dim, activation_dropout):
-        mount(self, build_feed_forward(self.spec.ffn, self.embed_dim, ffn_dim, activation_dropout,
-                                       quant_noise=(self.quant_noise, self.quant_noise_block_size)))
+        quant_noise = (self.quant_noise, self.quant_noise_block_size)
+        self.mount_feed_forward(build_feed_forward(self.spec.ffn, self.embed_dim, ffn_dim,
+                                                   activation_dropout, quant_noise=quant_noise))
 
     @property
     def activation_fn(self):

@@ -9,10 +9,8 @@ weight removal). The ``stlm_*`` and ``skipless_lm*`` architectures are presets o
 (``archs_stlm.py``, ``archs_skipless.py``).
 """
 import argparse
-import sys
 
 from fairseq import options
-from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer_lm import (
@@ -26,6 +24,7 @@ from fairseq.modules import AdaptiveInput
 from slim_fairseq.checkpoint_upgrade import upgrade_state_dict
 from slim_fairseq.models.presets import Preset, apply_preset, model_defaults
 from slim_fairseq.models.slim_options import (
+    add_fairseq_args,
     add_slim_args,
     check_adaptive_cutoffs,
     extend_fairseq_args,
@@ -41,7 +40,8 @@ from slim_fairseq.models.slim_transformer import (
     task_data_record,
     token_table,
 )
-from slim_fairseq.option_errors import check_task, one_line_option_errors, option_error
+from slim_fairseq.option_errors import check_task, one_line_option_errors, option_error, prog_name
+from slim_fairseq.run_checks import mark_command_line
 
 
 @register_model("slim_lm")
@@ -53,10 +53,11 @@ class SlimLanguageModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, ContractOve
 
     @classmethod
     def add_args(cls, parser):
-        gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
+        add_fairseq_args(parser, TransformerLanguageModelConfig, delete_default=True)
         add_slim_args(parser)
         extend_fairseq_args(parser)
         add_translation_only_args(parser)
+        mark_command_line(parser)
 
     @classmethod
     def check_args(cls, args, task=None):
@@ -141,7 +142,7 @@ class SlimLanguageModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, ContractOve
         a traceback on the first sample."""
         task_cfg = getattr(cfg, "task", None)
         block = getattr(task_cfg, "tokens_per_sample", None) if task_cfg is not None else None
-        tool = _calling_tool()
+        tool = _reading_tool()
         limit = self.decoder.max_positions()
         if block and limit and tool == "eval_lm":
             block += getattr(getattr(cfg, "eval_lm", None), "context_window", 0) or 0
@@ -168,17 +169,11 @@ def _data_path(task):
     return None
 
 
-def _calling_tool():
-    """"eval_lm" or "generate" when called from fairseq-eval-lm or fairseq-generate
-    (fairseq_cli.eval_lm / .generate), where ``--tokens-per-sample`` is the length of the blocks
-    read; None elsewhere (the hub, fairseq-interactive ignore it)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        name = frame.f_globals.get("__name__")
-        if name in ("fairseq_cli.eval_lm", "fairseq_cli.generate"):
-            return name.split(".")[1]
-        frame = frame.f_back
-    return None
+def _reading_tool():
+    """"eval_lm" or "generate" in fairseq-eval-lm or fairseq-generate (the running program, as
+    its error lines name it), where ``--tokens-per-sample`` is the length of the blocks read;
+    None elsewhere (the hub, fairseq-interactive ignore it)."""
+    return {"fairseq-eval-lm": "eval_lm", "fairseq-generate": "generate"}.get(prog_name())
 
 
 class TranslationOnly(argparse.Action):

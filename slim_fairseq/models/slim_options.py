@@ -1494,22 +1494,36 @@ class _Untie(argparse._StoreFalseAction):
         setattr(namespace, FLAG_NOTES[0], True)
 
 
+ACTIVATION_HELP = ("the feed-forward's activation (under --ffn-glu: the gate's; default relu, silu "
+                   "under --ffn-glu): " + "|".join(ACTIVATIONS))
+
+
+@functools.lru_cache(maxsize=None)
+def _read_by_the_plugin(config_cls):
+    """fairseq's model dataclass ``config_cls`` with ``activation_fn`` taking :data:`ACTIVATIONS`."""
+    from fairseq.dataclass import ChoiceEnum
+    activation = dataclasses.field(default="relu", metadata={"help": ACTIVATION_HELP})
+    return dataclasses.make_dataclass(config_cls.__name__, [
+        ("activation_fn", ChoiceEnum(list(ACTIVATIONS)), activation)], bases=(config_cls,))
+
+
+def add_fairseq_args(parser, config_cls, **how):
+    """fairseq's options of its model dataclass ``config_cls``, declared as fairseq's own
+    ``add_args`` declares them (``gen_parser_from_dataclass`` with ``how``), with the plugin's
+    reading: ``--activation-fn`` also takes silu (the GLU gate's default)."""
+    from fairseq.dataclass.utils import gen_parser_from_dataclass
+    gen_parser_from_dataclass(parser, _read_by_the_plugin(config_cls)(), **how)
+
+
 def extend_fairseq_args(parser):
-    """fairseq options with the plugin's reading in every model: ``--activation-fn`` also takes
-    silu (the GLU gate's default), and ``--share-decoder-input-output-embed`` a ``--no-`` form."""
-    for action in parser._actions:
-        if "--activation-fn" in action.option_strings and action.choices is not None:
-            action.choices = list(ACTIVATIONS)
-            action.help = ("the feed-forward's activation (under --ffn-glu: the gate's; default "
-                           "relu, silu under --ffn-glu): " + "|".join(ACTIVATIONS))
-    if "--share-decoder-input-output-embed" in parser._option_string_actions:
-        parser.add_argument("--no-share-decoder-input-output-embed", action=_Untie,
-                            dest="share_decoder_input_output_embed",
-                            help="separate vocabulary projection (for presets that tie it)")
-    if "--decoder-normalize-before" in parser._option_string_actions:
-        parser.add_argument("--no-decoder-normalize-before", action="store_false",
-                            dest="decoder_normalize_before",
-                            help="post-norm decoder layers (slim_lm is pre-norm unless given this)")
+    """The ``--no-`` forms the plugin adds to fairseq's ``--share-decoder-input-output-embed``
+    and ``--decoder-normalize-before`` (declared by :func:`add_fairseq_args`)."""
+    parser.add_argument("--no-share-decoder-input-output-embed", action=_Untie,
+                        dest="share_decoder_input_output_embed",
+                        help="separate vocabulary projection (for presets that tie it)")
+    parser.add_argument("--no-decoder-normalize-before", action="store_false",
+                        dest="decoder_normalize_before",
+                        help="post-norm decoder layers (slim_lm is pre-norm unless given this)")
 
 
 def set_slim_defaults(args):

@@ -42,6 +42,7 @@ from slim_fairseq.models.slim_layers import (
 from slim_fairseq.models.slim_options import (
     ModelOptions,
     SandwichOptions,
+    add_fairseq_args,
     add_slim_args,
     check_adaptive_cutoffs,
     extend_fairseq_args,
@@ -61,6 +62,7 @@ from slim_fairseq.modules.tensor_chain_policy import force_modes_
 from slim_fairseq.modules.weight_tying import apply_weight_tying
 from slim_fairseq import data_record
 from slim_fairseq.option_errors import OptionError, check_task, one_line_option_errors, option_error
+from slim_fairseq.run_checks import mark_command_line
 
 
 def _wrap_layer(cfg, layer):
@@ -129,7 +131,7 @@ class SlimTransformerEncoder(_LayerStackMixin, TransformerEncoderBase):
         super().__init__(_without_layers(cfg, "encoder"), dictionary, input_embedding,
                          return_fc=return_fc)
         self.cfg = cfg
-        self.__dict__["options"] = options
+        self.options = options
         self.embed_positions = None  # positions live in the input embedding
         slim_dropouts(self, ("dropout_module",))
         _swap_final_norm(self, cfg, options)
@@ -167,7 +169,7 @@ class SlimTransformerDecoder(_LayerStackMixin, TransformerDecoderBase):
         options = options or ModelOptions.of(cfg, "slim_lm" if no_encoder_attn else "slim_transformer")
         input_embedding = build_input_embedding(options.embedding_spec(cfg, "decoder"), embed_tokens)
         self.no_encoder_attn = no_encoder_attn
-        self.__dict__["options"] = options  # read by build_output_projection in fairseq's constructor
+        self.options = options  # read by build_output_projection in fairseq's constructor
         super().__init__(_without_layers(cfg, "decoder"), dictionary, input_embedding,
                          no_encoder_attn=no_encoder_attn, output_projection=output_projection)
         self.cfg = cfg
@@ -494,9 +496,10 @@ class SlimTransformerModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, Contract
 
     @classmethod
     def add_args(cls, parser):
-        TransformerModel.add_args(parser)
+        add_fairseq_args(parser, TransformerConfig, delete_default=True, with_prefix="")
         add_slim_args(parser)
         extend_fairseq_args(parser)
+        mark_command_line(parser)
 
     @classmethod
     def check_args(cls, args, task=None):

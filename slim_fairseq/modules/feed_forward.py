@@ -7,12 +7,10 @@ A feed-forward module is called with the block's input ``x`` and returns its out
 :meth:`FeedForward.hidden` (the activations after the activation dropout) then
 :meth:`FeedForward.output` (fairseq's NormFormer option ``--scale-fc`` normalises between the
 two). Its parts are named as fairseq's layer names them (``fc1``, ``fc2``), and the block holds
-them as its own children (:func:`mount`), so that a checkpoint's parameter names are fairseq's
-(``layers.N.fc1.weight``) whatever the variant, and tying and LoRA, which replace parts of a
-layer, replace the parts the feed-forward runs.
+them as its own children too (:class:`FeedForwardHolder`), so that a checkpoint's parameter
+names are fairseq's (``layers.N.fc1.weight``) whatever the variant, and tying and LoRA, which
+replace parts of a layer, replace the parts the feed-forward runs.
 """
-from collections.abc import MutableMapping
-
 import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.modules.quant_noise import quant_noise as fairseq_quant_noise
@@ -91,41 +89,50 @@ class GLUFeedForward(FeedForward):
         return self.activation_dropout_module(self.fc1(x))
 
 
-class _Parts(MutableMapping):
-    """A mounted feed-forward's children: the entries ``names`` of the block's own children."""
+class Unowned:
+    """Holds a module that an ``nn.Module`` runs but does not own: an attribute holding this
+    (no Module itself) is no child, so nothing of the module is named twice."""
 
-    def __init__(self, children, names):
-        self.children, self.names = children, list(names)
-
-    def __getitem__(self, name):
-        if name not in self.names:
-            raise KeyError(f"{name}: not a part of this feed-forward; allowed: "
-                           + "|".join(self.names))
-        return self.children[name]
-
-    def __setitem__(self, name, module):
-        if name not in self.names:
-            self.names.append(name)
-        self.children[name] = module
-
-    def __delitem__(self, name):
-        self.names.remove(name)
-        del self.children[name]
-
-    def __iter__(self):
-        return iter(list(self.names))
-
-    def __len__(self):
-        return len(self.names)
+    def __init__(self, module):
+        self.module = module
 
 
-def mount(block, feed_forward):
-    """Make ``feed_forward`` the feed-forward of ``block`` (``block.feed_forward``): its parts
-    become children of ``block`` under their own names, in one store, so that a part replaced
-    on the block is the part the feed-forward runs, and ``feed_forward`` itself is no child of
-    ``block`` (its parameters are named once, by their part: ``fc1.weight``)."""
-    for name, part in feed_forward.named_children():
-        block.add_module(name, part)
-    feed_forward.__dict__["_modules"] = _Parts(block._modules, feed_forward._modules.keys())
-    block.__dict__["feed_forward"] = feed_forward
-    return feed_forward
+class FeedForwardHolder:
+    """A block that holds one feed-forward (:meth:`mount_feed_forward`): the feed-forward's
+    parts (``fc1``, ``fc2``, its dropout) are children of the block under their own names, so
+    that a checkpoint's parameter names are fairseq's (``layers.N.fc1.weight``), and stay the
+    feed-forward's own children too; the feed-forward itself is no child of the block
+    (:attr:`feed_forward`). A part replaced on the block (tying, LoRA, a dense export) is
+    replaced on the feed-forward as well, so the feed-forward runs the block's parts."""
+
+    _feed_forward = None
+
+    def mount_feed_forward(self, feed_forward):
+        for name, part in feed_forward.named_children():
+            self.add_module(name, part)
+        self._feed_forward = Unowned(feed_forward)
+        return feed_forward
+
+    @property
+    def feed_forward(self):
+        """The block's feed-forward module (called with the block's input)."""
+        return self._feed_forward.module
+
+    def _part(self, name):
+        """The feed-forward of which ``name`` is a part, or None."""
+        mounted = self._feed_forward
+        if mounted is not None and name in dict(mounted.module.named_children()):
+            return mounted.module
+        return None
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        owner = self._part(name)
+        if owner is not None:
+            setattr(owner, name, value)
+
+    def __delattr__(self, name):
+        super().__delattr__(name)
+        owner = self._part(name)
+        if owner is not None:
+            delattr(owner, name)

@@ -122,6 +122,10 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
     # set on a feed-forward's fc1 (the layer does it): in training, the contracted output is
     # marked so that a Tensor-Chain fc2 can rebuild it from this layer's input in backward
     rebuildable_output = False
+    # kept between calls, not state: W while decoding (:meth:`inference_weight`), its
+    # nn.Linear-layout view, the contraction choices per shape, the group of
+    # :func:`built_together` this chain is in
+    _inference_weight = _linear_layout_of = _kept_choices = _group = None
 
     def __init__(self, in_features, out_features, ratio=None, bond=None, length=2, bias=True,
                  init_std=None, forward_mode="auto", min_bond=0):
@@ -169,7 +173,7 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
     def full_weight(self):
         """The materialised ``[in_features, out_features]`` matrix (``y = x @ W``), or the one
         :func:`built_together` builds with others of its shape."""
-        group = self.__dict__.get("_group")
+        group = self._group
         return group.weight(self) if group is not None else materialise(list(self.cores))
 
     def inference_weight(self):
@@ -185,14 +189,13 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         autocast = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)) \
             if device_type in ("cpu", "cuda") else None
         key = (tuple((core.data_ptr(), core._version, core.dtype) for core in cores), autocast)
-        cached = self.__dict__.get("_inference_weight")
+        cached = self._inference_weight
         if cached is None or cached[0] != key:
-            cached = self.__dict__["_inference_weight"] = (key, self.full_weight())
+            cached = self._inference_weight = (key, self.full_weight())
         return cached[1]
 
     def train(self, mode=True):
-        self.__dict__.pop("_inference_weight", None)  # parameters change in training
-        self.__dict__.pop("_linear_layout_of", None)
+        self._inference_weight = self._linear_layout_of = None  # parameters change in training
         return super().train(mode)
 
     @property
@@ -237,7 +240,9 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         if not reuse:
             return self.use_contraction(rows, x)
         key = (rows, tensor_chain_policy.target(x), self.forward_mode)
-        kept = self.__dict__.setdefault("_kept_choices", {})
+        if self._kept_choices is None:
+            self._kept_choices = {}
+        kept = self._kept_choices
         choice = kept.get(key)
         if choice is None:
             choice = kept[key] = self.use_contraction(rows, x, weight_built=True)
@@ -273,12 +278,12 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         """W as ``[out_features, in_features]`` (a view of the ``[in, out]`` matrix); with
         ``reuse``, the view of :meth:`inference_weight`'s kept W, kept with it."""
         if not reuse:
-            group = self.__dict__.get("_group")
+            group = self._group
             return group.weight(self, layout="linear") if group is not None else self.full_weight().t()
         weight = self.inference_weight()
-        kept = self.__dict__.get("_linear_layout_of")
+        kept = self._linear_layout_of
         if kept is None or kept[0] is not weight:
-            kept = self.__dict__["_linear_layout_of"] = (weight, weight.t())
+            kept = self._linear_layout_of = (weight, weight.t())
         return kept[1]
 
     @torch.no_grad()
@@ -388,7 +393,7 @@ def built_together(chains, rows=None, like=None):
     if torch.is_grad_enabled():
         for chain in chains:
             if (isinstance(chain, TensorChainLinear) and chain.length == 2
-                    and "_group" not in chain.__dict__ and chain.cores[0].requires_grad
+                    and chain._group is None and chain.cores[0].requires_grad
                     and (rows is None or not chain.use_contraction(rows, like))):
                 core = chain.cores[0]
                 key = (tuple(core.shape for core in chain.cores), core.dtype, core.device)
@@ -398,12 +403,12 @@ def built_together(chains, rows=None, like=None):
         for group in grouped:
             shared = _ChainGroup(group)
             for chain in group:
-                chain.__dict__["_group"] = shared
+                chain._group = shared
         yield
     finally:
         for group in grouped:
             for chain in group:
-                chain.__dict__.pop("_group", None)
+                chain._group = None
 
 
 def two_core_chains(model):

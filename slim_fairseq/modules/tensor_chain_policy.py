@@ -170,18 +170,19 @@ class BackwardModeMixin:
     ``recompute_dense``."""
 
     backward_mode = "auto"
+    _has_chain = None  # whether the module holds a chain (the layers it holds do not change)
 
     @property
     def recompute_in_backward(self):
         if self.backward_mode != "auto":
             return self.backward_mode == "recompute"
-        if "_has_chain" not in self.__dict__:  # the layers a module holds do not change
-            self.__dict__["_has_chain"] = has_chain(self)
+        if self._has_chain is None:
+            self._has_chain = has_chain(self)
         param = next(self.parameters(), None)
         if param is None:
             return True
         policy = policy_for(*target(param))
-        return policy.recompute_backward if self.__dict__["_has_chain"] else policy.recompute_dense
+        return policy.recompute_backward if self._has_chain else policy.recompute_dense
 
     @recompute_in_backward.setter
     def recompute_in_backward(self, value):

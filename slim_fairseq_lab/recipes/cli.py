@@ -18,17 +18,11 @@ import re
 import sys
 import time
 
+from slim_fairseq_lab.recipes import tools
+from slim_fairseq_lab.recipes.errors import RecipeError
+
 SIZE = re.compile(r"^([0-9]+)([KkMmGgTt]?)$")
 SIZE_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
-
-
-class RecipeError(Exception):
-    """What stops a recipe, as the one line to print after ``PROG: error: ``; ``status``: its
-    exit status (2: refused before anything ran, 1: a step failed)."""
-
-    def __init__(self, message, status=2):
-        super().__init__(message)
-        self.status = status
 
 
 def refuse(subject, problem, allowed):
@@ -254,8 +248,6 @@ def help_text(doc):
 def run(prog, doc, body, argv=None):
     """Run ``body(argv)`` as the recipe ``prog``: ``--help`` prints ``doc``, a
     :class:`RecipeError` ends in its one line; returns the exit status."""
-    from slim_fairseq_lab.recipes import tools
-
     argv = sys.argv[1:] if argv is None else list(argv)
     with tools.signals_forwarded():
         try:

@@ -24,7 +24,7 @@ import threading
 import time
 
 from slim_fairseq_lab.launcher import ALLOCATOR_ENV
-from slim_fairseq_lab.recipes.cli import RecipeError
+from slim_fairseq_lab.recipes.errors import RecipeError
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _running = []       # the tools running now (their process groups get the signals)
