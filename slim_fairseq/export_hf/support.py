@@ -5,7 +5,8 @@ The refusals come before anything is written or transformers is imported. One li
 every option in the way, each with its problem, and what to train with instead (all the
 changes at once, so that one retraining exports); the techniques that change the block's computation
 (Anthe's gates, H-SoftPOS, SAFE, a sandwich middle of another width, adaptive input and softmax,
-skipless blocks with shaped attention) have no counterpart in any class.
+skipless blocks with shaped attention) have no counterpart in any stock class. Skipless language
+models leave as custom code (:mod:`.skipless`), whose own check lists what it computes.
 """
 from slim_fairseq.models.slim_options import SandwichOptions
 from slim_fairseq.option_errors import OptionError, option_error
@@ -113,12 +114,15 @@ def combined(errors):
         + "; allowed: a model trained with all of " + ", and ".join(a for _, _, a in parts))
 
 
-def check_no_class(src, refusals=None):
-    """Refuse every option of ``src`` that no class holds, in one line."""
+def check_no_class(src, refusals=None, computed=()):
+    """Refuse every option of ``src`` that no class holds, in one line; ``computed``: the
+    options of :data:`NO_CLASS` that the chosen custom-code layout computes."""
     own = refusals is None
     refusals = Refusals() if own else refusals
     args = src.args
     for name, on, flag, problem, allowed in NO_CLASS:
+        if name in computed:
+            continue
         value = getattr(args, name, None)
         if value is not None and on(value):
             refusals.add(option_error(flag, _shown(value), problem, allowed))
@@ -148,7 +152,8 @@ def check_no_class(src, refusals=None):
 
 def choose(src):
     """The layout module (:mod:`.llama`, :mod:`.xglm`, :mod:`.opt`, :mod:`.fsmt`,
-    :mod:`.m2m100`) that holds ``src``, or one line refusing every option in the way."""
+    :mod:`.m2m100`, or the custom code of :mod:`.skipless`) that holds ``src``, or one line
+    refusing every option in the way."""
     refusals = Refusals()
     layout = _choose(src, refusals)
     refusals.raise_all()
@@ -156,7 +161,11 @@ def choose(src):
 
 
 def _choose(src, refusals):
-    from slim_fairseq.export_hf import fsmt, llama, m2m100, opt, xglm
+    from slim_fairseq.export_hf import fsmt, llama, m2m100, opt, skipless, xglm
+    if skipless.applies(src):  # custom code: its own allow-list
+        check_no_class(src, refusals, computed=skipless.COMPUTES)
+        refusals.each(skipless.check, src)
+        return skipless
     check_no_class(src, refusals)
     args = src.args
     if src.lm:
