@@ -915,13 +915,11 @@ EXPORT_HF = [
      "--adaptive-input: an adaptive input (one table per frequency band) is in no class here; "
      "allowed: one token table (no --adaptive-input)", ("slim_lm", [])),
     # every option in the way, at once
-    ("skipless_lm", True, [], {},
-     "--skipless-layout=serial, --norm=none, --no-decoder-final-norm: 3 options are in the way: "
-     "--skipless-layout=serial: blocks without skips or norms, with shaped attention, are in no "
-     "transformers class; --norm=none: every class here normalises its blocks; "
-     "--no-decoder-final-norm: Llama normalises the last layer's output; allowed: a model "
-     "trained with all of --skipless-layout none, and --norm rmsnorm --ffn-glu, and the final "
-     "norm (no --no-decoder-final-norm)", ("slim_lm", [])),
+    ("skipless_lm", True, ["--ffn-glu", "--self-attn-gate", "qgv"], {},
+     "--self-attn-gate=qgv, --ffn-glu: 2 options are in the way: --self-attn-gate=qgv: Anthe's "
+     "gated attention (sigmoid(W x) * W' y) is in no transformers class; --ffn-glu: the exported "
+     "skipless block (custom code) has a dense MLP; allowed: a model trained with all of "
+     "--self-attn-gate none, and no --ffn-glu", ("skipless_lm", [])),
     ("slim_lm", True, ["--sandwich", "--decoder-layers", "3", "--sandwich-dim", "64"], {},
      "--sandwich-dim=64: a sandwich middle of another shape than the decoder's layers (64 where "
      "they have 32) fits no class, whose layers are all alike; allowed: --sandwich-dim 0 "

@@ -17,8 +17,8 @@ class SlimConfig(PretrainedConfig):
                  rope_theta=10000.0, block="skipless", skipless_layout="serial",
                  mlp_branch_scale=1.0, removed_projection=None, attention_out_proj=True,
                  attention_bias=False, mlp_bias=False, embed_scale=1.0, output_bias=False,
-                 tie_word_embeddings=False, pad_token_id=1, bos_token_id=2, eos_token_id=2,
-                 **kwargs):
+                 tie_word_embeddings=False, use_cache=True, pad_token_id=1, bos_token_id=2,
+                 eos_token_id=2, **kwargs):
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -38,6 +38,7 @@ class SlimConfig(PretrainedConfig):
         self.mlp_bias = mlp_bias
         self.embed_scale = embed_scale
         self.output_bias = output_bias
+        self.use_cache = use_cache
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, tie_word_embeddings=tie_word_embeddings,
                          **kwargs)

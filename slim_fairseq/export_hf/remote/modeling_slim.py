@@ -168,7 +168,8 @@ class SlimForCausalLM(SlimPreTrainedModel, GenerationMixin):
     def forward(self, input_ids=None, attention_mask=None, use_cache=None, labels=None,
                 cache=None, past_key_values=None, **kwargs):
         cache = cache if cache is not None else past_key_values
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache is None:
+            use_cache = getattr(self.config, "use_cache", True)
         if use_cache and cache is None:
             try:
                 cache = DynamicCache(config=self.config)
