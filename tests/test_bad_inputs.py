@@ -915,11 +915,12 @@ EXPORT_HF = [
      "--adaptive-input: an adaptive input (one table per frequency band) is in no class here; "
      "allowed: one token table (no --adaptive-input)", ("slim_lm", [])),
     # every option in the way, at once
-    ("skipless_lm", True, ["--ffn-glu", "--self-attn-gate", "qgv"], {},
-     "--self-attn-gate=qgv, --ffn-glu: 2 options are in the way: --self-attn-gate=qgv: Anthe's "
-     "gated attention (sigmoid(W x) * W' y) is in no transformers class; --ffn-glu: the exported "
-     "skipless block (custom code) has a dense MLP; allowed: a model trained with all of "
-     "--self-attn-gate none, and no --ffn-glu", ("skipless_lm", [])),
+    ("skipless_lm", True, ["--hsoftpos-levels", "2", "--activation-fn", "tanh"], {},
+     "--hsoftpos-levels=2, --activation-fn=tanh: 2 options are in the way: --hsoftpos-levels=2: "
+     "H-SoftPOS embeddings (convolutions over neighbouring tokens) are in no transformers class; "
+     "--activation-fn=tanh: the exported skipless block (custom code) takes relu|gelu|silu; "
+     "allowed: a model trained with all of --hsoftpos-levels 0, and --activation-fn "
+     "relu|gelu|silu", ("skipless_lm", [])),
     ("slim_lm", True, ["--sandwich", "--decoder-layers", "3", "--sandwich-dim", "64"], {},
      "--sandwich-dim=64: a sandwich middle of another shape than the decoder's layers (64 where "
      "they have 32) fits no class, whose layers are all alike; allowed: --sandwich-dim 0 "

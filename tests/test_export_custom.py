@@ -1,6 +1,6 @@
 """Export as transformers custom code (slim_fairseq/export_hf/custom.py, docs/EXPORT.md): a tiny
 skipless language model trained by fairseq-train and one of the reduced parallel form with
-grouped key/value heads are exported, then loaded by ``AutoModelForCausalLM`` with
+grouped key/value heads and a GLU are exported, then loaded by ``AutoModelForCausalLM`` with
 ``trust_remote_code=True`` in a separate process in which ``fairseq`` and ``slim_fairseq``
 cannot be imported (offline): fairseq's log-probabilities within 1e-5 on an unpadded and a
 right-padded batch, fairseq's greedy output for 10 tokens, the cache equal to the full pass
@@ -24,8 +24,8 @@ TOLERANCE = 1e-5
 PROG = "slim-fairseq-export-hf"
 TRAINED = ["--arch", "skipless_lm", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "48",
            "--decoder-layers", "2", "--decoder-attention-heads", "4"]
-# the reduced parallel form (no W_Q, no P), grouped key/value heads, the branch scale 0.5
-REDUCED = ["--kv-heads", "2", "--activation-fn", "gelu"]
+# the reduced parallel form (no W_Q, no P), grouped key/value heads, the branch scale 0.5, a GLU
+REDUCED = ["--kv-heads", "2", "--ffn-glu", "--activation-fn", "gelu"]
 LENGTHS = {"unpadded": [12, 12], "padded": [12, 5]}
 PROMPTS = [6, 9]
 
@@ -183,7 +183,7 @@ def test_the_reduced_form_leaves_without_its_removed_weights(exports):
         config = json.load(f)
     assert config["skipless_layout"] == "parallel" and config["removed_projection"] == "q"
     assert not config["attention_out_proj"] and config["num_key_value_heads"] == 2
-    assert config["mlp_branch_scale"] == 0.5 and config["hidden_act"] == "gelu"
+    assert config["mlp_branch_scale"] == 0.5 and config["hidden_act"] == "gelu" and config["glu"]
 
 
 # ----------------------------------------------------------------- the maths lives once
@@ -206,16 +206,18 @@ COMPOSITION_CALLS = {
     "type", "fields", "Linear", "Embedding", "ModuleList", "Parameter", "ones", "full", "triu",
     "view", "transpose", "reshape", "size", "get_seq_length", "update", "rows", "rotate", "eq",
     "all", "flatten", "cross_entropy", "post_init", "DynamicCache", "CausalLMOutputWithPast",
-    "RotaryEmbedding", "shaped_mixing", "skipless_output", "SlimAttention", "SlimMLP",
+    "RotaryEmbedding", "shaped_mixing", "skipless_output", "glu", "w1", "w3", "SlimAttention", "SlimMLP",
     "SlimBlock", "SlimModel", "proj", "act", "_split", "fc1", "fc2", "o_proj", "self_attn",
-    "mlp", "layer", "model", "embed_tokens", "lm_head", "q_proj", "k_proj", "v_proj", "float"}
+    "mlp", "layer", "model", "embed_tokens", "lm_head", "q_proj", "k_proj", "v_proj",
+    "ACTIVATIONS"}
 
 
 def test_exported_maths_is_the_plugins_own_files(exports):
     from slim_fairseq.export_hf import custom, skipless
     out_dir = exports["serial"][1].out_dir
     plugin = {os.path.basename(p): p for p in custom.module_files(skipless)}
-    assert set(plugin) == {"rope.py", "shaped_attention.py", "skipless_block.py"}
+    assert set(plugin) == {"rope.py", "shaped_attention.py", "skipless_block.py",
+                           "glu_function.py"}
     written = {n for n in os.listdir(out_dir) if n.endswith(".py")}
     assert written == set(plugin) | {"modeling_slim.py", "configuration_slim.py"}
     for name, path in plugin.items():  # byte for byte the files the fairseq model runs
@@ -226,20 +228,23 @@ def test_exported_maths_is_the_plugins_own_files(exports):
     # the fairseq model runs these very files
     from slim_fairseq.models import slim_layers
     from slim_fairseq.modules import attention
+    from slim_fairseq.modules import glu
     assert slim_layers.skipless_output.__module__ == "slim_fairseq.modules.skipless_block"
+    assert glu.glu.__module__ == "slim_fairseq.modules.glu_function"
     assert attention.shaped_mixing.__module__ == "slim_fairseq.modules.shaped_attention"
     assert attention.RotaryEmbedding.__module__ == "slim_fairseq.modules.rope"
     # the modeling file: composition only, each technique imported from its file
     tree, imported = _imports(os.path.join(out_dir, "modeling_slim.py"))
     assert {m for level, m in imported if level} == {"configuration_slim", "rope",
-                                                      "shaped_attention", "skipless_block"}
+                                                      "shaped_attention", "skipless_block",
+                                                      "glu_function"}
     assert {m.split(".")[0] for level, m in imported if not level} <= {"torch", "transformers",
                                                                        "dataclasses"}
     called = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
-            func = node.func
-            called.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", ""))
+            func = node.func.value if isinstance(node.func, ast.Subscript) else node.func
+            called.add(func.attr if isinstance(func, ast.Attribute) else func.id)
     assert called <= COMPOSITION_CALLS, sorted(called - COMPOSITION_CALLS)
     defined = {node.name for node in ast.walk(tree)
                if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
@@ -260,17 +265,19 @@ def test_card_says_custom_code_needs_trust_remote_code(exports):
 # ----------------------------------------------------------------- refusals
 
 def test_what_the_custom_code_does_not_compute_is_refused_in_one_line(folder):
-    """The command a user runs: a skipless model with a GLU and Anthe's gates, both named in
-    one line, exit 2, nothing written."""
-    path = tiny_checkpoint(folder, "skipless_lm", ["--ffn-glu", "--self-attn-gate", "qgv"], True)
-    out = folder / "glu-hf"
+    """The command a user runs: a skipless model with an activation the custom code lacks and
+    Anthe's gates, both named in one line, exit 2, nothing written."""
+    path = tiny_checkpoint(folder, "skipless_lm", ["--activation-fn", "gelu_accurate",
+                                                   "--self-attn-gate", "qgv"], True)
+    out = folder / "refused-hf"
     proc = subprocess.run([os.path.join(BIN, PROG), path, data_of(True), str(out)],
                           capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"{PROG}: error: --self-attn-gate=qgv, --ffn-glu: 2 options are in the way: "
-        "--self-attn-gate=qgv: Anthe's gated attention (sigmoid(W x) * W' y) is in no "
-        "transformers class; --ffn-glu: the exported skipless block (custom code) has a dense "
-        "MLP; allowed: a model trained with all of --self-attn-gate none, and no --ffn-glu")
+        f"{PROG}: error: --self-attn-gate=qgv, --activation-fn=gelu_accurate: 2 options are in "
+        "the way: --self-attn-gate=qgv: Anthe's gated attention (sigmoid(W x) * W' y) is in no "
+        "transformers class; --activation-fn=gelu_accurate: the exported skipless block (custom "
+        "code) takes relu|gelu|silu; allowed: a model trained with all of --self-attn-gate "
+        "none, and --activation-fn relu|gelu|silu")
     assert not out.exists() and not [n for n in os.listdir(folder) if ".partial-" in n]

@@ -1,21 +1,22 @@
 """``SlimForCausalLM`` (transformers custom code, :mod:`.custom`) from a ``slim_lm`` of skipless
 blocks (He & Hofmann, arXiv:2311.01906; docs/TECHNIQUES.md#skipless-transformers): shaped
 attention with RoPE, grouped key/value heads, the reduced form without W_Q (or W_K, W_V) and P
-(Graef, arXiv:2404.12362), a dense MLP, serial or parallel, no norms.
+(Graef, arXiv:2404.12362), a dense or GLU MLP, serial or parallel, no norms.
 
 No stock class has blocks without skips or norms, so the model leaves as custom code whose
-maths is the plugin's own files: ``rope.py``, ``shaped_attention.py``, ``skipless_block.py``.
+maths is the plugin's own files: ``rope.py``, ``shaped_attention.py``, ``skipless_block.py``,
+``glu_function.py``.
 :func:`check` is an allow-list: whatever else the model has is refused by name.
 """
 from slim_fairseq.export_hf.layers import attention_shape, same_parameter
 from slim_fairseq.export_hf.source import input_embedding
-from slim_fairseq.modules import rope, shaped_attention, skipless_block
+from slim_fairseq.modules import glu_function, rope, shaped_attention, skipless_block
 from slim_fairseq.option_errors import option_error
 
 CLASS = "SlimForCausalLM"
 AUTO = "AutoModelForCausalLM"
 CUSTOM = True
-MODULES = (rope, shaped_attention, skipless_block)
+MODULES = (rope, shaped_attention, skipless_block, glu_function)
 # the options of the classes' list of what no class holds that this layout computes
 COMPUTES = ("skipless_layout", "norm", "output_bias")
 ACTIVATIONS = ("relu", "gelu", "silu")
@@ -30,15 +31,14 @@ def check(src):
     """A one-line refusal for each thing the exported skipless model does not compute."""
     args, decoder = src.args, src.model.decoder
     embedding = input_embedding(src.model, "decoder")
-    if args.ffn_glu:
-        yield option_error("--ffn-glu", None, f"{WHAT} has a dense MLP", "no --ffn-glu")
     if (args.activation_fn or "relu") not in ACTIVATIONS:
         yield option_error("--activation-fn", args.activation_fn, f"{WHAT} takes "
                            f"{'|'.join(ACTIVATIONS)}", f"--activation-fn {'|'.join(ACTIVATIONS)}")
     if not float(args.rope_theta or 0):
         yield option_error("--rope-theta", args.rope_theta, f"{WHAT} places tokens by RoPE",
                            "--rope-theta 10000")
-    if embedding is None or embedding.positions != "none":
+    # (another input embedding, None here, is refused among the options no class holds)
+    if embedding is not None and embedding.positions != "none":
         yield option_error("--no-token-positional-embeddings", None, f"{WHAT} has no absolute "
                            "positions", "--no-token-positional-embeddings")
     if embedding is not None and embedding.project_in or decoder.project_out_dim is not None:
@@ -79,16 +79,18 @@ def build(src, reader):
                 out[f"{dst}.self_attn.{target}.bias"] = b
         for name in ("alpha", "beta", "gamma"):
             out[f"{dst}.self_attn.{name}"] = reader.take(f"{src_layer}.self_attn.{name}")
-        for name in ("fc1", "fc2"):
+        names = (("fc1.w1", "w1"), ("fc1.w3", "w3"), ("fc2", "fc2")) if args.ffn_glu else (
+            ("fc1", "fc1"), ("fc2", "fc2"))
+        for name, target in names:
             weight, b = reader.linear(f"{src_layer}.{name}")
-            out[f"{dst}.mlp.{name}.weight"] = weight
+            out[f"{dst}.mlp.{target}.weight"] = weight
             bias["mlp"] = b is not None
             if b is not None:
-                out[f"{dst}.mlp.{name}.bias"] = b
+                out[f"{dst}.mlp.{target}.bias"] = b
     attention = first.self_attn
     values = dict(
         vocab_size=out["model.embed_tokens.weight"].size(0), hidden_size=args.decoder_embed_dim,
-        intermediate_size=out["model.layers.0.mlp.fc1.weight"].size(0),
+        intermediate_size=out["model.layers.0.mlp.fc2.weight"].size(1), glu=bool(args.ffn_glu),
         num_hidden_layers=len(decoder.layers), num_attention_heads=heads,
         num_key_value_heads=kv_heads, head_dim=head_dim, hidden_act=args.activation_fn or "relu",
         max_position_embeddings=decoder.max_positions(), rope_theta=float(args.rope_theta),

@@ -7,13 +7,14 @@ from transformers import PretrainedConfig
 class SlimConfig(PretrainedConfig):
     """``block``: "skipless" (shaped attention, no residual, no norm; ``skipless_layout``
     serial or parallel, ``mlp_branch_scale``, ``removed_projection`` the attention input
-    without a projection, ``attention_out_proj`` whether P is kept)."""
+    without a projection, ``attention_out_proj`` whether P is kept); ``glu``: the MLP is a GLU
+    (``hidden_act`` its gate's activation)."""
 
     model_type = "slim_fairseq"
 
     def __init__(self, vocab_size=32000, hidden_size=256, intermediate_size=1024,
                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=None,
-                 head_dim=None, hidden_act="relu", max_position_embeddings=1024,
+                 head_dim=None, hidden_act="relu", glu=False, max_position_embeddings=1024,
                  rope_theta=10000.0, block="skipless", skipless_layout="serial",
                  mlp_branch_scale=1.0, removed_projection=None, attention_out_proj=True,
                  attention_bias=False, mlp_bias=False, embed_scale=1.0, output_bias=False,
@@ -27,6 +28,7 @@ class SlimConfig(PretrainedConfig):
         self.num_key_value_heads = num_key_value_heads or num_attention_heads
         self.head_dim = head_dim or hidden_size // num_attention_heads
         self.hidden_act = hidden_act
+        self.glu = glu
         self.max_position_embeddings = max_position_embeddings
         self.rope_theta = rope_theta
         self.block = block

@@ -3,8 +3,8 @@
 Only the composition is written here: token embedding, blocks, output projection, and the
 transformers cache. Each technique's maths is the plugin's own module file, copied unchanged
 beside this one by the export (``rope.py``: RoPE; ``shaped_attention.py``: shaped attention;
-``skipless_block.py``: the skipless block's output from its branches), the very files the
-fairseq model runs.
+``skipless_block.py``: the skipless block's output from its branches; ``glu_function.py``: the
+GLU), the very files the fairseq model runs.
 """
 import dataclasses
 
@@ -16,6 +16,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_slim import SlimConfig
+from .glu_function import glu
 from .rope import RotaryEmbedding
 from .shaped_attention import shaped_mixing
 from .skipless_block import skipless_output
@@ -78,16 +79,25 @@ class SlimAttention(nn.Module):
 
 
 class SlimMLP(nn.Module):
-    """``fc2(act(fc1 x))``."""
+    """``fc2(act(fc1 x))``, or with ``config.glu`` the GLU of its plugin file:
+    ``fc2(act(w1 x) * w3 x)``."""
 
     def __init__(self, config):
         super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
-        self.act = ACTIVATIONS[config.hidden_act]
+        width, hidden, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.glu = config.glu
+        if self.glu:
+            self.w1 = nn.Linear(width, hidden, bias=bias)
+            self.w3 = nn.Linear(width, hidden, bias=bias)
+        else:
+            self.fc1 = nn.Linear(width, hidden, bias=bias)
+        self.fc2 = nn.Linear(hidden, width, bias=bias)
+        self.activation = config.hidden_act
 
     def forward(self, x):
-        return self.fc2(self.act(self.fc1(x)))
+        if self.glu:
+            return self.fc2(glu(x, self.w1, self.w3, self.activation))
+        return self.fc2(ACTIVATIONS[self.activation](self.fc1(x)))
 
 
 class SlimBlock(nn.Module):
