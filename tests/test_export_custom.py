@@ -1,6 +1,7 @@
 """Export as transformers custom code (slim_fairseq/export_hf/custom.py, docs/EXPORT.md): a tiny
-skipless language model trained by fairseq-train and one of the reduced parallel form with
-grouped key/value heads and a GLU are exported, then loaded by ``AutoModelForCausalLM`` with
+skipless language model and a tiny ``anthe_lm_gpt2_small`` trained by fairseq-train, the
+reduced parallel skipless form and an Anthe LM of another gate are exported, then loaded by
+``AutoModelForCausalLM`` with
 ``trust_remote_code=True`` in a separate process in which ``fairseq`` and ``slim_fairseq``
 cannot be imported (offline): fairseq's log-probabilities within 1e-5 on an unpadded and a
 right-padded batch, fairseq's greedy output for 10 tokens, the cache equal to the full pass
@@ -22,10 +23,19 @@ from test_export_hf import _fairseq, _pad_right, _samples
 os.environ["HF_HUB_OFFLINE"] = "1"
 TOLERANCE = 1e-5
 PROG = "slim-fairseq-export-hf"
-TRAINED = ["--arch", "skipless_lm", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "48",
-           "--decoder-layers", "2", "--decoder-attention-heads", "4"]
-# the reduced parallel form (no W_Q, no P), grouped key/value heads, the branch scale 0.5, a GLU
-REDUCED = ["--kv-heads", "2", "--ffn-glu", "--activation-fn", "gelu"]
+TINY = ["--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "48", "--decoder-layers", "2",
+        "--decoder-attention-heads", "4"]
+# one of each family, trained by fairseq-train
+TRAINED = {"skipless": "skipless_lm", "anthe": "anthe_lm_gpt2_small"}
+# built and moved off their initial values: the reduced parallel skipless form (no W_Q, no P)
+# with grouped key/value heads, the branch scale 0.5 and a GLU; another gate with three
+# H-SoftPOS levels, RoPE and grouped key/value heads
+BUILT = {"skipless_reduced": ("skipless_lm_parallel_noqp",
+                              ["--kv-heads", "2", "--ffn-glu", "--activation-fn", "gelu"]),
+         "anthe_qgk": ("slim_lm", ["--self-attn-gate", "qgk", "--hsoftpos-levels", "3",
+                                   "--rope-theta", "10000", "--no-token-positional-embeddings",
+                                   "--kv-heads", "2"])}
+NAMES = [*TRAINED, *BUILT]
 LENGTHS = {"unpadded": [12, 12], "padded": [12, 5]}
 PROMPTS = [6, 9]
 
@@ -52,7 +62,6 @@ for name in ("fairseq", "slim_fairseq"):
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.cache_utils import DynamicCache
 
 torch.manual_seed(0)
 job = torch.load(sys.argv[1])
@@ -70,17 +79,20 @@ for name, case in job.items():
         # the cache against the full pass: a prefix, one token at a time, then three at once
         tokens = case["batches"]["unpadded"]
         full = model(input_ids=tokens, use_cache=False).logits
-        cache = DynamicCache(config=model.config)
-        steps = [model(input_ids=tokens[:, :5], cache=cache, use_cache=True).logits]
+        first = model(input_ids=tokens[:, :5], use_cache=True)
+        cache = getattr(first, "cache", None) or first.past_key_values
+        steps = [first.logits]
         for t in range(5, 9):
             steps.append(model(input_ids=tokens[:, t:t + 1], cache=cache, use_cache=True).logits)
         steps.append(model(input_ids=tokens[:, 9:12], cache=cache, use_cache=True).logits)
         found["cache_gap"] = (torch.cat(steps, dim=1) - full).abs().max().item()
-        found["greedy"], found["greedy_no_cache"] = [], []
+        for key in ("greedy", "greedy_no_cache", "beam", "beam_no_cache"):
+            found[key] = []
         for prompt in case["prompts"]:
-            for key, use_cache in (("greedy", True), ("greedy_no_cache", False)):
+            for key, use_cache, beams in (("greedy", True, 1), ("greedy_no_cache", False, 1),
+                                          ("beam", True, 5), ("beam_no_cache", False, 5)):
                 out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
-                                     max_new_tokens=10, use_cache=use_cache)
+                                     max_new_tokens=10, use_cache=use_cache, num_beams=beams)
                 found[key].append(out[0, prompt.size(1):].tolist())
     results[name] = found
 torch.save(results, sys.argv[2])
@@ -94,21 +106,25 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def exports(folder):
-    """``{name: (checkpoint, ExportResult)}``: the skipless LM trained 4 updates by
-    fairseq-train, and the reduced parallel form built and moved off its initial values."""
+    """``{name: (checkpoint, ExportResult)}``: :data:`TRAINED`, each trained 4 updates by
+    fairseq-train, and :data:`BUILT`."""
     from slim_fairseq.export_hf import export
-    save = folder / "trained"
-    run_cli("fairseq-train", [
-        wikitext_data_bin(), "--task", "language_modeling", "--tokens-per-sample", "64",
-        "--sample-break-mode", "none", "--user-dir", os.path.join(REPO, "slim_fairseq"), *TRAINED,
-        "--optimizer", "adam", "--lr", "0.003", "--max-update", "4", "--max-tokens", "512",
-        "--cpu", "--seed", "3", "--save-dir", str(save), "--disable-validation",
-        "--no-epoch-checkpoints", "--num-workers", "0", "--log-format", "none"])
-    trained = str(save / "checkpoint_last.pt")
-    reduced = tiny_checkpoint(folder, "skipless_lm_parallel_noqp", REDUCED, True)
+    paths = {}
+    for name, arch in TRAINED.items():
+        save = folder / name
+        run_cli("fairseq-train", [
+            wikitext_data_bin(), "--task", "language_modeling", "--tokens-per-sample", "64",
+            "--sample-break-mode", "none", "--user-dir", os.path.join(REPO, "slim_fairseq"),
+            "--arch", arch, *TINY, "--optimizer", "adam", "--lr", "0.003", "--max-update", "4",
+            "--max-tokens", "512", "--cpu", "--seed", "3", "--save-dir", str(save),
+            "--disable-validation", "--no-epoch-checkpoints", "--num-workers", "0",
+            "--log-format", "none"])
+        paths[name] = str(save / "checkpoint_last.pt")
+    for name, (arch, argv) in BUILT.items():
+        paths[name] = tiny_checkpoint(folder, arch, argv, True)
     return {name: (path, export(path, wikitext_data_bin(), str(folder / f"{name}-hf"),
                                 sentences=4))
-            for name, path in (("serial", trained), ("parallel_noqp", reduced))}
+            for name, path in paths.items()}
 
 
 @torch.no_grad()
@@ -155,7 +171,7 @@ def sides(folder, exports):
     return {name: (fairseq[name], found[name]) for name in exports}
 
 
-@pytest.mark.parametrize("name", ["serial", "parallel_noqp"])
+@pytest.mark.parametrize("name", NAMES)
 def test_custom_code_scores_and_decodes_as_fairseq_without_fairseq(name, exports, sides):
     _, result = exports[name]
     assert result.hf_class == "SlimForCausalLM" and result.gap <= 1e-4
@@ -171,15 +187,18 @@ def test_custom_code_scores_and_decodes_as_fairseq_without_fairseq(name, exports
         assert len(hf_new) == 10 and hf_new == expected[:10], (hf_new, expected)
 
 
-@pytest.mark.parametrize("name", ["serial", "parallel_noqp"])
+@pytest.mark.parametrize("name", NAMES)
 def test_cache_gives_the_full_pass(name, sides):
+    """The cache (H-SoftPOS's convolution inputs with the keys and values) against the full
+    pass, and greedy and beam search alike with and without it (beam search reorders it)."""
     _, found = sides[name]
     assert found["cache_gap"] <= TOLERANCE
     assert found["greedy"] == found["greedy_no_cache"]
+    assert found["beam"] == found["beam_no_cache"]
 
 
 def test_the_reduced_form_leaves_without_its_removed_weights(exports):
-    with open(os.path.join(exports["parallel_noqp"][1].out_dir, "config.json")) as f:
+    with open(os.path.join(exports["skipless_reduced"][1].out_dir, "config.json")) as f:
         config = json.load(f)
     assert config["skipless_layout"] == "parallel" and config["removed_projection"] == "q"
     assert not config["attention_out_proj"] and config["num_key_value_heads"] == 2
@@ -209,15 +228,34 @@ COMPOSITION_CALLS = {
     "RotaryEmbedding", "shaped_mixing", "skipless_output", "glu", "w1", "w3", "SlimAttention", "SlimMLP",
     "SlimBlock", "SlimModel", "proj", "act", "_split", "fc1", "fc2", "o_proj", "self_attn",
     "mlp", "layer", "model", "embed_tokens", "lm_head", "q_proj", "k_proj", "v_proj",
-    "ACTIVATIONS"}
+    "ACTIVATIONS", "gated_inputs", "gated", "hsoftpos_levels", "LayerNorm", "Conv1d",
+    "ParameterList", "zeros", "scaled_dot_product_attention", "arange", "where", "cat",
+    "unsqueeze", "index_select", "repeat_interleave", "to", "items", "change", "_each_history",
+    "reorder_cache", "batch_repeat_interleave", "batch_select_indices", "_project",
+    "_project_gated", "self_attn_layer_norm", "final_layer_norm", "norm", "positions", "table",
+    "SlimEmbedding", "SlimCache", "hasattr", "enumerate", "str", "ne"}
 
 
-def test_exported_maths_is_the_plugins_own_files(exports):
-    from slim_fairseq.export_hf import custom, skipless
-    out_dir = exports["serial"][1].out_dir
-    plugin = {os.path.basename(p): p for p in custom.module_files(skipless)}
+def test_anthe_leaves_with_its_gate_hsoftpos_glu_and_output_bias(exports):
+    with open(os.path.join(exports["anthe"][1].out_dir, "config.json")) as f:
+        config = json.load(f)
+    assert config["attention_gate"] == "qgv" and config["hsoftpos_levels"] == 2
+    assert config["glu"] and config["output_bias"] and config["positions"] == "sinusoidal"
+    assert "Tensor Chains were materialised" in open(
+        os.path.join(exports["anthe"][1].out_dir, "README.md")).read()
+    with open(os.path.join(exports["anthe_qgk"][1].out_dir, "config.json")) as f:
+        config = json.load(f)
+    assert config["attention_gate"] == "qgk" and config["hsoftpos_levels"] == 3
+    assert config["rope_theta"] == 10000 and config["positions"] == "none"
+
+
+@pytest.mark.parametrize("name", ["skipless", "anthe"])
+def test_exported_maths_is_the_plugins_own_files(name, exports):
+    from slim_fairseq.export_hf import custom
+    out_dir = exports[name][1].out_dir
+    plugin = {os.path.basename(p): p for p in custom.module_files()}
     assert set(plugin) == {"rope.py", "shaped_attention.py", "skipless_block.py",
-                           "glu_function.py"}
+                           "glu_function.py", "gate_function.py", "hsoftpos_function.py"}
     written = {n for n in os.listdir(out_dir) if n.endswith(".py")}
     assert written == set(plugin) | {"modeling_slim.py", "configuration_slim.py"}
     for name, path in plugin.items():  # byte for byte the files the fairseq model runs
@@ -228,16 +266,18 @@ def test_exported_maths_is_the_plugins_own_files(exports):
     # the fairseq model runs these very files
     from slim_fairseq.models import slim_layers
     from slim_fairseq.modules import attention
-    from slim_fairseq.modules import glu
+    from slim_fairseq.modules import gated_attention, glu, hsoftpos
     assert slim_layers.skipless_output.__module__ == "slim_fairseq.modules.skipless_block"
     assert glu.glu.__module__ == "slim_fairseq.modules.glu_function"
+    assert attention.gated_inputs.__module__ == "slim_fairseq.modules.gate_function"
+    assert gated_attention.gated.__module__ == "slim_fairseq.modules.gate_function"
+    assert hsoftpos.hsoftpos_levels.__module__ == "slim_fairseq.modules.hsoftpos_function"
     assert attention.shaped_mixing.__module__ == "slim_fairseq.modules.shaped_attention"
     assert attention.RotaryEmbedding.__module__ == "slim_fairseq.modules.rope"
     # the modeling file: composition only, each technique imported from its file
     tree, imported = _imports(os.path.join(out_dir, "modeling_slim.py"))
-    assert {m for level, m in imported if level} == {"configuration_slim", "rope",
-                                                      "shaped_attention", "skipless_block",
-                                                      "glu_function"}
+    assert {m for level, m in imported if level} == {"configuration_slim"} | {
+        name[:-3] for name in plugin}
     assert {m.split(".")[0] for level, m in imported if not level} <= {"torch", "transformers",
                                                                        "dataclasses"}
     called = set()
@@ -255,7 +295,7 @@ def test_exported_maths_is_the_plugins_own_files(exports):
 
 
 def test_card_says_custom_code_needs_trust_remote_code(exports):
-    with open(os.path.join(exports["serial"][1].out_dir, "README.md")) as f:
+    with open(os.path.join(exports["anthe"][1].out_dir, "README.md")) as f:
         card = f.read()
     assert "## Custom code" in card and "CTranslate2" in card
     assert 'AutoModelForCausalLM.from_pretrained("PATH", trust_remote_code=True)' in card

@@ -3,6 +3,8 @@ parameters in fairseq and in the export, the self-check's measured gap, how it w
 (what the checkpoint says), and how to load it."""
 import os
 
+from slim_fairseq.export_hf import custom
+
 TASKS = {"AutoModelForCausalLM": "text-generation", "AutoModelForSeq2SeqLM": "translation"}
 
 
@@ -69,7 +71,7 @@ def write(out_dir, name, src, layout, result, tokenizer_kind, counts, flags, wor
                   f"No class of transformers computes this model: `{layout.CLASS}` is defined by "
                   "the Python files of this folder (`modeling_slim.py`, `configuration_slim.py` "
                   "and the plugin's own module files they import: "
-                  + ", ".join(f"`{m.__name__.rsplit('.', 1)[-1]}.py`" for m in layout.MODULES)
+                  + ", ".join(f"`{os.path.basename(p)}`" for p in custom.module_files())
                   + "; torch and transformers only). Loading it runs that code: pass "
                   "`trust_remote_code=True` to `from_pretrained` (the tokenizer's too, which "
                   "reads the same config.json), after reading the files. Engines that take only "

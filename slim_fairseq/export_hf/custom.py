@@ -1,7 +1,7 @@
 """Exports as transformers custom code: OUT_DIR carries ``configuration_slim.py`` and
 ``modeling_slim.py`` (:mod:`slim_fairseq.export_hf.remote`, the composition only) and, copied
-byte for byte, the plugin's module files that hold each technique's maths (a layout's
-``MODULES``: plain torch, the files the fairseq model runs), with ``auto_map`` in config.json;
+byte for byte, the plugin's module files that hold each technique's maths (:data:`MODULES`:
+plain torch, the files the fairseq model runs), with ``auto_map`` in config.json;
 users load it with ``trust_remote_code=True``.
 
 The maths is written once: a fix to a technique's file is a fix to the fairseq model and to
@@ -11,14 +11,19 @@ plugin's or if the modeling file computes a technique itself).
 import os
 import shutil
 
+from slim_fairseq.modules import (gate_function, glu_function, hsoftpos_function, rope,
+                                  shaped_attention, skipless_block)
+
+# the plugin's module files that ``modeling_slim.py`` imports: plain torch, copied byte for byte
+MODULES = (rope, shaped_attention, skipless_block, glu_function, gate_function, hsoftpos_function)
 REMOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote")
 CODE_FILES = ("configuration_slim.py", "modeling_slim.py")
 CONFIG_CLASS = "configuration_slim.SlimConfig"
 
 
-def module_files(layout):
-    """Paths of the plugin's module files that ``layout``'s exported code imports."""
-    return [os.path.abspath(module.__file__) for module in layout.MODULES]
+def module_files(layout=None):
+    """Paths of the plugin's module files that the exported code imports."""
+    return [os.path.abspath(module.__file__) for module in MODULES]
 
 
 def write_code(layout, folder):

@@ -4,19 +4,17 @@ attention with RoPE, grouped key/value heads, the reduced form without W_Q (or W
 (Graef, arXiv:2404.12362), a dense or GLU MLP, serial or parallel, no norms.
 
 No stock class has blocks without skips or norms, so the model leaves as custom code whose
-maths is the plugin's own files: ``rope.py``, ``shaped_attention.py``, ``skipless_block.py``,
-``glu_function.py``.
+maths is the plugin's own files (:data:`.custom.MODULES`): ``rope.py``,
+``shaped_attention.py``, ``skipless_block.py``, ``glu_function.py``.
 :func:`check` is an allow-list: whatever else the model has is refused by name.
 """
 from slim_fairseq.export_hf.layers import attention_shape, same_parameter
 from slim_fairseq.export_hf.source import input_embedding
-from slim_fairseq.modules import glu_function, rope, shaped_attention, skipless_block
 from slim_fairseq.option_errors import option_error
 
 CLASS = "SlimForCausalLM"
 AUTO = "AutoModelForCausalLM"
 CUSTOM = True
-MODULES = (rope, shaped_attention, skipless_block, glu_function)
 # the options of the classes' list of what no class holds that this layout computes
 COMPUTES = ("skipless_layout", "norm", "output_bias")
 ACTIVATIONS = ("relu", "gelu", "silu")
@@ -59,7 +57,7 @@ def build(src, reader):
     first = decoder.layers[0]
     heads, kv_heads, head_dim = attention_shape(first.self_attn)
     out = {}
-    out["model.embed_tokens.weight"] = reader.take(embedding.table)
+    out["model.embed_tokens.table.weight"] = reader.take(embedding.table)
     tied = same_parameter(model, embedding.table, "decoder.output_projection.weight")
     out["lm_head.weight"] = reader.take("decoder.output_projection.weight")
     output_bias = reader.has("decoder.output_projection.bias")
@@ -89,7 +87,8 @@ def build(src, reader):
                 out[f"{dst}.mlp.{target}.bias"] = b
     attention = first.self_attn
     values = dict(
-        vocab_size=out["model.embed_tokens.weight"].size(0), hidden_size=args.decoder_embed_dim,
+        vocab_size=out["model.embed_tokens.table.weight"].size(0),
+        hidden_size=args.decoder_embed_dim,
         intermediate_size=out["model.layers.0.mlp.fc2.weight"].size(1), glu=bool(args.ffn_glu),
         num_hidden_layers=len(decoder.layers), num_attention_heads=heads,
         num_key_value_heads=kv_heads, head_dim=head_dim, hidden_act=args.activation_fn or "relu",

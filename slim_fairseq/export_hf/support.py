@@ -6,7 +6,8 @@ every option in the way, each with its problem, and what to train with instead (
 changes at once, so that one retraining exports); the techniques that change the block's computation
 (Anthe's gates, H-SoftPOS, SAFE, a sandwich middle of another width, adaptive input and softmax,
 skipless blocks with shaped attention) have no counterpart in any stock class. Skipless language
-models leave as custom code (:mod:`.skipless`), whose own check lists what it computes.
+models and language models with Anthe's gates or H-SoftPOS leave as custom code (:mod:`.skipless`,
+:mod:`.anthe`), whose own check lists what it computes.
 """
 from slim_fairseq.models.slim_options import SandwichOptions
 from slim_fairseq.option_errors import OptionError, option_error
@@ -152,7 +153,7 @@ def check_no_class(src, refusals=None, computed=()):
 
 def choose(src):
     """The layout module (:mod:`.llama`, :mod:`.xglm`, :mod:`.opt`, :mod:`.fsmt`,
-    :mod:`.m2m100`, or the custom code of :mod:`.skipless`) that holds ``src``, or one line
+    :mod:`.m2m100`, or the custom code of :mod:`.skipless`, :mod:`.anthe`) that holds ``src``, or one line
     refusing every option in the way."""
     refusals = Refusals()
     layout = _choose(src, refusals)
@@ -161,11 +162,12 @@ def choose(src):
 
 
 def _choose(src, refusals):
-    from slim_fairseq.export_hf import fsmt, llama, m2m100, opt, skipless, xglm
-    if skipless.applies(src):  # custom code: its own allow-list
-        check_no_class(src, refusals, computed=skipless.COMPUTES)
-        refusals.each(skipless.check, src)
-        return skipless
+    from slim_fairseq.export_hf import anthe, fsmt, llama, m2m100, opt, skipless, xglm
+    for custom in (skipless, anthe):  # custom code: each with its own allow-list
+        if custom.applies(src):
+            check_no_class(src, refusals, computed=custom.COMPUTES)
+            refusals.each(custom.check, src)
+            return custom
     check_no_class(src, refusals)
     args = src.args
     if src.lm:

@@ -8,7 +8,11 @@ class SlimConfig(PretrainedConfig):
     """``block``: "skipless" (shaped attention, no residual, no norm; ``skipless_layout``
     serial or parallel, ``mlp_branch_scale``, ``removed_projection`` the attention input
     without a projection, ``attention_out_proj`` whether P is kept); ``glu``: the MLP is a GLU
-    (``hidden_act`` its gate's activation)."""
+    (``hidden_act`` its gate's activation). ``block`` "pre-norm": fairseq's pre-norm block
+    (LayerNorm of ``norm_eps``, residuals, a final norm) with Anthe's ``attention_gate``;
+    ``rope_theta`` 0: no RoPE. ``positions`` "sinusoidal": fairseq's table (``position_rows``
+    rows, written by the export) added to the scaled tokens; ``hsoftpos_levels`` > 0: H-SoftPOS
+    on a token table ``hsoftpos_token_dim`` wide with slots ``hsoftpos_slots`` wide."""
 
     model_type = "slim_fairseq"
 
@@ -18,6 +22,8 @@ class SlimConfig(PretrainedConfig):
                  rope_theta=10000.0, block="skipless", skipless_layout="serial",
                  mlp_branch_scale=1.0, removed_projection=None, attention_out_proj=True,
                  attention_bias=False, mlp_bias=False, embed_scale=1.0, output_bias=False,
+                 attention_gate="none", norm_eps=1e-5, positions="none", position_rows=0,
+                 hsoftpos_levels=0, hsoftpos_token_dim=0, hsoftpos_slots=0,
                  tie_word_embeddings=False, use_cache=True, pad_token_id=1, bos_token_id=2,
                  eos_token_id=2, **kwargs):
         self.vocab_size = vocab_size
@@ -41,6 +47,13 @@ class SlimConfig(PretrainedConfig):
         self.embed_scale = embed_scale
         self.output_bias = output_bias
         self.use_cache = use_cache
+        self.attention_gate = attention_gate
+        self.norm_eps = norm_eps
+        self.positions = positions
+        self.position_rows = position_rows
+        self.hsoftpos_levels = hsoftpos_levels
+        self.hsoftpos_token_dim = hsoftpos_token_dim
+        self.hsoftpos_slots = hsoftpos_slots
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, tie_word_embeddings=tie_word_embeddings,
                          **kwargs)
