@@ -233,7 +233,7 @@ COMPOSITION_CALLS = {
     "unsqueeze", "index_select", "repeat_interleave", "to", "items", "change", "_each_history",
     "reorder_cache", "batch_repeat_interleave", "batch_select_indices", "_project",
     "_project_gated", "self_attn_layer_norm", "final_layer_norm", "norm", "positions", "table",
-    "SlimEmbedding", "SlimCache", "hasattr", "enumerate", "str", "ne"}
+    "SlimEmbedding", "SlimCache", "hasattr", "enumerate", "str", "ne", "level_dilations"}
 
 
 def test_anthe_leaves_with_its_gate_hsoftpos_glu_and_output_bias(exports):
@@ -286,6 +286,11 @@ def test_exported_maths_is_the_plugins_own_files(name, exports):
             func = node.func.value if isinstance(node.func, ast.Subscript) else node.func
             called.add(func.attr if isinstance(func, ast.Attribute) else func.id)
     assert called <= COMPOSITION_CALLS, sorted(called - COMPOSITION_CALLS)
+    # no arithmetic of a technique either (a dilation schedule, a scale): the one power is
+    # attention's 1/sqrt(head width)
+    powers = [node for node in ast.walk(tree)
+              if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow)]
+    assert [getattr(node.left, "attr", None) for node in powers] == ["head_dim"]
     defined = {node.name for node in ast.walk(tree)
                if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
     for path in plugin.values():  # no function or class of a technique file defined again

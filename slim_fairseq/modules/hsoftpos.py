@@ -30,7 +30,8 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import PositionalEmbedding
 
 from slim_fairseq.modules.hsoftpos_function import (  # noqa: F401 (causal_conv re-exported)
-    KERNEL_SIZE, causal_conv, conv_weight, hsoftpos_dims, hsoftpos_levels, soft_positions)
+    KERNEL_SIZE, causal_conv, conv_weight, hsoftpos_dims, hsoftpos_levels, level_dilations,
+    soft_positions)
 
 
 @with_incremental_state
@@ -55,7 +56,7 @@ class HSoftPOSEmbedding(nn.Module):
         # X_1's positions (off with --no-token-positional-embeddings, e.g. under RoPE)
         self.embed_positions = (PositionalEmbedding(max_positions, self.d_emb, padding_idx,
                                                     learned=learned_pos) if positions else None)
-        self.dilations = [2 ** (i - 2) for i in range(2, levels + 1)]
+        self.dilations = level_dilations(levels)
         widths = [self.d_emb] + [self.d_sp] * (levels - 1)
         self.convs = nn.ModuleList(
             nn.Conv1d(widths[i], self.d_sp, KERNEL_SIZE, dilation=dil)

@@ -63,6 +63,11 @@ def hsoftpos_dims(model_dim, levels, min_token_dim=0):
     return d_sp, d_sp, model_dim - (2 * levels - 1) * d_sp
 
 
+def level_dilations(levels):
+    """The dilations of the convolutions of levels 2..l: ``2 ** (i - 2)``."""
+    return [2 ** (i - 2) for i in range(2, levels + 1)]
+
+
 def soft_positions(x, weight, n_sp):
     """SoftPOS of ``x``: ``softmax(x[..., :n_sp]) @ weight``."""
     return torch.softmax(x[..., : n_sp], dim=-1) @ weight

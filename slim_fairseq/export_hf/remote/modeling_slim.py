@@ -19,7 +19,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .configuration_slim import SlimConfig
 from .gate_function import gated, gated_inputs
 from .glu_function import glu
-from .hsoftpos_function import KERNEL_SIZE, hsoftpos_levels
+from .hsoftpos_function import KERNEL_SIZE, hsoftpos_levels, level_dilations
 from .rope import RotaryEmbedding
 from .shaped_attention import shaped_mixing
 from .skipless_block import skipless_output
@@ -189,7 +189,7 @@ class SlimEmbedding(nn.Module):
                           if config.positions == "sinusoidal" else None)
         if self.levels:
             slots = config.hsoftpos_slots
-            self.dilations = [2 ** (i - 2) for i in range(2, self.levels + 1)]
+            self.dilations = level_dilations(self.levels)
             widths = [width] + [slots] * (self.levels - 1)
             self.convs = nn.ModuleList(nn.Conv1d(widths[i], slots, KERNEL_SIZE, dilation=dil)
                                        for i, dil in enumerate(self.dilations))
