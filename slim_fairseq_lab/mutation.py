@@ -76,8 +76,7 @@ MUTATIONS = (
        REF + "test_rmsnorm"),
     # GLU feed-forward (arXiv:2002.05202; Anthe)
     _m("glu-gate-swapped", "GLU", "wrong operand", "glu_function.py",
-       "return GLU_ACTIVATIONS[activation](w1(x)) * w3(x)",
-       "return GLU_ACTIVATIONS[activation](w3(x)) * w1(x)",
+       "return act(w1(x)) * w3(x)", "return act(w3(x)) * w1(x)",
        REF + "test_glu_feed_forward"),
     _m("glu-stacked-halves", "GLU", "wrong axis", "glu.py",
        "h1, h3 = F.linear(x, weight, bias).chunk(2, dim=-1)",

@@ -12,4 +12,5 @@ GLU_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 
 def glu(x, w1, w3, activation):
     """``act(w1 x) * w3 x``; ``w1``, ``w3``: the two input linears (callables)."""
-    return GLU_ACTIVATIONS[activation](w1(x)) * w3(x)
+    act = GLU_ACTIVATIONS[activation]
+    return act(w1(x)) * w3(x)
