@@ -12,7 +12,8 @@ loaded with ``trust_remote_code=True``); Tensor-Chain models are materialised fi
 
 This package is the only part of the plugin that imports ``transformers``, and only when an
 export runs. One module per target layout (:mod:`.llama`, :mod:`.xglm`, :mod:`.opt`,
-:mod:`.fsmt`, :mod:`.m2m100`; custom code: :mod:`.skipless`, :mod:`.anthe`), the choice and refusals (:mod:`.support`), the tokenizer
-(:mod:`.tokenizer`), the self-check (:mod:`.check`) and the model card (:mod:`.card`).
+:mod:`.fsmt`, :mod:`.m2m100`; custom code: :mod:`.skipless`, :mod:`.anthe`), the choice and
+refusals (:mod:`.support`), the tokenizer (:mod:`.tokenizer`), the self-check (:mod:`.check`)
+and the model card (:mod:`.card`).
 """
 from slim_fairseq.export_hf.export import ExportResult, export  # noqa: F401

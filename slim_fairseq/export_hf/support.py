@@ -5,9 +5,9 @@ The refusals come before anything is written or transformers is imported. One li
 every option in the way, each with its problem, and what to train with instead (all the
 changes at once, so that one retraining exports); the techniques that change the block's computation
 (Anthe's gates, H-SoftPOS, SAFE, a sandwich middle of another width, adaptive input and softmax,
-skipless blocks with shaped attention) have no counterpart in any stock class. Skipless language
-models and language models with Anthe's gates or H-SoftPOS leave as custom code (:mod:`.skipless`,
-:mod:`.anthe`), whose own check lists what it computes.
+skipless blocks with shaped attention) have no counterpart in any stock class. Skipless
+language models and language models with Anthe's gates or H-SoftPOS leave as custom code
+(:mod:`.skipless`, :mod:`.anthe`), whose own check lists what it computes.
 """
 from slim_fairseq.models.slim_options import SandwichOptions
 from slim_fairseq.option_errors import OptionError, option_error
@@ -153,8 +153,8 @@ def check_no_class(src, refusals=None, computed=()):
 
 def choose(src):
     """The layout module (:mod:`.llama`, :mod:`.xglm`, :mod:`.opt`, :mod:`.fsmt`,
-    :mod:`.m2m100`, or the custom code of :mod:`.skipless`, :mod:`.anthe`) that holds ``src``, or one line
-    refusing every option in the way."""
+    :mod:`.m2m100`, or the custom code of :mod:`.skipless`, :mod:`.anthe`) that holds
+    ``src``, or one line refusing every option in the way."""
     refusals = Refusals()
     layout = _choose(src, refusals)
     refusals.raise_all()
