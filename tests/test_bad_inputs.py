@@ -898,12 +898,13 @@ def test_every_refusal_of_the_recipes_is_one_line_naming_what_is_allowed():
 # (arch, language model?, its options after the tiny widths, export options, the line, exactly,
 # the model that the line's "allowed" describes: it must export)
 EXPORT_HF = [
-    ("slim_lm", True, ["--self-attn-gate", "qgv"], {},
-     "--self-attn-gate=qgv: Anthe's gated attention (sigmoid(W x) * W' y) is in no transformers "
-     "class; allowed: --self-attn-gate none", ("slim_lm", [])),
-    ("slim_lm", True, ["--hsoftpos-levels", "2"], {},
-     "--hsoftpos-levels=2: H-SoftPOS embeddings (convolutions over neighbouring tokens) are in no "
-     "transformers class; allowed: --hsoftpos-levels 0", ("slim_lm", [])),
+    # Anthe's gates and H-SoftPOS leave a language model as custom code, which has no more
+    ("slim_lm", True, ["--self-attn-gate", "qgv", "--decoder-learned-pos"], {},
+     "--decoder-learned-pos: the exported Anthe block (custom code) has sinusoidal positions or "
+     "none; allowed: no --decoder-learned-pos", ("slim_lm", ["--self-attn-gate", "qgv"])),
+    ("slim_lm", True, ["--hsoftpos-levels", "2", "--no-decoder-normalize-before"], {},
+     "--decoder-normalize-before: the exported Anthe block (custom code) is pre-norm; allowed: "
+     "--decoder-normalize-before", ("slim_lm", ["--hsoftpos-levels", "2"])),
     ("slim_lm", True, ["--safe-embed-dim", "16"], {},
      "--safe-embed-dim=16: SAFE's factorised embeddings (an attention inside the embedding) are "
      "in no transformers class; allowed: --safe-embed-dim 0", ("slim_lm", [])),
@@ -915,13 +916,12 @@ EXPORT_HF = [
      "--adaptive-input: an adaptive input (one table per frequency band) is in no class here; "
      "allowed: one token table (no --adaptive-input)", ("slim_lm", [])),
     # every option in the way, at once
-    ("skipless_lm", True, [], {},
-     "--skipless-layout=serial, --norm=none, --no-decoder-final-norm: 3 options are in the way: "
-     "--skipless-layout=serial: blocks without skips or norms, with shaped attention, are in no "
-     "transformers class; --norm=none: every class here normalises its blocks; "
-     "--no-decoder-final-norm: Llama normalises the last layer's output; allowed: a model "
-     "trained with all of --skipless-layout none, and --norm rmsnorm --ffn-glu, and the final "
-     "norm (no --no-decoder-final-norm)", ("slim_lm", [])),
+    ("skipless_lm", True, ["--hsoftpos-levels", "2", "--activation-fn", "tanh"], {},
+     "--hsoftpos-levels=2, --activation-fn=tanh: 2 options are in the way: --hsoftpos-levels=2: "
+     "H-SoftPOS embeddings (convolutions over neighbouring tokens) are in no transformers class; "
+     "--activation-fn=tanh: the exported skipless block (custom code) takes relu|gelu|silu; "
+     "allowed: a model trained with all of --hsoftpos-levels 0, and --activation-fn "
+     "relu|gelu|silu", ("skipless_lm", [])),
     ("slim_lm", True, ["--sandwich", "--decoder-layers", "3", "--sandwich-dim", "64"], {},
      "--sandwich-dim=64: a sandwich middle of another shape than the decoder's layers (64 where "
      "they have 32) fits no class, whose layers are all alike; allowed: --sandwich-dim 0 "

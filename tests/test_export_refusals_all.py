@@ -46,23 +46,48 @@ def test_language_model_names_no_class_options_and_the_layouts_at_once(folder):
     of it applied, exports."""
     from slim_fairseq.export_hf import export
     from slim_fairseq.option_errors import OptionError
-    argv = ["--self-attn-gate", "qgv", "--output-bias",
+    argv = ["--layernorm-embedding", "--output-bias",
             "--decoder-learned-pos", "--decoder-input-dim", "16"]
     path = tiny_checkpoint(folder, "slim_lm", argv, True)
     out = folder / "lm-hf"
     with pytest.raises(OptionError) as caught:
         export(path, data_of(True), str(out))
     assert str(caught.value) == (
-        "--self-attn-gate=qgv, --output-bias, --decoder-input-dim/--decoder-output-dim: 3 "
-        f"options are in the way: --self-attn-gate=qgv: {GATE}; --output-bias: {BIAS}; "
+        "--output-bias, --layernorm-embedding, --decoder-input-dim/--decoder-output-dim: 3 "
+        f"options are in the way: --output-bias: {BIAS}; --layernorm-embedding: no class here "
+        "normalises the embedding before the first layer; "
         "--decoder-input-dim/--decoder-output-dim: OPT projects in and out through one width "
-        "(word_embed_proj_dim); allowed: a model trained with all of --self-attn-gate none, and "
-        "no --output-bias, and both the same")
+        "(word_embed_proj_dim); allowed: a model trained with all of no --output-bias, and no "
+        "--layernorm-embedding, and both the same")
     assert not out.exists()
     fixed = tiny_checkpoint(folder, "slim_lm", ["--decoder-learned-pos",
                                                  "--decoder-input-dim", "16",
                                                  "--decoder-output-dim", "16"], True)
     assert export(fixed, data_of(True), str(out), sentences=2).gap <= 1e-5
+
+
+def test_anthe_language_model_names_what_its_custom_code_lacks_at_once(folder):
+    """Anthe's gates leave a language model as custom code; what that code does not compute is
+    named in one line, and its advice, all of it applied, exports."""
+    from slim_fairseq.export_hf import export
+    from slim_fairseq.option_errors import OptionError
+    argv = ["--self-attn-gate", "qgv", "--output-bias",
+            "--decoder-learned-pos", "--decoder-input-dim", "16"]
+    path = tiny_checkpoint(folder, "slim_lm", argv, True)
+    out = folder / "anthe-lm-hf"
+    with pytest.raises(OptionError) as caught:
+        export(path, data_of(True), str(out))
+    assert str(caught.value) == (
+        "--decoder-learned-pos, --decoder-input-dim/--decoder-output-dim: 2 options are in the "
+        "way: --decoder-learned-pos: the exported Anthe block (custom code) has sinusoidal "
+        "positions or none; --decoder-input-dim/--decoder-output-dim: the exported Anthe block "
+        "(custom code) has no projections between the embedding and the layers; allowed: a "
+        "model trained with all of no --decoder-learned-pos, and both equal to "
+        "--decoder-embed-dim")
+    assert not out.exists()
+    fixed = tiny_checkpoint(folder, "slim_lm", ["--self-attn-gate", "qgv", "--output-bias"], True)
+    result = export(fixed, data_of(True), str(out), sentences=2)
+    assert result.hf_class == "SlimForCausalLM" and result.gap <= 1e-5
 
 
 def test_one_option_in_the_way_keeps_its_own_line(folder):

@@ -3,6 +3,8 @@ parameters in fairseq and in the export, the self-check's measured gap, how it w
 (what the checkpoint says), and how to load it."""
 import os
 
+from slim_fairseq.export_hf import custom
+
 TASKS = {"AutoModelForCausalLM": "text-generation", "AutoModelForSeq2SeqLM": "translation"}
 
 
@@ -64,13 +66,25 @@ def write(out_dir, name, src, layout, result, tokenizer_kind, counts, flags, wor
                      "their punctuation (e.g. `’` to `'`) before Moses, where the data's "
                      "preprocessing did not, so they get other ids than in training."
                      if words.skipped else "")]
+    if getattr(layout, "CUSTOM", False):
+        lines += ["", "## Custom code", "",
+                  f"No class of transformers computes this model: `{layout.CLASS}` is defined by "
+                  "the Python files of this folder (`modeling_slim.py`, `configuration_slim.py` "
+                  "and the plugin's own module files they import: "
+                  + ", ".join(f"`{os.path.basename(p)}`" for p in custom.module_files())
+                  + "; torch and transformers only). Loading it runs that code: pass "
+                  "`trust_remote_code=True` to `from_pretrained` (the tokenizer's too, which "
+                  "reads the same config.json), after reading the files. Engines that take only "
+                  "transformers' own classes (CTranslate2, llama.cpp, vLLM's stock models) do "
+                  "not load it."]
     lines += ["", "## Training", ""]
     lines += _training(src) or ["(the checkpoint records nothing)"]
+    trust = ", trust_remote_code=True" if getattr(layout, "CUSTOM", False) else ""
     lines += ["", "## Use", "", f"Tokenizer: {tokenizer_kind} (the ids fairseq reads for the "
               "same text).", "", "```python",
               f"from transformers import AutoTokenizer, {auto}, pipeline",
-              'tokenizer = AutoTokenizer.from_pretrained("PATH")',
-              f'model = {auto}.from_pretrained("PATH")']
+              f'tokenizer = AutoTokenizer.from_pretrained("PATH"{trust})',
+              f'model = {auto}.from_pretrained("PATH"{trust})']
     if task == "text-generation":
         lines += ['print(pipeline("text-generation", model=model, tokenizer=tokenizer)'
                   '("the house", max_new_tokens=10, do_sample=False))']

@@ -75,10 +75,12 @@ def gap(fairseq_model, hf_model, net_input, lm, pad):
 
 
 def load(layout, out_dir):
-    """The exported model, loaded as a user would: the Auto class, local files only."""
+    """The exported model, loaded as a user would: the Auto class, local files only (custom
+    code with ``trust_remote_code``)."""
     import transformers
     auto = getattr(transformers, layout.AUTO)
-    return auto.from_pretrained(out_dir, local_files_only=True).eval()
+    custom = dict(trust_remote_code=True) if getattr(layout, "CUSTOM", False) else {}
+    return auto.from_pretrained(out_dir, local_files_only=True, **custom).eval()
 
 
 def run(src, layout, out_dir, sentences):

@@ -14,7 +14,8 @@ import tempfile
 
 
 from slim_fairseq import compression
-from slim_fairseq.export_hf import card, check, source, support, tokenizer, tokenizer_check
+from slim_fairseq.export_hf import (card, check, custom, source, support, tokenizer,
+                                    tokenizer_check)
 from slim_fairseq.option_errors import option_error
 
 
@@ -57,11 +58,17 @@ def _quiet_transformers():
     logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
-def instantiate(layout, config, weights):
-    """The transformers model of ``config`` holding exactly ``weights`` (float32, eval)."""
+def instantiate(layout, config, weights, folder=None):
+    """The transformers model of ``config`` holding exactly ``weights`` (float32, eval). A
+    custom-code layout's ``config`` is its values, its code written into ``folder`` first."""
     import transformers
+    if getattr(layout, "CUSTOM", False):
+        custom.write_code(layout, folder)
+        config, model_class = custom.instantiate(layout, config, folder)
+    else:
+        model_class = getattr(transformers, layout.CLASS)
     config.dtype = "float32"
-    model = getattr(transformers, layout.CLASS)(config).float().eval()
+    model = model_class(config).float().eval()
     expected = set(model.state_dict())
     missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or extra:
@@ -155,7 +162,8 @@ def export(checkpoint, data, out_dir, bpe=None, bpe_codes=None, sentencepiece_mo
             raise option_error("CHECKPOINT", checkpoint, f"{len(left)} of its tensors have no "
                                f"place in {layout.CLASS} ({', '.join(left[:3])})", "none (a "
                                "defect of the export: report it with the command)")
-        model = instantiate(layout, config, weights)
+        model = instantiate(layout, config, weights, work)
+        config = model.config
         model.generation_config = generation_config(src, layout)
         model.save_pretrained(work)
         max_length = int(getattr(config, "max_position_embeddings", 1024))

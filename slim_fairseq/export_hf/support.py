@@ -5,7 +5,9 @@ The refusals come before anything is written or transformers is imported. One li
 every option in the way, each with its problem, and what to train with instead (all the
 changes at once, so that one retraining exports); the techniques that change the block's computation
 (Anthe's gates, H-SoftPOS, SAFE, a sandwich middle of another width, adaptive input and softmax,
-skipless blocks with shaped attention) have no counterpart in any class.
+skipless blocks with shaped attention) have no counterpart in any stock class. Skipless
+language models and language models with Anthe's gates or H-SoftPOS leave as custom code
+(:mod:`.skipless`, :mod:`.anthe`), whose own check lists what it computes.
 """
 from slim_fairseq import options as vocabulary
 from slim_fairseq.models import slim_options
@@ -145,12 +147,15 @@ def check_known_techniques(src, refusals):
                     if described.kind is bool else f"{described.flag} {described.default}"))
 
 
-def check_no_class(src, refusals=None):
-    """Refuse every option of ``src`` that no class holds, in one line."""
+def check_no_class(src, refusals=None, computed=()):
+    """Refuse every option of ``src`` that no class holds, in one line; ``computed``: the
+    options of :data:`NO_CLASS` that the chosen custom-code layout computes."""
     own = refusals is None
     refusals = Refusals() if own else refusals
     args = src.args
     for name, on, flag, problem, allowed in NO_CLASS:
+        if name in computed:
+            continue
         value = getattr(args, name, None)
         if value is not None and on(value):
             refusals.add(option_error(flag, _shown(value), problem, allowed))
@@ -180,7 +185,8 @@ def check_no_class(src, refusals=None):
 
 def choose(src):
     """The layout module (:mod:`.llama`, :mod:`.xglm`, :mod:`.opt`, :mod:`.fsmt`,
-    :mod:`.m2m100`) that holds ``src``, or one line refusing every option in the way."""
+    :mod:`.m2m100`, or the custom code of :mod:`.skipless`, :mod:`.anthe`) that holds
+    ``src``, or one line refusing every option in the way."""
     refusals = Refusals()
     layout = _choose(src, refusals)
     refusals.raise_all()
@@ -188,8 +194,13 @@ def choose(src):
 
 
 def _choose(src, refusals):
-    from slim_fairseq.export_hf import fsmt, llama, m2m100, opt, xglm
+    from slim_fairseq.export_hf import anthe, fsmt, llama, m2m100, opt, skipless, xglm
     check_known_techniques(src, refusals)
+    for custom in (skipless, anthe):  # custom code: each with its own allow-list
+        if custom.applies(src):
+            check_no_class(src, refusals, computed=custom.COMPUTES)
+            refusals.each(custom.check, src)
+            return custom
     check_no_class(src, refusals)
     args = src.args
     if src.lm:

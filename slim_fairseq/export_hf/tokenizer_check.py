@@ -109,11 +109,20 @@ def _binarized(src, data, side):
     return dataset
 
 
+def remote_code(out_dir):
+    """``{"trust_remote_code": True}`` for a folder of custom code (``auto_map`` in its
+    config.json), which transformers' AutoTokenizer reads too; else ``{}``."""
+    import json
+    with open(os.path.join(out_dir, "config.json"), encoding="utf-8") as f:
+        return {"trust_remote_code": True} if "auto_map" in json.load(f) else {}
+
+
 def _tokenizers(src, out_dir, kind):
     """``{side: tokenizer}`` as a user loads them from ``out_dir`` (FSMT's target side: the same
     files with the languages swapped)."""
     from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(out_dir, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(out_dir, local_files_only=True,
+                                              **remote_code(out_dir))
     found = {"source": tokenizer}
     if kind == "moses+subword_nmt":
         from transformers import FSMTTokenizer

@@ -13,7 +13,6 @@ on), the norms ``--norm``'s.
 :class:`SkiplessDecoderLayer` (``--skipless-layout``; He & Hofmann, arXiv:2311.01906) has its
 own forward: no residual and no norm.
 """
-import math
 from typing import Dict, List, Optional
 
 import torch
@@ -34,6 +33,7 @@ from slim_fairseq.modules.dropout import SlimDropout
 from slim_fairseq.modules.feed_forward import FeedForward, FeedForwardHolder, GLUFeedForward
 from slim_fairseq.modules.input_embedding import INPUT_EMBEDDINGS
 from slim_fairseq.modules.rmsnorm import RMSNorm
+from slim_fairseq.modules.skipless_block import parallel_output_scale, skipless_output
 from slim_fairseq.specs import FeedForwardSpec, LayerSpec, NormSpec
 
 # ---------------------------------------------------------------------------- feed-forwards
@@ -473,7 +473,9 @@ class SkiplessDecoderLayer(SlimDecoderLayer):
     * serial:   ``y = s * FFN(Attn(x))``
     * parallel: ``y = (Attn(x) + s * FFN(x)) / sqrt(1 + s^2)``
 
-    Called like fairseq's decoder layer; returns ``(y, None, None)``.
+    Called like fairseq's decoder layer; returns ``(y, None, None)``. The output from the two
+    branches is :func:`~slim_fairseq.modules.skipless_block.skipless_output` (plain torch, the
+    file an export to transformers copies).
     """
 
     def __init__(self, cfg, no_encoder_attn=True, add_bias_kv=False, add_zero_attn=False,
@@ -484,7 +486,7 @@ class SkiplessDecoderLayer(SlimDecoderLayer):
         self.parallel = self.spec.skipless == "parallel"
         self.mlp_branch_scale = self.spec.mlp_branch_scale
         # parallel sum of two unit-variance branches, rescaled to unit variance at init
-        self.parallel_output_scale = 1.0 / math.sqrt(1.0 + self.mlp_branch_scale ** 2)
+        self.parallel_output_scale = parallel_output_scale(self.mlp_branch_scale)
         self.feed_forward.reset_skipless_parameters()
 
     def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
@@ -493,8 +495,5 @@ class SkiplessDecoderLayer(SlimDecoderLayer):
         attn, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=self_attn_padding_mask,
                                  incremental_state=incremental_state, need_weights=False,
                                  attn_mask=self_attn_mask)
-        drop = self.dropout_module
-        if self.parallel:
-            mixed = drop(attn) + self.mlp_branch_scale * drop(self.feed_forward(x))
-            return self.parallel_output_scale * mixed, None, None
-        return self.mlp_branch_scale * drop(self.feed_forward(drop(attn))), None, None
+        return skipless_output(x, attn, self.feed_forward, self.parallel, self.mlp_branch_scale,
+                               self.dropout_module), None, None

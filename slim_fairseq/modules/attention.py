@@ -35,6 +35,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
+from slim_fairseq.modules.gate_function import gated_inputs
 from slim_fairseq.modules.gated_attention import gated_projection
 from slim_fairseq.modules.rope import RotaryEmbedding
 from slim_fairseq.modules.shaped_attention import shaped_mixing
@@ -212,26 +213,14 @@ class SlimMultiheadAttention(nn.Module):
 
     def project_inputs(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor]
                        ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-        """(Q_s, K_s, V_s) of docs/TECHNIQUES.md#gated-pre-attention. ``key``/``value`` None
-        means cached (static) K, V. A removed or identity projection passes its input on."""
-        if self.gate == "none":
-            if key is None:
-                return self._project("q", query), None, None
-            return self._project("q", query), self._project("k", key), self._project("v", value)
-        inputs = {"q": query, "k": key, "v": value}
-        source, target = self.gate[0], self.gate[2]
-        out = {}
-        for name in ("q", "k", "v"):
-            if inputs[name] is None:
-                out[name] = None
-            elif name == source:
-                out[name] = inputs[name]
-            elif name == target:
-                gate = torch.sigmoid(self._project(source, inputs[source]))
-                out[name] = gated_projection(getattr(self, name + "_proj"), inputs[name], gate)
-            else:
-                out[name] = self._project(name, inputs[name])
-        return out["q"], out["k"], out["v"]
+        """(Q_s, K_s, V_s) of docs/TECHNIQUES.md#gated-pre-attention
+        (:func:`~slim_fairseq.modules.gate_function.gated_inputs`, plain torch, the file an
+        export copies). ``key``/``value`` None means cached (static) K, V. A removed or identity
+        projection passes its input on."""
+        return gated_inputs(self.gate, query, key, value, self._project, self._project_gated)
+
+    def _project_gated(self, name, x, gate):
+        return gated_projection(getattr(self, name + "_proj"), x, gate)
 
     def _dropout_p(self):
         dropout = self.dropout_module

@@ -13,6 +13,7 @@ projection. The attention module that applies the gates is
 import torch
 import torch.nn as nn
 
+from slim_fairseq.modules.gate_function import gated
 from slim_fairseq.modules.tc_autograd import (forward_autocast, refuse_double_backward,
                                               remember_autocast)
 from slim_fairseq.modules.tensor_chain import TensorChainLinear
@@ -66,11 +67,11 @@ def gated_projection(proj, x, gate):
     """``proj(x * gate)`` for a gate's target projection (None = identity). A dense or
     materialising Tensor-Chain projection in training runs as :class:`GatedLinear`."""
     if proj is None:
-        return x * gate
+        return gated(proj, x, gate)
     if torch.is_grad_enabled() and x.shape == gate.shape and x.dtype == gate.dtype:
         if type(proj) is nn.Linear:
             return GatedLinear.apply(x, gate, proj.weight.t(), proj.bias)
         rows = x.numel() // x.shape[-1]
         if isinstance(proj, TensorChainLinear) and not proj.use_contraction(rows):
             return GatedLinear.apply(x, gate, proj.full_weight(), proj.bias)
-    return proj(x * gate)
+    return gated(proj, x, gate)

@@ -1,5 +1,6 @@
 """GLU feed-forward (Anthe, arXiv:2305.10991): ``w2(act(w1 x) * w3 x)`` with hidden width
-``floor(2f/3)`` (docs/TECHNIQUES.md#glu-feed-forward).
+``floor(2f/3)`` (docs/TECHNIQUES.md#glu-feed-forward). Without autograd the GLU is
+:func:`~slim_fairseq.modules.glu_function.glu` (plain torch, the file an export copies).
 
 :class:`GLUProjection` is the "fc1" of the GLU FFN (``act(w1 x) * w3 x``); the layer keeps
 ``fc2`` (= w2) as its own Linear / Tensor-Chain layer and uses the identity activation, so
@@ -18,6 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from slim_fairseq.modules.glu_function import GLU_ACTIVATIONS, glu  # noqa: F401 (re-exported)
 from slim_fairseq.modules.tc_autograd import (chain_backward, forward_autocast, linear_input_of,
                                               mark_recomputable, recompute_recipe,
                                               refuse_double_backward, remember_autocast)
@@ -26,8 +28,6 @@ from slim_fairseq.modules.tensor_chain import TensorChainLinear, built_together
 from slim_fairseq.modules.tensor_chain_policy import BackwardModeMixin
 from slim_fairseq.specs import DENSE, ChainSpec
 
-# the activations a GLU gate takes (``--activation-fn`` under ``--ffn-glu``): SwiGLU, GEGLU, ReGLU
-GLU_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 
 
 def _activation_backward(name, grad, h):
@@ -185,9 +185,9 @@ class GLUProjection(BackwardModeMixin, nn.Module):
         return f"activation={self.activation}"
 
     def forward(self, x):
-        act = GLU_ACTIVATIONS[self.activation]
         if not torch.is_grad_enabled():
-            return act(self.w1(x)) * self.w3(x)
+            return glu(x, self.w1, self.w3, self.activation)
+        act = GLU_ACTIVATIONS[self.activation]
         rows = x.numel() // self.in_features
         recompute = self.recompute_in_backward
         if recompute and self._chain_contraction(rows):

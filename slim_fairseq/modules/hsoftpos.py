@@ -1,4 +1,6 @@
-"""H-SoftPOS hierarchical embedding with l levels (Anthe, arXiv:2305.10991; docs/TECHNIQUES.md#h-softpos).
+"""H-SoftPOS hierarchical embedding with l levels (Anthe, arXiv:2305.10991; docs/TECHNIQUES.md#h-softpos);
+its maths is :mod:`slim_fairseq.modules.hsoftpos_function` (plain torch, the file an export copies),
+this module fairseq's edge (positions, incremental state, beam reordering).
 
     d_sp = floor(d / 2l),  n_sp = d_sp,  d_emb = d - (2l - 1) d_sp
     X_1 = E(S) sqrt(d_emb) + sinusoidal positions(d_emb)
@@ -22,46 +24,14 @@ from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import PositionalEmbedding
 
-KERNEL_SIZE = 3
-
-
-def conv_weight(conv):
-    """``nn.Conv1d`` weight (C_out, C_in, K) as the matrix of a window flattened (channel,
-    tap): (C_out, C_in K)."""
-    return conv.weight.view(conv.out_channels, -1)
-
-
-def causal_conv(conv, x, dilation):
-    """``conv`` over ``x`` (B, T, C_in), causal (left zero padding), as one matrix product
-    over windows: ``window[b, t, c, j] = x[b, t - (K-1-j) dilation, c]``. Returns (B, T, C_out)."""
-    bsz, length, channels = x.shape
-    reach = (KERNEL_SIZE - 1) * dilation
-    padded = F.pad(x, (0, 0, reach, 0)).contiguous()
-    windows = padded.as_strided((bsz, length, channels, KERNEL_SIZE),
-                                (padded.stride(0), channels, 1, dilation * channels))
-    return F.linear(windows.reshape(bsz, length, channels * KERNEL_SIZE), conv_weight(conv),
-                    conv.bias)
-
-
-def hsoftpos_dims(model_dim, levels, min_token_dim=0):
-    """(d_sp, n_sp, d_emb) for model width d and l levels (512, 2 -> 128, 128, 128).
-
-    ``min_token_dim`` (``--hsoftpos-min-token-dim``, 0 = the paper's split) widens the token
-    table to at least that width by narrowing the soft-position slots:
-    d_sp = floor((d - min_token_dim) / (2l - 1)) when the paper's d_emb is narrower.
-    """
-    assert levels >= 1, levels
-    d_sp = model_dim // (2 * levels)
-    if model_dim - (2 * levels - 1) * d_sp < min_token_dim:
-        d_sp = (model_dim - min_token_dim) // (2 * levels - 1)
-    assert d_sp >= 1, (model_dim, levels, min_token_dim)  # (the options' rule: widths fit)
-    return d_sp, d_sp, model_dim - (2 * levels - 1) * d_sp
+from slim_fairseq.modules.hsoftpos_function import (  # noqa: F401 (causal_conv re-exported)
+    KERNEL_SIZE, causal_conv, conv_weight, hsoftpos_dims, hsoftpos_levels, level_dilations,
+    soft_positions)
 
 
 @with_incremental_state
@@ -86,7 +56,7 @@ class HSoftPOSEmbedding(nn.Module):
         # X_1's positions (off with --no-token-positional-embeddings, e.g. under RoPE)
         self.embed_positions = (PositionalEmbedding(max_positions, self.d_emb, padding_idx,
                                                     learned=learned_pos) if positions else None)
-        self.dilations = [2 ** (i - 2) for i in range(2, levels + 1)]
+        self.dilations = level_dilations(levels)
         widths = [self.d_emb] + [self.d_sp] * (levels - 1)
         self.convs = nn.ModuleList(
             nn.Conv1d(widths[i], self.d_sp, KERNEL_SIZE, dilation=dil)
@@ -116,7 +86,7 @@ class HSoftPOSEmbedding(nn.Module):
         return self.embed_positions(tokens, incremental_state=incremental_state)
 
     def soft_positions(self, level, x):
-        return torch.softmax(x[..., : self.n_sp], dim=-1) @ self.softpos[level]
+        return soft_positions(x, self.softpos[level], self.n_sp)
 
     def forward(self, tokens: Tensor,
                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None):
@@ -128,12 +98,7 @@ class HSoftPOSEmbedding(nn.Module):
         if positions is not None:
             x = x + positions
         keep = tokens.ne(self.padding_idx).unsqueeze(-1)  # (B, T, 1), bool: x * keep is x or 0
-        x = x * keep
-        parts = [x, self.soft_positions(0, x)]
-        for level, (conv, dil) in enumerate(zip(self.convs, self.dilations), start=1):
-            x = causal_conv(conv, x, dil) * keep
-            parts += [x, self.soft_positions(level, x)]
-        return torch.cat(parts, dim=-1)
+        return hsoftpos_levels(x, keep, self.convs, self.dilations, self.softpos, self.n_sp)
 
     def _step(self, token, position, incremental_state):
         """One decoding step: ``token`` (B, 1); convolution inputs of earlier steps are cached."""
@@ -141,21 +106,12 @@ class HSoftPOSEmbedding(nn.Module):
         if position is not None:
             x = x + position
         keep = token.ne(self.padding_idx).unsqueeze(-1)
-        x = x * keep
-        parts = [x, self.soft_positions(0, x)]
+        # {level: (B, (K-1) dilation, C_in)}: the convolution inputs of earlier steps
         cache = self.get_incremental_state(incremental_state, "conv_inputs") or {}
-        for level, (conv, dil) in enumerate(zip(self.convs, self.dilations), start=1):
-            key = str(level)
-            history = cache.get(key)  # (B, (K-1) dilation, C_in): the inputs of earlier steps
-            if history is None:
-                history = x.new_zeros(x.size(0), (KERNEL_SIZE - 1) * dil, x.size(2))
-            window = torch.cat([history, x], dim=1)
-            cache[key] = window[:, 1:]
-            taps = window[:, ::dil].transpose(1, 2).reshape(x.size(0), 1, -1)  # (channel, tap)
-            x = F.linear(taps, conv_weight(conv), conv.bias) * keep
-            parts += [x, self.soft_positions(level, x)]
+        out = hsoftpos_levels(x, keep, self.convs, self.dilations, self.softpos, self.n_sp,
+                              histories=cache)
         self.set_incremental_state(incremental_state, "conv_inputs", cache)
-        return torch.cat(parts, dim=-1)
+        return out
 
     def reorder_incremental_state(self, incremental_state, new_order):
         """Beam search: reorder every cached convolution input."""

@@ -1,0 +1,302 @@
+"""A slim_fairseq model as transformers custom code (``trust_remote_code=True``).
+
+Only the composition is written here: token embedding, blocks, output projection, and the
+transformers cache. Each technique's maths is the plugin's own module file, copied unchanged
+beside this one by the export (``rope.py``: RoPE; ``shaped_attention.py``: shaped attention;
+``skipless_block.py``: the skipless block's output from its branches; ``glu_function.py``: the
+GLU; ``gate_function.py``: Anthe's gated pre-attention; ``hsoftpos_function.py``: H-SoftPOS),
+the very files the fairseq model runs.
+"""
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .configuration_slim import SlimConfig
+from .gate_function import gated, gated_inputs
+from .glu_function import glu
+from .hsoftpos_function import KERNEL_SIZE, hsoftpos_levels, level_dilations
+from .rope import RotaryEmbedding
+from .shaped_attention import shaped_mixing
+from .skipless_block import skipless_output
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
+# the name of the cache in transformers' outputs and arguments (``past_key_values`` before 5.x)
+CACHE = ("cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
+         else "past_key_values")
+
+
+class SlimCache(DynamicCache):
+    """transformers' cache of keys and values, and H-SoftPOS's convolution inputs of earlier
+    steps (``histories``), reordered with them in beam search."""
+
+    def __init__(self, config=None):
+        try:
+            super().__init__(config=config)
+        except TypeError:  # transformers before 4.56
+            super().__init__()
+        self.histories = {}
+
+    def _each_history(self, change):
+        for key, value in self.histories.items():
+            self.histories[key] = change(value)
+
+    def reorder_cache(self, beam_idx):
+        super().reorder_cache(beam_idx)
+        self._each_history(lambda value: value.index_select(0, beam_idx.to(value.device)))
+
+    def batch_repeat_interleave(self, repeats):
+        super().batch_repeat_interleave(repeats)
+        self._each_history(lambda value: value.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices):
+        super().batch_select_indices(indices)
+        self._each_history(lambda value: value[indices])
+
+
+class SlimAttention(nn.Module):
+    """Projections (one of q, k, v may be the input itself; Anthe's gate between two of them),
+    grouped key/value heads, RoPE, the cache, then softmax attention (or the shaped mixing of a
+    skipless block) and the output projection (if kept)."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scaling = self.head_dim ** -0.5
+        self.gate = config.attention_gate
+        self.shaped = config.block == "skipless"
+        width, bias = config.hidden_size, config.attention_bias
+        out = {"q": self.heads * self.head_dim, "k": self.kv_heads * self.head_dim,
+               "v": self.kv_heads * self.head_dim}
+        for name in ("q", "k", "v"):
+            proj = (None if name == config.removed_projection
+                    else nn.Linear(width, out[name], bias=bias))
+            setattr(self, f"{name}_proj", proj)
+        self.o_proj = (nn.Linear(out["q"], width, bias=bias) if config.attention_out_proj
+                       else None)
+        self.rope = RotaryEmbedding(self.head_dim, config.rope_theta) if config.rope_theta else None
+        if self.shaped:
+            self.alpha = nn.Parameter(torch.ones(self.heads))
+            self.beta = nn.Parameter(torch.ones(self.heads))
+            self.gamma = nn.Parameter(torch.ones(self.heads))
+
+    def _project(self, name, x):
+        proj = getattr(self, f"{name}_proj")
+        return x if proj is None else proj(x)
+
+    def _project_gated(self, name, x, gate):
+        return gated(getattr(self, f"{name}_proj"), x, gate)
+
+    def _split(self, x, heads):
+        bsz, length, _ = x.shape
+        return x.view(bsz, length, heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x, key_padding_mask, cache):
+        q, k, v = gated_inputs(self.gate, x, x, x, self._project, self._project_gated)
+        q, k, v = self._split(q, self.heads), self._split(k, self.kv_heads), self._split(
+            v, self.kv_heads)
+        past = 0 if cache is None else cache.get_seq_length(self.layer_idx)
+        if self.rope is not None:
+            rows = self.rope.rows(q, past)
+            q, k = self.rope.rotate(q, *rows), self.rope.rotate(k, *rows)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
+        q_len, k_len = q.size(2), k.size(2)
+        causal = key_padding_mask is None and past == 0
+        future = None
+        if not causal and q_len > 1:  # -inf where a key lies after the query's position
+            future = torch.full((q_len, k_len), float("-inf"), dtype=q.dtype,
+                                device=q.device).triu(past + 1)
+        if self.shaped:
+            out = shaped_mixing(q, k, v, self.alpha, self.beta, self.gamma, future,
+                                key_padding_mask, 0.0, self.scaling, causal=causal)
+        else:
+            mask = future
+            if key_padding_mask is not None:
+                pads = key_padding_mask.view(x.size(0), 1, 1, k_len)
+                mask = ~pads if future is None else torch.where(pads, float("-inf"), future)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal and q_len > 1, scale=self.scaling,
+                enable_gqa=self.kv_heads != self.heads)
+        out = out.transpose(1, 2).reshape(x.size(0), q_len, self.heads * self.head_dim)
+        return out if self.o_proj is None else self.o_proj(out)
+
+
+class SlimMLP(nn.Module):
+    """``fc2(act(fc1 x))``, or with ``config.glu`` the GLU of its plugin file:
+    ``fc2(act(w1 x) * w3 x)``."""
+
+    def __init__(self, config):
+        super().__init__()
+        width, hidden, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.glu = config.glu
+        if self.glu:
+            self.w1 = nn.Linear(width, hidden, bias=bias)
+            self.w3 = nn.Linear(width, hidden, bias=bias)
+        else:
+            self.fc1 = nn.Linear(width, hidden, bias=bias)
+        self.fc2 = nn.Linear(hidden, width, bias=bias)
+        self.activation = config.hidden_act
+
+    def forward(self, x):
+        if self.glu:
+            return self.fc2(glu(x, self.w1, self.w3, self.activation))
+        return self.fc2(ACTIVATIONS[self.activation](self.fc1(x)))
+
+
+class SlimBlock(nn.Module):
+    """A skipless block (attention and MLP joined by its plugin file), or fairseq's pre-norm
+    block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.self_attn = SlimAttention(config, layer_idx)
+        self.mlp = SlimMLP(config)
+        self.skipless = config.block == "skipless"
+        if self.skipless:
+            self.parallel = config.skipless_layout == "parallel"
+            self.mlp_branch_scale = config.mlp_branch_scale
+        else:
+            self.self_attn_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+            self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+
+    def forward(self, x, key_padding_mask, cache):
+        if self.skipless:
+            attn = self.self_attn(x, key_padding_mask, cache)
+            return skipless_output(x, attn, self.mlp, self.parallel, self.mlp_branch_scale)
+        x = x + self.self_attn(self.self_attn_layer_norm(x), key_padding_mask, cache)
+        return x + self.mlp(self.final_layer_norm(x))
+
+
+class SlimEmbedding(nn.Module):
+    """The token table times ``embed_scale``, plus fairseq's sinusoidal positions (a table the
+    export writes), then H-SoftPOS's levels from its plugin file if the model has them."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.pad = config.pad_token_id
+        self.scale = config.embed_scale
+        self.levels = config.hsoftpos_levels
+        width = config.hsoftpos_token_dim if self.levels else config.hidden_size
+        self.table = nn.Embedding(config.vocab_size, width, self.pad)
+        self.positions = (nn.Embedding(config.position_rows, width)
+                          if config.positions == "sinusoidal" else None)
+        if self.levels:
+            slots = config.hsoftpos_slots
+            self.dilations = level_dilations(self.levels)
+            widths = [width] + [slots] * (self.levels - 1)
+            self.convs = nn.ModuleList(nn.Conv1d(widths[i], slots, KERNEL_SIZE, dilation=dil)
+                                       for i, dil in enumerate(self.dilations))
+            self.softpos = nn.ParameterList(nn.Parameter(torch.zeros(slots, slots))
+                                            for _ in range(self.levels))
+            self.slots = slots
+
+    def forward(self, input_ids, past, histories):
+        x = self.scale * self.table(input_ids)
+        keep = input_ids.ne(self.pad).unsqueeze(-1)
+        if self.positions is not None:  # fairseq's rows: padding_idx + 1 + position, pads pad
+            rows = torch.arange(input_ids.size(1), device=input_ids.device) + past + self.pad + 1
+            x = x + self.positions(torch.where(keep[..., 0], rows, self.pad))
+        if not self.levels:
+            return x
+        if histories is None:
+            return hsoftpos_levels(x, keep, self.convs, self.dilations, self.softpos, self.slots)
+        return torch.cat([hsoftpos_levels(x[:, t:t + 1], keep[:, t:t + 1], self.convs,
+                                          self.dilations, self.softpos, self.slots, histories)
+                          for t in range(input_ids.size(1))], dim=1)
+
+
+class SlimPreTrainedModel(PreTrainedModel):
+    config_class = SlimConfig
+    config: SlimConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["SlimBlock"]
+
+    def _init_weights(self, module):
+        """The weights come from the fairseq checkpoint; a fresh model gets torch's defaults."""
+
+
+class SlimModel(SlimPreTrainedModel):
+    """The embedding, the blocks and the final norm (pre-norm blocks only)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed_tokens = SlimEmbedding(config)
+        self.layers = nn.ModuleList(SlimBlock(config, i) for i in range(config.num_hidden_layers))
+        self.norm = (nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+                     if config.block == "pre-norm" else None)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens.table
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens.table = value
+
+    def forward(self, input_ids, attention_mask=None, cache=None):
+        past = 0 if cache is None else cache.get_seq_length()
+        histories = None
+        if cache is not None and self.config.hsoftpos_levels:
+            if not hasattr(cache, "histories"):  # a plain cache given by the caller
+                cache.histories = {}
+            histories = cache.histories
+        x = self.embed_tokens(input_ids, past, histories)
+        key_padding_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            key_padding_mask = attention_mask.eq(0)  # (B, cached + new): True at padding
+        for layer in self.layers:
+            x = layer(x, key_padding_mask, cache)
+        return x if self.norm is None else self.norm(x)
+
+
+class SlimForCausalLM(SlimPreTrainedModel, GenerationMixin):
+    """The language model: :class:`SlimModel` and the output projection (with its bias when
+    the fairseq model has one)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.table.weight"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = SlimModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.output_bias)
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls):
+        """The model makes its own cache (:class:`SlimCache`: H-SoftPOS's state too)."""
+        return False
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens.table
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens.table = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(self, input_ids=None, attention_mask=None, use_cache=None, labels=None,
+                cache=None, past_key_values=None, **kwargs):
+        cache = cache if cache is not None else past_key_values
+        if use_cache is None:
+            use_cache = getattr(self.config, "use_cache", True)
+        if use_cache and cache is None:
+            cache = SlimCache(config=self.config)
+        if not use_cache:
+            cache = None
+        hidden = self.model(input_ids, attention_mask=attention_mask, cache=cache)
+        logits = self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
+                                   labels[:, 1:].flatten(), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: cache})
