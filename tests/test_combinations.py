@@ -238,6 +238,11 @@ JUSTIFIED = {
     "FeedForwardOptions.activation": lambda o: (o.activation_fn or "relu") not in (
         "relu", "gelu", "gelu_fast", "gelu_accurate", "tanh", "linear", "silu"),
     "FeedForwardOptions.one_variant": lambda o: False,  # one variant in the plugin
+    # the rules of techniques registered from outside: the plugin registers none of those kinds
+    # (tests/test_adding_a_technique.py registers them)
+    "AttentionOptions.extensions_read_scores": lambda o: False,
+    "EmbeddingOptions.one_output_path": lambda o: False,
+    "SkiplessOptions.one_block_layout": lambda o: False,
     "GLUOptions.gate_activation": lambda o: bool(o.ffn_glu) and o.activation_fn not in GLU_ACTIVATIONS,
     "GLUOptions.hidden_needs_glu": lambda o: o.glu_hidden != "two-thirds" and not o.ffn_glu,
     "FairseqExtras.quant_noise": lambda o: bool(o.quant_noise_pq) and o.custom,
