@@ -116,6 +116,58 @@ def is_lm(model_cls):
     return issubclass(model_cls, FairseqLanguageModel)
 
 
+# the tiny shape every architecture is shrunk to for the contract (each side)
+TINY = {"embed_dim": "32", "ffn_embed_dim": "48", "layers": "3", "attention_heads": "4"}
+
+
+def tiny_overrides(arch):
+    """Command-line overrides that shrink ``arch`` (any architecture of the plugin) to a tiny
+    model of the same kind: :data:`TINY` on each side, more layers where tying needs them, and
+    each technique's own sizes at that width (:func:`technique_overrides`). The contract suite
+    (tests/test_contract.py) and the random combinations (tests/test_combinations.py) build
+    every registered architecture so, with no test of its own."""
+    load_plugin()
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+    defaults = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[arch](defaults)
+    tiny = dict(TINY)
+    offsets = [int(k) for k in (getattr(defaults, "tie_ffn", "none"),
+                                getattr(defaults, "tie_attn_proj", "none")) if str(k) != "none"]
+    if offsets:  # layers 1+K .. D-K-1 must hold two layers
+        tiny["layers"] = str(max(3, 2 * max(offsets) + 3))
+    lm = is_lm(ARCH_MODEL_REGISTRY[arch])
+    out = []
+    for side in ("decoder",) if lm else ("encoder", "decoder"):
+        for key, value in tiny.items():
+            out += [f"--{side}-{key.replace('_', '-')}", value]
+    if lm:
+        out += ["--decoder-input-dim", TINY["embed_dim"], "--decoder-output-dim", TINY["embed_dim"]]
+    return out + technique_overrides(defaults)
+
+
+def technique_overrides(defaults):
+    """The sizes of the techniques an architecture's ``defaults`` turn on, at the tiny width."""
+    out = []
+    if getattr(defaults, "safe_embed_dim", 0):
+        out += ["--safe-embed-dim", "16"]
+    if getattr(defaults, "sandwich", False):
+        out += ["--sandwich-dim", "48", "--sandwich-ffn-dim", "64", "--sandwich-heads", "4"]
+    if getattr(defaults, "kv_heads", 0):
+        out += ["--kv-heads", "2"]
+    if getattr(defaults, "ffn_lora_rank", 0):
+        out += ["--ffn-lora-rank", "4"]
+    if getattr(defaults, "skipless_layout", "none") != "none" and getattr(defaults, "ffn_glu", False):
+        # a skipless GLU stack squares the signal scale per block (degree-2 homogeneous):
+        # down-weight the branch so the tiny model's log-probs stay O(log V) for fp32 checks
+        out += ["--mlp-branch-scale", "0.5"]
+    if getattr(defaults, "adaptive_input", False):
+        out += ["--adaptive-input-cutoff", "20,60", "--adaptive-input-factor", "2"]
+    if getattr(defaults, "adaptive_softmax_cutoff", None):
+        out += ["--adaptive-softmax-cutoff", "20,60", "--adaptive-softmax-factor", "2",
+                "--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
+    return out
+
+
 # ---------------------------------------------------------------------------- batches
 
 

@@ -104,8 +104,8 @@ def test_layer_options_build_the_anthe_blocks():
 
 
 def _tiny(arch, *extra):
-    from slim_fairseq.models.slim_transformer import SlimTransformerModel
-    _, task, model = build(arch, SlimTransformerModel.contract_overrides(arch), False,
+    from slim_fairseq_lab.contract import tiny_overrides
+    _, task, model = build(arch, tiny_overrides(arch), False,
                            extra=list(extra) + ["--dropout", "0"])
     return task, model.eval()
 
@@ -172,9 +172,9 @@ def test_lm_presets():
     # GPT-2 small: 124,439,808 with 1024 learned positions; fairseq keeps 2 more position rows
     assert base == 124_439_808 + 2 * 768
     assert anthe < 0.5 * base
-    from slim_fairseq.models.slim_lm import SlimLanguageModel
+    from slim_fairseq_lab.contract import tiny_overrides
     _, _, model = build("anthe_lm_gpt2_small",
-                        SlimLanguageModel.contract_overrides("anthe_lm_gpt2_small"), True)
+                        tiny_overrides("anthe_lm_gpt2_small"), True)
     layer = model.decoder.layers[0]
     assert isinstance(layer.self_attn, SlimMultiheadAttention) and layer.self_attn.gate == "qgv"
     assert layer.encoder_attn is None

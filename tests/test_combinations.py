@@ -3,7 +3,7 @@ builds, trains, and passes the architecture contract, or is refused in one line 
 is built (docs/DESIGN.md, "Options").
 
 A seeded random draw: each case takes a preset of the plugin (shrunk by its model's
-``contract_overrides``) and 1-3 options with values from :data:`VALUES`, then
+``contract.tiny_overrides``) and 1-3 options with values from :data:`VALUES`, then
 
 * refused: the error is one line in the plugin's format (``--flag=value: ...; allowed: ...``),
   raised while fairseq parses the command line (nothing built), and it names the rule that
@@ -342,7 +342,7 @@ def case_options(arch, options):
     archs = plugin_archs()
     parser = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
     archs[arch].add_args(parser)
-    args, _ = parser.parse_known_args([*archs[arch].contract_overrides(arch), *argv_of(options)])
+    args, _ = parser.parse_known_args([*contract.tiny_overrides(arch), *argv_of(options)])
     ARCH_CONFIG_REGISTRY[arch].apply(args)
     return Case(args, contract.is_lm(archs[arch]), {flag for flag, _ in options})
 
@@ -380,7 +380,7 @@ def draw(seed):
     rng = random.Random(seed)
     model = sorted(by_model)[seed % len(by_model)]
     arch = rng.choice(sorted(by_model[model]))
-    shrunk = set(archs[arch].contract_overrides(arch))  # flags the tiny preset already sets
+    shrunk = set(contract.tiny_overrides(arch))  # flags the tiny preset already sets
     pool = sorted(set(VALUES) & _accepted(archs[arch]) - shrunk)
     # the first option goes round every flag of VALUES, so any 2 x len(VALUES) cases draw each
     first = sorted(VALUES)[(seed // 2) % len(VALUES)]
@@ -401,7 +401,7 @@ def argv_of(options):
 def _command(arch, options, lm):
     archs = plugin_archs()
     return (["fairseq-train", *task_args(lm), "--arch", arch, "--user-dir", USER_DIR, "--cpu",
-             *archs[arch].contract_overrides(arch), *argv_of(options)])
+             *contract.tiny_overrides(arch), *argv_of(options)])
 
 
 def _parse(arch, options, lm):
@@ -412,7 +412,7 @@ def _parse(arch, options, lm):
     parser = fairseq_options.get_training_parser()
     return fairseq_options.parse_args_and_arch(parser, input_args=[
         *task_args(lm), "--arch", arch, "--user-dir", USER_DIR, "--cpu",
-        *archs[arch].contract_overrides(arch), *argv_of(options)])
+        *contract.tiny_overrides(arch), *argv_of(options)])
 
 
 def _options(args):

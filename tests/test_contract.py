@@ -1,5 +1,5 @@
 """The architecture contract: every architecture the plugin registers, built
-tiny by its model's ``contract_overrides``, plus fairseq's own ``transformer`` and
+tiny by ``contract.tiny_overrides``, plus fairseq's own ``transformer`` and
 ``transformer_lm`` as controls that show the suite can pass.
 
 a. builds through fairseq's own parser;  b. finite loss, every parameter gets a gradient;
@@ -26,8 +26,7 @@ from slim_fairseq_lab.contract import CONTROLS
 def _cases():
     cases = dict(CONTROLS)
     for arch, cls in plugin_archs().items():
-        assert hasattr(cls, "contract_overrides"), f"{cls.__name__} lacks contract_overrides(arch)"
-        cases[arch] = (is_lm(cls), list(cls.contract_overrides(arch)))
+        cases[arch] = (is_lm(cls), contract.tiny_overrides(arch))
     return cases
 
 

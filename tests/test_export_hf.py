@@ -185,11 +185,11 @@ def test_every_stlm_preset_leaves_with_equal_log_probs(folder):
     """Each preset's tying scheme, LoRA and shared projections, at a tiny width."""
     from fairseq.models import ARCH_MODEL_REGISTRY
     from slim_fairseq.export_hf import export
-    from slim_fairseq.models.slim_lm import SlimLanguageModel
+    from slim_fairseq_lab.contract import tiny_overrides
     presets = sorted(a for a in ARCH_MODEL_REGISTRY if a.startswith("stlm_"))
     assert len(presets) >= 11
     for arch in presets:
-        overrides = SlimLanguageModel.contract_overrides(arch)
+        overrides = tiny_overrides(arch)
         path = tiny_checkpoint(folder, arch, overrides, True)  # its own layers, ranks, heads
         result = export(path, data_of(True), str(folder / f"{arch}-hf"), sentences=2)
         assert result.hf_class == "LlamaForCausalLM" and result.gap <= TOLERANCE, arch

@@ -12,6 +12,7 @@ import torch
 
 import doc_commands
 from helpers import BIN, REPO, USER_DIR, build, ende_data_bin, plugin_archs, run_cli, task_args
+from slim_fairseq_lab.contract import tiny_overrides
 
 # ---------------------------------------------------------------------------- option table
 
@@ -278,7 +279,7 @@ def checkpoints(tmp_path_factory):
         if family == "anthe":
             extra = ["--tensorboard-logdir", str(root / "tb")]
         log = run_cli("fairseq-train", task_args(lm) + [
-            "--arch", arch, "--user-dir", USER_DIR, "--cpu", *archs[arch].contract_overrides(arch),
+            "--arch", arch, "--user-dir", USER_DIR, "--cpu", *tiny_overrides(arch),
             "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "8", "--max-update", "2",
             "--save-dir", str(save), "--no-epoch-checkpoints", "--disable-validation",
             "--num-workers", "0", "--seed", "1", *extra])

@@ -33,7 +33,6 @@ from slim_fairseq.models.slim_options import (
 )
 from slim_fairseq.models.slim_transformer import (
     ChainsBuiltTogetherMixin,
-    ContractOverridesMixin,
     SlimTransformerDecoder,
     WeightsCheckMixin,
     finish_build,
@@ -45,8 +44,7 @@ from slim_fairseq.run_checks import mark_command_line
 
 
 @register_model("slim_lm")
-class SlimLanguageModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, ContractOverridesMixin,
-                        TransformerLanguageModel):
+class SlimLanguageModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, TransformerLanguageModel):
     """Decoder-only transformer LM with the plugin's techniques as options."""
 
     SIDES = ("decoder",)
@@ -80,12 +78,6 @@ class SlimLanguageModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, ContractOve
             raise option_error("--tie-adaptive-weights", None, "ties an adaptive input, which "
                                "is off", "add --adaptive-input")
         return model_options
-
-    @classmethod
-    def contract_overrides(cls, arch):
-        tiny = super().contract_overrides(arch)
-        return tiny + ["--decoder-input-dim", cls.TINY["embed_dim"],
-                       "--decoder-output-dim", cls.TINY["embed_dim"]]
 
     @classmethod
     def build_model(cls, args, task):

@@ -8,7 +8,6 @@ only set defaults (``archs_*.py``). The options are read into a
 :class:`~slim_fairseq.models.slim_options.ModelOptions` and checked once per build; every part is
 built from the specs it gives. Extension points: docs/DESIGN.md.
 """
-import argparse
 import copy
 import math
 from typing import Dict, List, Optional
@@ -332,57 +331,6 @@ def finish_build(model, options, stacks):
     return model
 
 
-class ContractOverridesMixin:
-    """``contract_overrides(arch)``: CLI overrides that shrink any arch of a model to a tiny model
-    of the same kind, used by the architecture contract suite (tests/test_contract.py)."""
-
-    TINY = {"embed_dim": "32", "ffn_embed_dim": "48", "layers": "3", "attention_heads": "4"}
-    SIDES = ("encoder", "decoder")
-
-    @classmethod
-    def arch_defaults(cls, arch):
-        from fairseq.models import ARCH_CONFIG_REGISTRY
-        args = argparse.Namespace()
-        ARCH_CONFIG_REGISTRY[arch](args)
-        return args
-
-    @classmethod
-    def contract_overrides(cls, arch):
-        defaults = cls.arch_defaults(arch)
-        tiny = dict(cls.TINY)
-        offsets = [int(k) for k in (getattr(defaults, "tie_ffn", "none"),
-                                    getattr(defaults, "tie_attn_proj", "none")) if str(k) != "none"]
-        if offsets:  # layers 1+K .. D-K-1 must hold two layers
-            tiny["layers"] = str(max(3, 2 * max(offsets) + 3))
-        out = []
-        for side in cls.SIDES:
-            for key, value in tiny.items():
-                out += [f"--{side}-{key.replace('_', '-')}", value]
-        return out + cls.technique_overrides(defaults)
-
-    @classmethod
-    def technique_overrides(cls, defaults):
-        out = []
-        if getattr(defaults, "safe_embed_dim", 0):
-            out += ["--safe-embed-dim", "16"]
-        if getattr(defaults, "sandwich", False):
-            out += ["--sandwich-dim", "48", "--sandwich-ffn-dim", "64", "--sandwich-heads", "4"]
-        if getattr(defaults, "kv_heads", 0):
-            out += ["--kv-heads", "2"]
-        if getattr(defaults, "ffn_lora_rank", 0):
-            out += ["--ffn-lora-rank", "4"]
-        if getattr(defaults, "skipless_layout", "none") != "none" and getattr(defaults, "ffn_glu", False):
-            # a skipless GLU stack squares the signal scale per block (degree-2 homogeneous):
-            # down-weight the branch so the tiny model's log-probs stay O(log V) for fp32 checks
-            out += ["--mlp-branch-scale", "0.5"]
-        if getattr(defaults, "adaptive_input", False):
-            out += ["--adaptive-input-cutoff", "20,60", "--adaptive-input-factor", "2"]
-        if getattr(defaults, "adaptive_softmax_cutoff", None):
-            out += ["--adaptive-softmax-cutoff", "20,60", "--adaptive-softmax-factor", "2",
-                    "--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
-        return out
-
-
 class ChainsBuiltTogetherMixin:
     """``forward`` in which the Tensor-Chain weights of one shape, across all layers, are built
     in one batched product and differentiated in one (:func:`built_together`): a training step
@@ -490,8 +438,7 @@ def check_languages(args, task):
 
 
 @register_model("slim_transformer")
-class SlimTransformerModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, ContractOverridesMixin,
-                           TransformerModel):
+class SlimTransformerModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, TransformerModel):
     """Encoder-decoder transformer with the plugin's techniques as options (docs/DESIGN.md)."""
 
     @classmethod
