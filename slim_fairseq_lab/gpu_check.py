@@ -165,7 +165,7 @@ def family_cases():
     cases = {}
     for family, (arch, extra) in FAMILIES.items():
         cls = archs[arch]
-        cases[family] = (arch, contract.is_lm(cls), list(cls.contract_overrides(arch)) + extra)
+        cases[family] = (arch, contract.is_lm(cls), contract.tiny_overrides(arch) + extra)
     return cases
 
 
@@ -239,7 +239,7 @@ def stage_removal(profile, data, budget, out_dir):
         if time.monotonic() > budget.stage_deadline("removal"):
             complete = False
             break
-        overrides = scale_widths(archs[arch].contract_overrides(arch), profile.width_factor)
+        overrides = scale_widths(contract.tiny_overrides(arch), profile.width_factor)
         _args, task, model = contract.build(arch, overrides, task_argv(True, data))
         model = _random_weights_(model.double(), seed=len(results)).eval()
         reduced, _report = reduce_model(model, removed)

@@ -312,7 +312,9 @@ def train(recipe, argv):
         check_data(parsed)
         check_save_dir(save_dir, data, arch, getattr(parsed, "restore_file", None), recipe)
         from fairseq.models import ARCH_MODEL_REGISTRY
-        shrink = getattr(ARCH_MODEL_REGISTRY[arch], "contract_overrides", lambda name: [])(arch)
+        from slim_fairseq_lab.contract import tiny_overrides
+        plugin_arch = ARCH_MODEL_REGISTRY[arch].__module__.startswith("slim_fairseq.")
+        shrink = tiny_overrides(arch) if plugin_arch else []  # fairseq's own: as --cpu-smoke sets
         print(f"+ (tiny overrides of {arch} appended) {shlex.join(cmd)}", flush=True)
         if not args.dry_run:
             launch(cmd + [str(word) for word in shrink], save_dir, data, parsed)

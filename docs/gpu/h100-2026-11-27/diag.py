@@ -18,7 +18,7 @@ variants = [
     ("anthe_base no gates", arch, base + ["--self-attn-gate", "none", "--cross-attn-gate", "none"]),
 ]
 st = cases["every technique"]
-tiny = contract.plugin_archs()["slim_transformer"].contract_overrides("slim_transformer")
+tiny = contract.tiny_overrides("slim_transformer")
 for name, extra in [("plain", []), ("qgv+kgv", ["--self-attn-gate", "qgv", "--cross-attn-gate", "kgv"]),
                     ("glu", ["--ffn-glu"]), ("hsoftpos2", ["--hsoftpos-levels", "2"]),
                     ("tc ff .005", ["--tc-ff", "0.005"]), ("tc patt .07", ["--tc-patt", "0.07"]),

@@ -5,7 +5,7 @@ dev = "cuda" if torch.cuda.is_available() else "cpu"
 data = gpu_check.prepare_data()
 cases = gpu_check.family_cases()
 arch, lm, base = cases["Anthe"]
-tiny = contract.plugin_archs()["slim_transformer"].contract_overrides("slim_transformer")
+tiny = contract.tiny_overrides("slim_transformer")
 def worst(built, lm_):
     m = contract.fresh_copy(built).to(device=dev, dtype=torch.float32).eval()
     net_input, _ = contract.make_batch(TASK, lm_, tgt_lens=(7, 7), seed=1, device=dev)
