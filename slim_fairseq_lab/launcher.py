@@ -1,30 +1,26 @@
-"""The one place that builds fairseq command lines and starts fairseq's tools.
+"""The one place that builds fairseq command lines; fairseq's tools start through
+:func:`run_tool`, over the recipes' runner (:func:`slim_fairseq_lab.recipes.tools.run`).
 
 The study (:mod:`slim_fairseq_lab.study`), the benchmark, the compression demo and the
 comparisons of ``examples/`` (:mod:`slim_fairseq_lab.recipes.comparisons`) take their
 fairseq-train / fairseq-generate arguments from the builders here, composed of the same option
 groups: the task, the criterion, Adam with the inverse-square-root schedule, and the test-set
-translation. The malloc settings every launched tool gets (:data:`ALLOCATOR_ENV`) are defined
-here only; the recipes' tools get them too (:mod:`slim_fairseq_lab.recipes.tools`).
+translation. Every tool started either way gets the same malloc settings
+(:data:`slim_fairseq_lab.recipes.tools.ALLOCATOR_ENV`).
 
 It imports only the standard library (and this package's modules that do the same) at import
 time.
 """
 import os
-import subprocess
 import sys
 
 from slim_fairseq_lab import fairseq_logs
 from slim_fairseq_lab.paths import PLUGIN_DIR
+from slim_fairseq_lab.recipes import tools
+from slim_fairseq_lab.recipes.tools import ALLOCATOR_ENV  # noqa: F401 (the settings' one home)
 
 BIN = os.path.dirname(sys.executable)
 
-# glibc's malloc serves a block above its mmap threshold (32 MiB at most) with fresh pages from the
-# kernel and hands them back when freed: the logits of a 2,048-token batch over 8,000 types (65 MB)
-# then cost a page fault per page at every step, a third of a CPU run's time. Keeping such blocks
-# in the heap gives the same results bit for bit, faster (docs/TRAINING.md#cpu-memory-allocator).
-# A value in the caller's environment wins.
-ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 
 def log(message):
@@ -38,36 +34,39 @@ def tool_environment(threads, allocator_env=True):
     """The environment of a launched fairseq tool: ``threads`` OpenMP / MKL threads, Python
     warnings off, and :data:`ALLOCATOR_ENV` under the caller's values (``allocator_env=False``:
     glibc's defaults, every ``MALLOC_*`` variable of :data:`ALLOCATOR_ENV` removed)."""
-    env = dict(ALLOCATOR_ENV, **os.environ) if allocator_env else {
-        k: v for k, v in os.environ.items() if k not in ALLOCATOR_ENV}
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")
-    return env
+    return tools.environment(_thread_env(threads), allocator=allocator_env)
+
+
+def _thread_env(threads):
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+            "PYTHONWARNINGS": "ignore"}
 
 
 def run_tool(tool, argv, log_path, threads, append=False, allocator_env=True):
-    """Run a fairseq console script of this environment, stream its output to ``log_path``
-    (continued when ``append``) and return the whole log. A tool killed by a signal after its
-    last line (:func:`fairseq_logs.completion_line`) counts as finished: its work was saved."""
-    cmd = [os.path.join(BIN, tool), *argv]
+    """Run a fairseq console script of this environment with :func:`tools.run` (the one way the
+    lab starts a tool: its own process group, stopped with the caller), its output streamed to
+    ``log_path`` after its command line (continued when ``append``), and return the whole log.
+    A tool killed by a signal after its last line (:func:`fairseq_logs.completion_line`) counts
+    as finished: its work was saved."""
+    cmd = [os.path.join(BIN, tool), *map(str, argv)]
     with open(log_path, "a" if append else "w") as f:  # streamed: progress can be followed
         f.write(" ".join(cmd) + "\n")
-        f.flush()
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True,
-                              env=tool_environment(threads, allocator_env))
+    status = tools.run(cmd, log=log_path, append=True, env=_thread_env(threads),
+                       allocator=allocator_env, check=False)
     with open(log_path) as f:
         output = f.read()
-    if proc.returncode != 0:
+    if status != 0:
         done = fairseq_logs.completion_line(tool, output)
-        if proc.returncode < 0 and done:
+        if status < 0 and done:
             # seen once in CI: "terminate called without an active exception", SIGABRT, during
             # interpreter shutdown after fairseq-train had saved its checkpoint
-            note = (f"{tool} was killed by signal {-proc.returncode} after it printed "
+            note = (f"{tool} was killed by signal {-status} after it printed "
                     f"{done!r}; its results are complete and kept")
             with open(log_path, "a") as f:
                 f.write(f"[launcher] {note}\n")
             log(f"{note} ({log_path})")
             return output
-        raise RuntimeError(f"{tool} failed ({proc.returncode}), see {log_path}:\n{output[-3000:]}")
+        raise RuntimeError(f"{tool} failed ({status}), see {log_path}:\n{output[-3000:]}")
     return output
 
 

@@ -9,8 +9,11 @@ subprocess in a process group of its own.
 * Output is streamed: to a log file, or to the recipe's own stdout, keeping its end; a tool that
   fails ends the recipe in one line with the reason (its error line, or the last line of its
   traceback) and where the whole output is.
-* Every tool gets glibc's malloc settings of :data:`slim_fairseq_lab.launcher.ALLOCATOR_ENV`
+* Every tool gets glibc's malloc settings of :data:`ALLOCATOR_ENV`
   (docs/TRAINING.md#cpu-memory-allocator); values exported by the caller win.
+
+:func:`run` is the one way the lab starts a program: the recipes call it, and so does
+:func:`slim_fairseq_lab.launcher.run_tool` for the studies, benchmarks and the compression demo.
 """
 import collections
 import contextlib
@@ -23,8 +26,14 @@ import sys
 import threading
 import time
 
-from slim_fairseq_lab.launcher import ALLOCATOR_ENV
 from slim_fairseq_lab.recipes.errors import RecipeError
+
+# glibc's malloc serves a block above its mmap threshold (32 MiB at most) with fresh pages from the
+# kernel and hands them back when freed: the logits of a 2,048-token batch over 8,000 types (65 MB)
+# then cost a page fault per page at every step, a third of a CPU run's time. Keeping such blocks
+# in the heap gives the same results bit for bit, faster (docs/TRAINING.md#cpu-memory-allocator).
+# A value in the caller's environment wins.
+ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _running = []       # the tools running now (their process groups get the signals)
@@ -115,9 +124,14 @@ def unknown_fairseq_options(parser, argv):
     return " ".join(unknown)
 
 
-def environment(extra=None):
-    """The environment of a tool: the caller's, :data:`ALLOCATOR_ENV` under it, and ``extra``."""
-    env = dict(ALLOCATOR_ENV, **os.environ)
+def environment(extra=None, allocator=True):
+    """The environment of a tool: the caller's, :data:`ALLOCATOR_ENV` under it, and ``extra``
+    (``allocator=False``: glibc's defaults, every variable of :data:`ALLOCATOR_ENV` removed,
+    also one the caller exported)."""
+    if allocator:
+        env = dict(ALLOCATOR_ENV, **os.environ)
+    else:
+        env = {k: v for k, v in os.environ.items() if k not in ALLOCATOR_ENV}
     env.update(extra or {})
     return env
 
@@ -158,11 +172,12 @@ def _relay(stream, out, tail):
 
 
 def run(argv, *, log=None, stdout=None, stderr=None, stdin=None, env=None, cwd=None, progress=None,
-        interval=None, check=True, name=None, see=None):
+        interval=None, check=True, name=None, see=None, append=False, allocator=True):
     """Run ``argv`` (``argv[0]``: a tool name, found with :func:`find`) in its own process group.
 
-    Output: ``log`` (a path) takes stdout and stderr; else ``stdout`` / ``stderr`` (paths, or
-    None: streamed to the recipe's stdout / stderr). ``stdin``: a path, or a list of paths read
+    Output: ``log`` (a path, continued when ``append``) takes stdout and stderr; else ``stdout``
+    / ``stderr`` (paths, or None: streamed to the recipe's stdout / stderr). ``env``: variables
+    added to :func:`environment`'s (``allocator``: with :data:`ALLOCATOR_ENV`). ``stdin``: a path, or a list of paths read
     one after the other. ``progress()`` is called every ``interval`` seconds while it runs.
     Returns the exit status; with ``check``, a failure raises a one-line :class:`RecipeError`
     naming the reason and ``see`` (default: the file that holds its errors)."""
@@ -174,7 +189,7 @@ def run(argv, *, log=None, stdout=None, stderr=None, stdin=None, env=None, cwd=N
     try:
         out = err = None
         if log is not None:
-            out = open(log, "wb")
+            out = open(log, "ab" if append else "wb")
             files.append(out)
             err = subprocess.STDOUT
         else:
@@ -188,7 +203,7 @@ def run(argv, *, log=None, stdout=None, stderr=None, stdin=None, env=None, cwd=N
         relay_err = err is None and log is None
         paths = [stdin] if isinstance(stdin, (str, os.PathLike)) else stdin
         proc = subprocess.Popen(
-            command, cwd=cwd, env=environment(env), start_new_session=True,
+            command, cwd=cwd, env=environment(env, allocator), start_new_session=True,
             stdin=subprocess.PIPE if paths else subprocess.DEVNULL,
             stdout=subprocess.PIPE if relay_out else out,
             stderr=subprocess.PIPE if relay_err else err)
