@@ -36,6 +36,22 @@ from slim_fairseq.modules.rmsnorm import RMSNorm
 from slim_fairseq.modules.skipless_block import parallel_output_scale, skipless_output
 from slim_fairseq.specs import FeedForwardSpec, LayerSpec, NormSpec
 
+# ---------------------------------------------------------------------------- registration
+
+def _register(registry, spec_cls, entry):
+    """``spec_cls``'s options join the vocabulary, and ``registry`` maps it to ``entry``;
+    returns ``entry``. Every kind of technique registers so (docs/DESIGN.md, "Adding a
+    technique")."""
+    vocabulary.register(spec_cls)
+    registry[spec_cls] = entry
+    return entry
+
+
+def _unregister(registry, spec_cls):
+    registry.pop(spec_cls, None)
+    vocabulary.unregister(spec_cls)
+
+
 # ---------------------------------------------------------------------------- feed-forwards
 
 # the module of each feed-forward variant, by the variant's spec (docs/DESIGN.md, "Adding a
@@ -48,15 +64,12 @@ def register_feed_forward(spec_cls, module_cls):
     :class:`~slim_fairseq.models.slim_options.FeedForwardVariant` whose fields are its options)
     joins the option vocabulary, and a block whose options turn it on builds ``module_cls``
     (called as :class:`~slim_fairseq.modules.feed_forward.FeedForward` is)."""
-    vocabulary.register(spec_cls)
-    FEED_FORWARDS[spec_cls] = module_cls
-    return module_cls
+    return _register(FEED_FORWARDS, spec_cls, module_cls)
 
 
 def unregister_feed_forward(spec_cls):
     """Remove a variant added by :func:`register_feed_forward`."""
-    FEED_FORWARDS.pop(spec_cls, None)
-    vocabulary.unregister(spec_cls)
+    _unregister(FEED_FORWARDS, spec_cls)
 
 
 def build_feed_forward(spec: FeedForwardSpec, dim, hidden_dim, dropout, quant_noise=(0.0, 8)):
@@ -78,15 +91,12 @@ def register_attention_extension(spec_cls, module_cls):
     (heads, T, S)``, added to the attention scores, and ``output(attn, x) -> attn``, applied to
     the heads' output ``(T, B, heads d_h)`` before the output projection (``x``: the
     attention's input)."""
-    vocabulary.register(spec_cls)
-    ATTENTION_EXTENSIONS[spec_cls] = module_cls
-    return module_cls
+    return _register(ATTENTION_EXTENSIONS, spec_cls, module_cls)
 
 
 def unregister_attention_extension(spec_cls):
     """Remove an extension added by :func:`register_attention_extension`."""
-    ATTENTION_EXTENSIONS.pop(spec_cls, None)
-    vocabulary.unregister(spec_cls)
+    _unregister(ATTENTION_EXTENSIONS, spec_cls)
 
 
 # ---------------------------------------------------------------------------- input embeddings
@@ -100,15 +110,12 @@ def register_input_embedding(spec_cls, module_cls):
     ``table`` the token table, ``module_cls.table_dim(spec)`` wide when it defines that, else
     the model's width), called as ``forward(tokens, incremental_state=None)`` and returning
     ``(B, T, d)`` (with an incremental state, the last position only) before dropout."""
-    vocabulary.register(spec_cls)
-    INPUT_EMBEDDINGS[spec_cls] = module_cls
-    return module_cls
+    return _register(INPUT_EMBEDDINGS, spec_cls, module_cls)
 
 
 def unregister_input_embedding(spec_cls):
     """Remove an input embedding added by :func:`register_input_embedding`."""
-    INPUT_EMBEDDINGS.pop(spec_cls, None)
-    vocabulary.unregister(spec_cls)
+    _unregister(INPUT_EMBEDDINGS, spec_cls)
 
 
 # ---------------------------------------------------------------------------- output projections
@@ -124,15 +131,12 @@ def register_output_projection(spec_cls, module_cls):
     ``output_projection`` (``table``: the token table; ``tied``: whether
     ``--share-decoder-input-output-embed`` or ``--share-all-embeddings`` ask to tie it), which
     maps the decoder's features ``(B, T, dim)`` to ``(B, T, vocab)`` logits."""
-    vocabulary.register(spec_cls)
-    OUTPUT_PROJECTIONS[spec_cls] = module_cls
-    return module_cls
+    return _register(OUTPUT_PROJECTIONS, spec_cls, module_cls)
 
 
 def unregister_output_projection(spec_cls):
     """Remove a vocabulary projection added by :func:`register_output_projection`."""
-    OUTPUT_PROJECTIONS.pop(spec_cls, None)
-    vocabulary.unregister(spec_cls)
+    _unregister(OUTPUT_PROJECTIONS, spec_cls)
 
 
 # ---------------------------------------------------------------------------- block layouts
@@ -150,15 +154,13 @@ def register_block_layout(spec_cls, encoder_layer=None, decoder_layer=None):
     no_encoder_attn, spec=layer_spec)`` (subclasses of :class:`SlimEncoderLayer` and
     :class:`SlimDecoderLayer` with a forward of their own; a side without a class keeps the
     plugin's blocks)."""
-    vocabulary.register(spec_cls)
-    BLOCK_LAYOUTS[spec_cls] = {"encoder": encoder_layer, "decoder": decoder_layer}
+    _register(BLOCK_LAYOUTS, spec_cls, {"encoder": encoder_layer, "decoder": decoder_layer})
     return spec_cls
 
 
 def unregister_block_layout(spec_cls):
     """Remove a block layout added by :func:`register_block_layout`."""
-    BLOCK_LAYOUTS.pop(spec_cls, None)
-    vocabulary.unregister(spec_cls)
+    _unregister(BLOCK_LAYOUTS, spec_cls)
 
 
 def layout_class(spec: LayerSpec, side):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from slim_fairseq import options as vocabulary
+from slim_fairseq.modules.attention import EXTENSIONS as ATTENTION_EXTENSIONS
 from slim_fairseq.modules.attention import attention_head_dim, heads_for
 from slim_fairseq.modules.gated_attention import (CROSS_GATE_WHY, CROSS_GATES, GATES,
                                                   SAME_UNDER_NO_PATT)
@@ -295,6 +296,24 @@ class TechniqueSpec(OptionSpec):
         return getattr(self, type(self).options()[0].dest)
 
 
+def techniques_on(m, kind):
+    """The specs of ``kind`` (a subclass of :class:`TechniqueSpec`) whose options are on in the
+    model options ``m``, in the order registered."""
+    return tuple(spec for spec in m.specs if isinstance(spec, kind) and spec.on)
+
+
+def one_of_a_kind(m, kind, own, problem):
+    """Refuse a technique of ``kind`` registered from outside beside another of its kind:
+    ``own``, the plugin's techniques of that kind that are on, as (flag, the change that turns
+    it off); ``problem`` says what the first one is, ``{other}`` the other's flag."""
+    registered = techniques_on(m, kind)
+    if registered and len(own) + len(registered) > 1:
+        other = own[0][0] if own else registered[1].flag
+        raise option_error(registered[0].flag, registered[0].value(), problem.format(other=other),
+                           alternatives=[*(change for _, change in own),
+                                         *({spec.flag: None} for spec in registered)])
+
+
 # ---------------------------------------------------------------------------- attention extensions
 
 class AttentionExtension(TechniqueSpec):
@@ -303,17 +322,14 @@ class AttentionExtension(TechniqueSpec):
     ``encoder_self``, ``decoder_self``, ``cross``); each attention of those roles builds the
     module registered for it
     (:func:`slim_fairseq.models.slim_layers.register_attention_extension`). Several may be on
-    together. ``changes_scores``: whether its module adds to the attention scores (a shaped
-    attention, which mixes values without them, refuses it)."""
+    together."""
 
     roles = ("encoder_self", "decoder_self", "cross")
-    changes_scores = False
 
 
 def attention_extensions(m, role):
     """The specs of the extensions on in attentions of ``role``, in the order registered."""
-    return tuple(spec for spec in m.specs if isinstance(spec, AttentionExtension) and spec.on
-                 and role in spec.roles)
+    return tuple(spec for spec in techniques_on(m, AttentionExtension) if role in spec.roles)
 
 
 # ---------------------------------------------------------------------------- input embeddings
@@ -326,11 +342,6 @@ class InputEmbeddingVariant(TechniqueSpec):
     scaled table plus positions, H-SoftPOS or SAFE."""
 
 
-def input_embedding_variants(m):
-    """The specs of the registered input embeddings whose options are on."""
-    return [spec for spec in m.specs if isinstance(spec, InputEmbeddingVariant) and spec.on]
-
-
 class OutputVariant(TechniqueSpec):
     """Base of the spec of a vocabulary projection registered from outside (docs/DESIGN.md,
     "Adding a technique"): the decoder builds the module registered for it
@@ -338,21 +349,11 @@ class OutputVariant(TechniqueSpec):
     Tensor-Chain or SAFE projection."""
 
 
-def output_variants(m):
-    """The specs of the registered vocabulary projections whose options are on."""
-    return [spec for spec in m.specs if isinstance(spec, OutputVariant) and spec.on]
-
-
 class BlockLayout(TechniqueSpec):
     """Base of the spec of a block layout registered from outside (docs/DESIGN.md, "Adding a
     technique"): the layers of each side it registers a class for are built from that class
     (:func:`slim_fairseq.models.slim_layers.register_block_layout`) in place of the plugin's
     pre-/post-norm or skipless blocks."""
-
-
-def block_layouts(m):
-    """The specs of the registered block layouts whose options are on."""
-    return [spec for spec in m.specs if isinstance(spec, BlockLayout) and spec.on]
 
 
 # ---------------------------------------------------------------------------- feed-forward
@@ -378,8 +379,7 @@ class FeedForwardOptions(OptionSpec):
 
     @rule
     def one_variant(self, m):
-        on = [variant for variant in m.specs if isinstance(variant, FeedForwardVariant)
-              and variant.on]
+        on = techniques_on(m, FeedForwardVariant)
         if len(on) > 1:
             raise option_error(on[1].flag, None, f"a feed-forward variant, and {on[0].flag} "
                                "selects another", f"one of {on[0].flag} and {on[1].flag}")
@@ -432,8 +432,7 @@ class FairseqExtras(OptionSpec):
     @staticmethod
     def custom(m):
         """The flags of the options on that replace or bypass fairseq's linears or attention."""
-        variants = [(spec.flag, True) for spec in m.specs
-                    if isinstance(spec, FeedForwardVariant) and spec.on]
+        variants = [(spec.flag, True) for spec in techniques_on(m, FeedForwardVariant)]
         return [flag for flag, on in (
             *variants, ("--tc-ff/--tc-patt/--tc-layer",
                                        m.tc_ff or m.tc_patt or m.tc_layer),
@@ -633,15 +632,11 @@ class EmbeddingOptions(OptionSpec):
             raise option_error("--hsoftpos-levels", self.hsoftpos_levels, "and --safe-embed-dim "
                                "are alternative input embeddings", alternatives=[
                                    {"--hsoftpos-levels": 0}, {"--safe-embed-dim": 0}])
-        own = [(flag, value) for flag, value in (("--hsoftpos-levels", self.hsoftpos_levels),
-                                                 ("--safe-embed-dim", self.safe_embed_dim))
+        own = [(flag, {flag: 0}) for flag, value in (("--hsoftpos-levels", self.hsoftpos_levels),
+                                                     ("--safe-embed-dim", self.safe_embed_dim))
                if value]
-        variants = input_embedding_variants(m)
-        if variants and len(own) + len(variants) > 1:
-            other = own[0][0] if own else variants[1].flag
-            changes = [{flag: 0} for flag, _ in own] + [{v.flag: None} for v in variants]
-            raise option_error(variants[0].flag, variants[0].value(), f"an input embedding, and "
-                               f"{other} selects another", alternatives=changes)
+        one_of_a_kind(m, InputEmbeddingVariant, own,
+                      "an input embedding, and {other} selects another")
 
     @rule
     def safe_output_needs_safe(self, m):
@@ -694,19 +689,14 @@ class EmbeddingOptions(OptionSpec):
 
     @rule
     def one_output_path(self, m):
-        variants = output_variants(m)
-        own = [(flag, value, change) for flag, value, change in (
+        own = [(flag, change) for flag, value, change in (
             ("--safe-embed-dim", self.safe_embed_dim, {"--safe-embed-dim": 0}),
             ("--tc-output", m.tc_output, {"--tc-output": 0}),
             ("--output-bias", self.output_bias, {"--no-output-bias": True}),
             ("--adaptive-softmax-cutoff", m.adaptive_softmax_cutoff,
              {"--adaptive-softmax-cutoff": None})) if value]
-        if variants and len(own) + len(variants) > 1:
-            other = own[0][0] if own else variants[1].flag
-            raise option_error(variants[0].flag, variants[0].value(), f"a vocabulary projection, "
-                               f"and {other} acts on another", alternatives=[
-                                   *(change for _, _, change in own),
-                                   *({v.flag: None} for v in variants)])
+        one_of_a_kind(m, OutputVariant, own,
+                      "a vocabulary projection, and {other} acts on another")
 
     @rule
     def adaptive_softmax_replaces_the_output(self, m):
@@ -748,7 +738,7 @@ class EmbeddingOptions(OptionSpec):
             safe_dim=int(self.safe_embed_dim),
             dropout=float(cfg.dropout),
             attention_dropout=float(cfg.attention_dropout),
-            variant=next(iter(input_embedding_variants(m)), None))
+            variant=next(iter(techniques_on(m, InputEmbeddingVariant)), None))
 
     def token_table_dim(self, m, cfg, model_dim):
         """Width of the token table for an input embedding at ``model_dim`` (the table is built
@@ -932,7 +922,7 @@ class AttentionOptions(OptionSpec):
         if m.skipless_layout == "none":
             return
         for ext in attention_extensions(m, "decoder_self"):
-            if ext.changes_scores:
+            if hasattr(ATTENTION_EXTENSIONS[type(ext)], "score_bias"):
                 raise option_error(ext.flag, ext.value(), "adds to the attention scores, and "
                                    "--skipless-layout makes the decoder's self-attention shaped "
                                    "attention, which has none", alternatives=[
@@ -1158,13 +1148,8 @@ class SkiplessOptions(OptionSpec):
 
     @rule
     def one_block_layout(self, m):
-        layouts = block_layouts(m)
-        if layouts and (self.on or len(layouts) > 1):
-            other = "--skipless-layout" if self.on else layouts[1].flag
-            raise option_error(layouts[0].flag, layouts[0].value(), f"a block layout, and {other} "
-                               "selects another", alternatives=[
-                                   *([{"--skipless-layout": "none"}] if self.on else []),
-                                   *({layout.flag: None} for layout in layouts)])
+        own = [("--skipless-layout", {"--skipless-layout": "none"})] if self.on else []
+        one_of_a_kind(m, BlockLayout, own, "a block layout, and {other} selects another")
 
     @rule
     def shape_needs_skipless_blocks(self, m):
@@ -1408,8 +1393,7 @@ class ModelOptions:
     def feed_forward_spec(self):
         """The :class:`~slim_fairseq.specs.FeedForwardSpec`: the variant whose options are on
         (None: the dense feed-forward), the activation, Tensor-Chain linears and biases."""
-        variant = next((spec for spec in self.specs if isinstance(spec, FeedForwardVariant)
-                        and spec.on), None)
+        variant = next(iter(techniques_on(self, FeedForwardVariant)), None)
         return FeedForwardSpec(variant=variant, activation=self.activation,
                                chain=self.chain("tc_ff"), bias=bool(self.linear_bias))
 
@@ -1428,7 +1412,7 @@ class ModelOptions:
                          cross_attn=cross, ffn=self.feed_forward_spec(),
                          norm=self.norm_spec(cfg.export), skipless=skipless,
                          mlp_branch_scale=float(self.mlp_branch_scale),
-                         layout=next(iter(block_layouts(self)), None))
+                         layout=next(iter(techniques_on(self, BlockLayout)), None))
 
     def embedding_spec(self, cfg, side):
         return self.get(EmbeddingOptions).spec(self, cfg, side)

@@ -40,13 +40,14 @@ from slim_fairseq.models.slim_layers import (
 )
 from slim_fairseq.models.slim_options import (
     ModelOptions,
+    OutputVariant,
     SandwichOptions,
     add_fairseq_args,
     add_slim_args,
     check_adaptive_cutoffs,
     extend_fairseq_args,
-    output_variants,
     set_slim_defaults,
+    techniques_on,
     validate_slim_args,
 )
 from slim_fairseq.modules.attention import mark_causal
@@ -195,7 +196,7 @@ class SlimTransformerDecoder(_LayerStackMixin, TransformerDecoderBase):
         options = self.options
         table = embed_tokens.table if hasattr(embed_tokens, "table") else embed_tokens
         vocab = len(dictionary)
-        variant = next(iter(output_variants(options)), None)
+        variant = next(iter(techniques_on(options, OutputVariant)), None)
         if variant is not None:
             self.output_projection = OUTPUT_PROJECTIONS[type(variant)](
                 variant, table, self.output_embed_dim, vocab, self.share_input_output_embed)
