@@ -7,7 +7,8 @@ No stock class has the gates or H-SoftPOS, so the model leaves as custom code wh
 the plugin's own files (``gate_function.py``, ``hsoftpos_function.py``, ``glu_function.py``,
 ``rope.py``). :func:`check` is an allow-list: whatever else the model has is refused by name.
 """
-from slim_fairseq.export_hf.layers import attention_shape, same_parameter
+from slim_fairseq.export_hf.layers import (attention_shape, no_projections, other_activation,
+                                           same_parameter)
 from slim_fairseq.export_hf.source import input_embedding, sinusoid_table
 from slim_fairseq.option_errors import option_error
 
@@ -57,22 +58,18 @@ def check(src):
         yield option_error("--no-patt", None, f"{WHAT} has the projections W_Q, W_K, W_V",
                            "the projections (no --no-patt)")
     if (args.activation_fn or "relu") not in ACTIVATIONS:
-        yield option_error("--activation-fn", args.activation_fn, f"{WHAT} takes "
-                           f"{'|'.join(ACTIVATIONS)}", f"--activation-fn {'|'.join(ACTIVATIONS)}")
-    if kind == "hsoftpos" or input_embedding(src.model, "decoder") is not None:
-        holder = embed if kind == "hsoftpos" else input_embedding(src.model, "decoder")
+        yield other_activation(args.activation_fn, WHAT, ACTIVATIONS)
+    standard = input_embedding(src.model, "decoder")
+    if kind == "hsoftpos" or standard is not None:
+        holder = embed if kind == "hsoftpos" else standard
         positions = _positions(embed) if kind == "hsoftpos" else holder.positions
         if positions == "learned":
             yield option_error("--decoder-learned-pos", None, f"{WHAT} has sinusoidal "
                                "positions or none", "no --decoder-learned-pos")
         if kind == "standard" and holder.project_in:
-            yield option_error("--decoder-input-dim/--decoder-output-dim", None, f"{WHAT} has no "
-                               "projections between the embedding and the layers",
-                               "both equal to --decoder-embed-dim")
+            yield no_projections(WHAT)
     if decoder.project_out_dim is not None and kind == "hsoftpos":
-        yield option_error("--decoder-input-dim/--decoder-output-dim", None, f"{WHAT} has no "
-                           "projections between the embedding and the layers",
-                           "both equal to --decoder-embed-dim")
+        yield no_projections(WHAT)
     if getattr(args, "sandwich", False):
         yield option_error("--sandwich", None, f"{WHAT} has layers of their own", "no --sandwich")
     for flag, name in (("--scale-attn", "attn_ln"), ("--scale-heads", "c_attn"),

@@ -10,6 +10,21 @@ from slim_fairseq.option_errors import option_error
 LAYER_NORM_EPS = 1e-5
 
 
+def no_projections(what):
+    """The refusal of projections between the embedding and the layers, which ``what`` (a
+    layout's model) has not."""
+    return option_error("--decoder-input-dim/--decoder-output-dim", None, f"{what} has no "
+                        "projections between the embedding and the layers",
+                        "both equal to --decoder-embed-dim")
+
+
+def other_activation(value, what, allowed):
+    """The refusal of ``--activation-fn value``, which ``what`` computes with none of
+    ``allowed``."""
+    return option_error("--activation-fn", value, f"{what} takes {'|'.join(allowed)}",
+                        f"--activation-fn {'|'.join(allowed)}")
+
+
 def attention_shape(attention):
     """``(heads, key/value heads, head width)`` of fairseq's or the plugin's attention."""
     heads = attention.num_heads

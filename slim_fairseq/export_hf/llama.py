@@ -7,7 +7,7 @@ so queries and keys are copied without a permutation. Llama's ``gate_proj`` / ``
 projections are written as one copy per layer, LoRA folded in; an embedding scale sqrt(d) is
 folded into an untied input table.
 """
-from slim_fairseq.export_hf.layers import attention_shape, same_parameter
+from slim_fairseq.export_hf.layers import attention_shape, no_projections, same_parameter
 from slim_fairseq.export_hf.source import activation_name, input_embedding, is_scaled
 from slim_fairseq.option_errors import option_error
 
@@ -39,9 +39,7 @@ def check(src):
         yield option_error("--no-decoder-final-norm", None, "Llama normalises the last layer's "
                            "output", "the final norm (no --no-decoder-final-norm)")
     if embedding.project_in or decoder.project_out_dim is not None:
-        yield option_error("--decoder-input-dim/--decoder-output-dim", None, "Llama has no "
-                           "projections between the embedding and the layers",
-                           "both equal to --decoder-embed-dim")
+        yield no_projections("Llama")
     # Llama's config also requires the width to be a multiple of the heads, even with an
     # explicit head_dim: the plugin's own option rules require it of every model
 

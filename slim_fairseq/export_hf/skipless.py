@@ -8,7 +8,8 @@ maths is the plugin's own files (:data:`.custom.MODULES`): ``rope.py``,
 ``shaped_attention.py``, ``skipless_block.py``, ``glu_function.py``.
 :func:`check` is an allow-list: whatever else the model has is refused by name.
 """
-from slim_fairseq.export_hf.layers import attention_shape, same_parameter
+from slim_fairseq.export_hf.layers import (attention_shape, no_projections, other_activation,
+                                           same_parameter)
 from slim_fairseq.export_hf.source import input_embedding
 from slim_fairseq.option_errors import option_error
 
@@ -30,8 +31,7 @@ def check(src):
     args, decoder = src.args, src.model.decoder
     embedding = input_embedding(src.model, "decoder")
     if (args.activation_fn or "relu") not in ACTIVATIONS:
-        yield option_error("--activation-fn", args.activation_fn, f"{WHAT} takes "
-                           f"{'|'.join(ACTIVATIONS)}", f"--activation-fn {'|'.join(ACTIVATIONS)}")
+        yield other_activation(args.activation_fn, WHAT, ACTIVATIONS)
     if not float(args.rope_theta or 0):
         yield option_error("--rope-theta", args.rope_theta, f"{WHAT} places tokens by RoPE",
                            "--rope-theta 10000")
@@ -40,9 +40,7 @@ def check(src):
         yield option_error("--no-token-positional-embeddings", None, f"{WHAT} has no absolute "
                            "positions", "--no-token-positional-embeddings")
     if embedding is not None and embedding.project_in or decoder.project_out_dim is not None:
-        yield option_error("--decoder-input-dim/--decoder-output-dim", None, f"{WHAT} has no "
-                           "projections between the embedding and the layers",
-                           "both equal to --decoder-embed-dim")
+        yield no_projections(WHAT)
     if getattr(args, "sandwich", False):
         yield option_error("--sandwich", None, f"{WHAT} has layers of their own", "no --sandwich")
     if decoder.layer_norm is not None:
