@@ -6,6 +6,7 @@ registration, become options of both models, checked by their own rules and the 
 inside fairseq's encoder and decoder, trained, decoded step by step and saved, with no file of
 the plugin changed; then they leave the vocabulary again."""
 import ast
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -67,6 +68,17 @@ def test_each_example_is_a_spec_a_module_and_a_registration(name):
              if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)]
     spec_cls, module_cls, registration = EXAMPLES[name][0]
     assert classes == [spec_cls, module_cls] and calls == [registration]
+
+
+@contextlib.contextmanager
+def _registered(register, unregister, spec_cls, *entry, **entries):
+    """A technique written in a test, registered while the block runs (``register(spec_cls,
+    *entry, **entries)``), then removed with ``unregister(spec_cls)``."""
+    register(spec_cls, *entry, **entries)
+    try:
+        yield
+    finally:
+        unregister(spec_cls)
 
 
 def _checked(arch, model, task, args, lm, directory):
@@ -351,8 +363,8 @@ def test_positions_of_queries_and_keys_from_outside_are_the_plugins_rope(tmp_pat
             rows = self.rope.rows(q, past)
             return self.rope.rotate(q, *rows), self.rope.rotate(k, *rows)
 
-    register_attention_extension(RotaryOptions, Rotary)
-    try:
+    with _registered(register_attention_extension, unregister_attention_extension,
+                     RotaryOptions, Rotary):
         common = ["--no-token-positional-embeddings", "--dropout", "0"]
         args, task, outside = build("slim_lm", TINY_LM, True, ["--rotary-from-outside", *common])
         _, _, plugin = build("slim_lm", TINY_LM, True, ["--rope-theta", "10000", *common])
@@ -361,8 +373,6 @@ def test_positions_of_queries_and_keys_from_outside_are_the_plugins_rope(tmp_pat
         outside.eval(), plugin.eval()
         torch.testing.assert_close(outside(tokens)[0], plugin(tokens)[0], rtol=0, atol=0)
         _checked("slim_lm", outside, task, args, True, tmp_path)
-    finally:
-        unregister_attention_extension(RotaryOptions)
 
 
 # ---------------------------------------------------------------------------- an input embedding
@@ -403,11 +413,9 @@ def channel_scaled():
         def forward(self, tokens, incremental_state=None):
             return super().forward(tokens, incremental_state) * self.channel_scale
 
-    register_input_embedding(ChannelScaledOptions, ChannelScaled)
-    try:
+    with _registered(register_input_embedding, unregister_input_embedding, ChannelScaledOptions,
+                     ChannelScaled):
         yield ChannelScaled
-    finally:
-        unregister_input_embedding(ChannelScaledOptions)
 
 
 @pytest.mark.parametrize("arch, lm, shape", [("slim_lm", True, TINY_LM),
@@ -461,11 +469,9 @@ def low_rank_output():
         def forward(self, x):
             return self.up(self.down(x))
 
-    register_output_projection(LowRankOutputOptions, LowRankOutput)
-    try:
+    with _registered(register_output_projection, unregister_output_projection,
+                     LowRankOutputOptions, LowRankOutput):
         yield LowRankOutput
-    finally:
-        unregister_output_projection(LowRankOutputOptions)
 
 
 @pytest.mark.parametrize("arch, lm, shape", [("slim_lm", True, TINY_LM),
@@ -534,11 +540,9 @@ def parallel_block():
             return x + self.dropout_module(attn) + self.dropout_module(self.feed_forward(h)), \
                 None, None
 
-    register_block_layout(ParallelOptions, decoder_layer=ParallelDecoderLayer)
-    try:
+    with _registered(register_block_layout, unregister_block_layout, ParallelOptions,
+                     decoder_layer=ParallelDecoderLayer):
         yield ParallelDecoderLayer
-    finally:
-        unregister_block_layout(ParallelOptions)
 
 
 def test_a_block_layout_from_outside_builds_trains_and_decodes(parallel_block, tmp_path):

@@ -78,6 +78,13 @@ class _Sites(ast.NodeVisitor):
     def __init__(self, path):
         self.path, self.scope, self.found = path, [], []
 
+    @classmethod
+    def sites(cls, source, path="<snippet>"):
+        """What this walk notes in ``source``."""
+        visitor = cls(path)
+        visitor.visit(ast.parse(source))
+        return visitor.found
+
     def visit_FunctionDef(self, node):
         self.scope.append(node.name)
         self.generic_visit(node)
@@ -133,9 +140,7 @@ class _ModuleWrites(_Sites):
 
 def module_writes(source, path="<snippet>"):
     """Writes into a module's own stores (``_modules``, ``__dict__``, ...) in ``source``."""
-    visitor = _ModuleWrites(path)
-    visitor.visit(ast.parse(source))
-    return visitor.found
+    return _ModuleWrites.sites(source, path)
 
 
 def _reads_parser_store(node):
@@ -150,6 +155,10 @@ class _ActionRewrites(_Sites):
     """In each function: the names bound to an action of a parser's ``_actions`` /
     ``_option_string_actions`` (a loop, a comprehension, an assignment), then any assignment to
     or mutating call on an attribute of one of them (or of such an expression itself)."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.actions_stack = []
 
     def visit_FunctionDef(self, node):
         actions = set()
@@ -193,10 +202,7 @@ class _ActionRewrites(_Sites):
 
 def action_rewrites(source, path="<snippet>"):
     """Assignments to (or mutations of) actions of an argparse parser in ``source``."""
-    visitor = _ActionRewrites(path)
-    visitor.actions_stack = []
-    visitor.visit(ast.parse(source))
-    return visitor.found
+    return _ActionRewrites.sites(source, path)
 
 
 class _StackReads(_Sites):
@@ -213,9 +219,7 @@ class _StackReads(_Sites):
 
 def stack_reads(source, path="<snippet>"):
     """Stack inspection in ``source``."""
-    visitor = _StackReads(path)
-    visitor.visit(ast.parse(source))
-    return visitor.found
+    return _StackReads.sites(source, path)
 
 
 def _base_names(node):
