@@ -4,8 +4,8 @@ reduced parallel skipless form and an Anthe LM of another gate are exported, the
 ``AutoModelForCausalLM`` with
 ``trust_remote_code=True`` in a separate process in which ``fairseq`` and ``slim_fairseq``
 cannot be imported (offline): fairseq's log-probabilities within 1e-5 on an unpadded and a
-right-padded batch, fairseq's greedy output for 10 tokens, the cache equal to the full pass
-and greedy search alike with and without it. The technique maths in OUT_DIR is the plugin's
+right-padded batch, fairseq's greedy output for 10 tokens and its beam-5 output from ``</s>``,
+the cache equal to the full pass and greedy search alike with and without it. The technique maths in OUT_DIR is the plugin's
 own files, byte for byte, and the modeling file computes none of it."""
 import ast
 import json
@@ -38,6 +38,10 @@ BUILT = {"skipless_reduced": ("skipless_lm_parallel_noqp",
 NAMES = [*TRAINED, *BUILT]
 LENGTHS = {"unpadded": [12, 12], "padded": [12, 5]}
 PROMPTS = [6, 9]
+# beam search from ``</s>`` alone, compared on its first 10 tokens: fairseq forces a prompt on
+# every beam (its beams then repeat one another, fairseq issue 712), and at its length limit it
+# scores the forced ``</s>`` that transformers does not, so only the ending may differ
+BEAM_LENGTH = 30
 
 # run with -I in a fresh interpreter: fairseq and slim_fairseq cannot be imported there
 TRANSFORMERS_SIDE = r'''
@@ -64,6 +68,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 torch.manual_seed(0)
+BEAM_LENGTH = int(sys.argv[3])
 job = torch.load(sys.argv[1])
 results = {}
 for name, case in job.items():
@@ -94,6 +99,10 @@ for name, case in job.items():
                 out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
                                      max_new_tokens=10, use_cache=use_cache, num_beams=beams)
                 found[key].append(out[0, prompt.size(1):].tolist())
+        start = torch.tensor([[model.config.eos_token_id]])
+        out = model.generate(input_ids=start, attention_mask=torch.ones_like(start), num_beams=5,
+                             max_new_tokens=BEAM_LENGTH, early_stopping=True, length_penalty=1.0)
+        found["beam_from_start"] = out[0, 1:].tolist()
     results[name] = found
 torch.save(results, sys.argv[2])
 '''
@@ -139,6 +148,11 @@ def _fairseq_side(path):
                  for kind, tokens in batches.items()}
     generator = SequenceGenerator([model], task.target_dictionary, beam_size=1, max_len_a=0,
                                   max_len_b=30)
+    eos = task.target_dictionary.eos()
+    start = {"src_tokens": torch.tensor([[eos]]), "src_lengths": torch.tensor([1])}
+    beam = SequenceGenerator([model], task.target_dictionary, beam_size=5, max_len_a=0,
+                             max_len_b=BEAM_LENGTH)
+    beam = task.inference_step(beam, [model], {"net_input": start})[0][0]["tokens"].tolist()
     prompts, greedy = [], []
     for sample in _samples(task, True, PROMPTS):
         prompt = torch.tensor([sample])
@@ -146,7 +160,8 @@ def _fairseq_side(path):
         hypo = task.inference_step(generator, [model], {"net_input": net_input})[0][0]
         prompts.append(prompt)
         greedy.append(hypo["tokens"].tolist()[prompt.size(1) - 1:])
-    return dict(batches=batches, log_probs=log_probs, prompts=prompts, greedy=greedy, pad=pad)
+    return dict(batches=batches, log_probs=log_probs, prompts=prompts, greedy=greedy, pad=pad,
+                beam=beam)
 
 
 @pytest.fixture(scope="module")
@@ -164,8 +179,8 @@ def sides(folder, exports):
     env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
                HF_MODULES_CACHE=str(folder / "hf_modules"))
     proc = subprocess.run([sys.executable, "-I", str(script), str(folder / "job.pt"),
-                           str(folder / "found.pt")], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=str(folder))
+                           str(folder / "found.pt"), str(BEAM_LENGTH)], capture_output=True,
+                          text=True, timeout=600, env=env, cwd=str(folder))
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = torch.load(folder / "found.pt")
     return {name: (fairseq[name], found[name]) for name in exports}
@@ -185,6 +200,7 @@ def test_custom_code_scores_and_decodes_as_fairseq_without_fairseq(name, exports
         assert gap <= TOLERANCE, (kind, gap)
     for expected, hf_new in zip(fairseq["greedy"], found["greedy"]):
         assert len(hf_new) == 10 and hf_new == expected[:10], (hf_new, expected)
+    assert len(fairseq["beam"]) > 10 and found["beam_from_start"][:10] == fairseq["beam"][:10]
 
 
 @pytest.mark.parametrize("name", NAMES)
