@@ -39,7 +39,8 @@ NAMES = [*TRAINED, *BUILT]
 LENGTHS = {"unpadded": [12, 12], "padded": [12, 5]}
 PROMPTS = [6, 9]
 # beam search from ``</s>`` alone, compared on its first 10 tokens: fairseq forces a prompt on
-# every beam (its beams then repeat one another, fairseq issue 712), and at its length limit it
+# every beam (its beams then repeat one another:
+# https://github.com/facebookresearch/fairseq/issues/712), and at its length limit it
 # scores the forced ``</s>`` that transformers does not, so only the ending may differ
 BEAM_LENGTH = 30
 

@@ -161,8 +161,9 @@ BEAM_LENGTH = 30
 @torch.no_grad()
 def _beam_search(task, model, hf_model, lm):
     """``(fairseq's, transformers')`` beam-5 output: a language model from ``</s>`` alone (fairseq
-    forces a prompt on every beam, which then repeat one another: fairseq issue 712), a
-    translation model of a valid sentence."""
+    forces a prompt on every beam, which then repeat one another:
+    https://github.com/facebookresearch/fairseq/issues/712), a translation model of a valid
+    sentence."""
     from fairseq.sequence_generator import SequenceGenerator
     generator = SequenceGenerator([model], task.target_dictionary, beam_size=5, max_len_a=0,
                                   max_len_b=BEAM_LENGTH)
