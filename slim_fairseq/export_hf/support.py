@@ -194,9 +194,9 @@ def choose(src):
 
 
 def _choose(src, refusals):
-    from slim_fairseq.export_hf import anthe, fsmt, llama, m2m100, opt, skipless, xglm
+    from slim_fairseq.export_hf import anthe, fsmt, llama, m2m100, opt, seq2seq, skipless, xglm
     check_known_techniques(src, refusals)
-    for custom in (skipless, anthe):  # custom code: each with its own allow-list
+    for custom in (skipless, anthe, seq2seq):  # custom code: each with its own allow-list
         if custom.applies(src):
             check_no_class(src, refusals, computed=custom.COMPUTES)
             refusals.each(custom.check, src)
