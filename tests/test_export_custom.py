@@ -233,7 +233,12 @@ COMPOSITION_CALLS = {
     "unsqueeze", "index_select", "repeat_interleave", "to", "items", "change", "_each_history",
     "reorder_cache", "batch_repeat_interleave", "batch_select_indices", "_project",
     "_project_gated", "self_attn_layer_norm", "final_layer_norm", "norm", "positions", "table",
-    "SlimEmbedding", "SlimCache", "hasattr", "enumerate", "str", "ne", "level_dilations"}
+    "SlimEmbedding", "SlimCache", "hasattr", "enumerate", "str", "ne", "level_dilations",
+    # the translation model: encoder, decoder, cross-attention, transformers' cache and outputs
+    "SideConfig", "SlimEncoder", "SlimDecoder", "SlimEncoderDecoder", "EncoderDecoderCache",
+    "BaseModelOutput", "Seq2SeqLMOutput", "build_stack", "run_stack", "encoder", "decoder",
+    "padding_mask", "_attend_memory", "_output", "_residual", "branch", "get", "cumsum",
+    "new_full", "masked_fill"}
 
 
 def test_anthe_leaves_with_its_gate_hsoftpos_glu_and_output_bias(exports):
