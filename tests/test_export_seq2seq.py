@@ -1,7 +1,8 @@
 """Translation models as transformers custom code (``SlimForConditionalGeneration``,
 slim_fairseq/export_hf/seq2seq.py, docs/EXPORT.md): a tiny ``anthe_base`` trained by
 fairseq-train (gates in self- and cross-attention, H-SoftPOS, GLU, output bias, Tensor Chains
-materialised) and a pre-norm ``anthe_base_nopatt`` built and moved off its initial values are
+materialised), and built and moved off their initial values a pre-norm ``anthe_base_nopatt``,
+a ``subformer_base`` (SAFE, a wider sandwich middle) and a combination of both families are
 exported, then loaded by ``AutoModelForSeq2SeqLM`` with ``trust_remote_code=True`` in a process
 in which ``fairseq`` and ``slim_fairseq`` cannot be imported (offline): fairseq's
 log-probabilities within 1e-5 on an unpadded and a padded batch (sources left-padded as
@@ -26,10 +27,20 @@ TOLERANCE = 1e-5
 CLASS = "SlimForConditionalGeneration"
 # trained by fairseq-train
 TRAINED = {"anthe_base": "anthe_base"}
-# built and moved off their initial values: identity projections, pre-norm, another gate
+# built and moved off their initial values: identity projections, pre-norm, another gate; a
+# Subformer (SAFE on both sides and out, a wider middle of another FFN width and heads); and a
+# combination: a pre-norm Subformer with SAFE's MLP output, a middle of its own width without
+# the cross-attention's closing norm, Anthe's gates, a GELU GLU and RoPE
 BUILT = {"anthe_nopatt_prenorm": ("anthe_base_nopatt", [
     "--encoder-normalize-before", "--decoder-normalize-before", "--self-attn-gate", "vgk",
-    "--cross-attn-gate", "vgk"])}
+    "--cross-attn-gate", "vgk"]),
+    "subformer": ("subformer_base", ["--encoder-layers", "3", "--decoder-layers", "4"]),
+    "subformer_gated_rope": ("subformer_base", [
+        "--encoder-layers", "3", "--decoder-layers", "3", "--encoder-normalize-before",
+        "--decoder-normalize-before", "--safe-output", "mlp", "--sandwich-cross-norm", "none",
+        "--sandwich-dim", "48", "--sandwich-heads", "2", "--self-attn-gate", "qgv",
+        "--cross-attn-gate", "vgk", "--ffn-glu", "--activation-fn", "gelu", "--rope-theta",
+        "10000", "--no-token-positional-embeddings"])}
 NAMES = [*TRAINED, *BUILT]
 LENGTHS = {"unpadded": [9, 9], "padded": [9, 5]}
 PROMPTS = [9, 6, 12]
@@ -223,3 +234,25 @@ def test_anthe_base_leaves_with_its_gates_hsoftpos_glu_and_output_bias(exports):
         config = json.load(f)
     assert config["removed_projection"] == "qkv" and config["block"] == "pre-norm"
     assert config["attention_gate"] == config["cross_attention_gate"] == "vgk"
+
+
+def test_subformer_leaves_with_safe_and_its_middle(exports):
+    with open(os.path.join(exports["subformer"][1].out_dir, "config.json")) as f:
+        config = json.load(f)
+    assert config["safe"]["hidden_size"] == 20 and config["safe_output"] == "linear"
+    assert config["sandwich"]["hidden_size"] == 64 and config["sandwich"]["projected"]
+    assert config["sandwich"]["intermediate_size"] == 192 and config["num_hidden_layers"] == 4
+    with open(os.path.join(exports["subformer_gated_rope"][1].out_dir, "config.json")) as f:
+        config = json.load(f)
+    assert config["safe_output"] == "mlp" and not config["sandwich"]["cross_norm"]
+    assert config["sandwich"]["num_attention_heads"] == 2 and config["rope_theta"] == 10000
+
+
+def test_a_sandwich_at_the_models_shape_stays_a_stock_class(tmp_path):
+    """Where FSMT or M2M100 computes the model, the export keeps them."""
+    from slim_fairseq.export_hf import seq2seq, source, support
+    path = tiny_checkpoint(tmp_path, "slim_transformer", [
+        "--sandwich", "--sandwich-heads", "4", "--encoder-layers", "3", "--decoder-layers", "3"],
+        False)
+    src = source.load(path, ende_data_bin())
+    assert not seq2seq.applies(src) and support.choose(src).CLASS == "FSMTForConditionalGeneration"

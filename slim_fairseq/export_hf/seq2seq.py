@@ -1,9 +1,11 @@
 """``SlimForConditionalGeneration`` (transformers custom code, :mod:`.custom`) from a translation
 model that no stock class computes: Anthe's gates in self- and cross-attention, H-SoftPOS on
 either side, identity projections (``--no-patt``), a GLU, RoPE, a bias on the output projection
-(arXiv:2305.10991; docs/TECHNIQUES.md#anthe), post-norm or pre-norm per side; Tensor Chains are
-materialised first, as for every layout. The ``anthe_base`` and ``anthe_ablation_b*`` presets
-are such models.
+(arXiv:2305.10991; docs/TECHNIQUES.md#anthe); the Subformer's SAFE on both sides and a sandwich
+middle of another width, FFN width or heads (arXiv:2101.00234; docs/TECHNIQUES.md#subformer);
+post-norm or pre-norm per side. Tensor Chains are materialised first, as for every layout. The
+``anthe_base*``, ``anthe_ablation_b*``, ``subformer_*`` and ``sandwich_*`` presets are such
+models (a sandwich at the model's own shape without SAFE stays FSMT or M2M100).
 
 The maths is the plugin's own files (:data:`.custom.MODULES`); :func:`check` is an allow-list:
 whatever else the model has is refused by name.
@@ -16,7 +18,8 @@ CLASS = "SlimForConditionalGeneration"
 AUTO = "AutoModelForSeq2SeqLM"
 CUSTOM = True
 # the options of the list of what no stock class holds that this layout computes
-COMPUTES = ("self_attn_gate", "cross_attn_gate", "hsoftpos_levels", "output_bias", "no_patt")
+COMPUTES = ("self_attn_gate", "cross_attn_gate", "hsoftpos_levels", "output_bias", "no_patt",
+            "safe_embed_dim", "sandwich")
 ACTIVATIONS = ("relu", "gelu", "silu")
 WHAT = "the exported translation model (custom code)"
 SIDES = ("encoder", "decoder")
@@ -30,14 +33,33 @@ def applies(src):
         or getattr(args, "cross_attn_gate", "none") not in (None, "none")
         or bool(getattr(args, "hsoftpos_levels", 0)) or bool(getattr(args, "no_patt", False))
         or bool(getattr(args, "output_bias", False)) or bool(getattr(args, "ffn_glu", False))
-        or bool(float(getattr(args, "rope_theta", 0) or 0)))
+        or bool(float(getattr(args, "rope_theta", 0) or 0))
+        or bool(getattr(args, "safe_embed_dim", 0)) or _other_middle(src))
+
+
+def _other_middle(src):
+    """Whether a sandwich middle has another width, FFN width or heads than its side."""
+    from slim_fairseq.models.slim_options import SandwichOptions
+    args = src.args
+    if not getattr(args, "sandwich", False):
+        return False
+    for side in SIDES:
+        width = getattr(args, f"{side}_embed_dim")
+        middle_dim, middle_heads = SandwichOptions.from_args(args).middle(width)
+        if (middle_dim, args.sandwich_ffn_dim or getattr(args, f"{side}_ffn_embed_dim"),
+                middle_heads) != (width, getattr(args, f"{side}_ffn_embed_dim"),
+                                  getattr(args, f"{side}_attention_heads")):
+            return True
+    return False
 
 
 def _embedding(src, side):
-    """``(kind, the embedding module)``: "hsoftpos" or "standard"."""
+    """``(kind, the embedding module)``: "hsoftpos", "safe" or "standard"."""
     from slim_fairseq.modules.hsoftpos import HSoftPOSEmbedding
+    from slim_fairseq.modules.safe import SAFEInputEmbedding
     embed = getattr(src.model, side).embed_tokens
-    return ("hsoftpos" if isinstance(embed, HSoftPOSEmbedding) else "standard"), embed
+    return ("hsoftpos" if isinstance(embed, HSoftPOSEmbedding) else "safe"
+            if isinstance(embed, SAFEInputEmbedding) else "standard"), embed
 
 
 def _positions(module):
@@ -61,7 +83,7 @@ def check(src):
             yield option_error(f"--no-{side}-final-norm", None, f"{WHAT} normalises the last "
                                "layer's output", f"the final norm (no --no-{side}-final-norm)")
         standard = input_embedding(src.model, side)
-        positions = _positions(embed) if kind == "hsoftpos" else (
+        positions = _positions(embed) if kind != "standard" else (
             standard.positions if standard is not None else "none")
         if positions == "learned":
             yield option_error(f"--{side}-learned-pos", None, f"{WHAT} has sinusoidal "
@@ -88,6 +110,65 @@ def _attention(reader, src_name, dst_name, module, out, bias):
             out[f"{dst_name}.{target}.bias"] = b
 
 
+def _linear(reader, src_name, dst_name, out):
+    weight, bias = reader.linear(src_name)
+    out[f"{dst_name}.weight"] = weight
+    if bias is not None:
+        out[f"{dst_name}.bias"] = bias
+
+
+def _norm(reader, src_name, dst_name, out):
+    weight, bias, eps = reader.norm(src_name)
+    out[f"{dst_name}.weight"], out[f"{dst_name}.bias"] = weight, bias
+    return eps
+
+
+def _safe(reader, embed, prefix, dst, out):
+    """SAFE's input side into ``out``; the shape of its attention."""
+    _attention(reader, f"{prefix}self_attn", f"{dst}.self_attn", embed.self_attn, out, {})
+    for name in ("fc1", "fc2"):
+        _linear(reader, f"{prefix}{name}", f"{dst}.{name}", out)
+    for name in ("self_attn_layer_norm", "output_layer_norm"):
+        _norm(reader, f"{prefix}{name}", f"{dst}.{name}", out)
+    heads, kv_heads, head_dim = attention_shape(embed.self_attn)
+    return dict(hidden_size=embed.safe_dim, num_attention_heads=heads,
+                num_key_value_heads=kv_heads, head_dim=head_dim, attention_gate="none",
+                removed_projection=None, rope_theta=0.0, attention_bias=True,
+                attention_out_proj=True)
+
+
+def _cross(reader, src_name, dst_name, module, out, bias):
+    """A decoder layer's cross-attention, through a sandwich's projections if it has them."""
+    from slim_fairseq.modules.sandwich import SandwichCrossAttention
+    if not isinstance(module, SandwichCrossAttention):
+        return _attention(reader, src_name, dst_name, module, out, bias)
+    _linear(reader, f"{src_name}.to_model", f"{dst_name}.to_model.linear", out)
+    _norm(reader, f"{src_name}.to_model_norm", f"{dst_name}.to_model.layer_norm", out)
+    _attention(reader, f"{src_name}.attention", f"{dst_name}.attention", module.attention, out,
+               bias)
+    _linear(reader, f"{src_name}.to_middle", f"{dst_name}.to_middle", out)
+    if module.to_middle_norm is not None:
+        _norm(reader, f"{src_name}.to_middle_norm", f"{dst_name}.to_middle_norm", out)
+
+
+def _middle(src, side, stack, out, dst, shape):
+    """The values of a sandwich middle of another shape than its side (``shape``), or None."""
+    from slim_fairseq.modules.sandwich import SandwichCrossAttention
+    if not getattr(src.args, "sandwich", False) or len(stack.layers) < 3:
+        return None
+    layer = stack.layers[1]
+    heads, kv_heads, head_dim = attention_shape(layer.self_attn)
+    middle = dict(hidden_size=layer.embed_dim,
+                  intermediate_size=out[f"{dst}.layers.1.mlp.fc2.weight"].size(1),
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim)
+    if all(shape[k] == v for k, v in middle.items()):
+        return None
+    cross = getattr(layer, "encoder_attn", None)
+    projected = layer.embed_dim != shape["hidden_size"]
+    return dict(middle, projected=projected, cross_norm=not isinstance(
+        cross, SandwichCrossAttention) or cross.to_middle_norm is not None)
+
+
 def _side(src, reader, side, out):
     """The config values of ``side`` (its stack mapped into ``out``)."""
     model, args = src.model, src.args
@@ -95,8 +176,13 @@ def _side(src, reader, side, out):
     kind, embed = _embedding(src, side)
     prefix, dst = f"{side}.embed_tokens.", f"model.{side}"
     width = getattr(args, f"{side}_embed_dim")
-    values = dict(hsoftpos_levels=0, hsoftpos_token_dim=0, hsoftpos_slots=0)
-    if kind == "hsoftpos":
+    values = dict(hsoftpos_levels=0, hsoftpos_token_dim=0, hsoftpos_slots=0, safe=None)
+    if kind == "safe":
+        table, scale, positions, pad = (prefix + "table.weight", embed.embed_scale,
+                                        _positions(embed), embed.padding_idx)
+        token_width = embed.safe_dim
+        values["safe"] = _safe(reader, embed, prefix, f"{dst}.embed_tokens", out)
+    elif kind == "hsoftpos":
         table, scale, positions, pad = (prefix + "table.weight", embed.embed_scale,
                                         _positions(embed), embed.padding_idx)
         for i in range(len(embed.convs)):
@@ -121,13 +207,19 @@ def _side(src, reader, side, out):
     bias = {}
     norms = ("self_attn_layer_norm",) + (("encoder_attn_layer_norm",) if side == "decoder"
                                          else ()) + ("final_layer_norm",)
+    from slim_fairseq.modules.sandwich import SandwichBoundaryLayer
     for i, layer in enumerate(stack.layers):
         src_layer, dst_layer = f"{side}.layers.{i}", f"{dst}.layers.{i}"
+        if isinstance(layer, SandwichBoundaryLayer):  # into a wider middle, or out of it
+            which = "up" if i == 0 else "down"
+            _linear(reader, f"{src_layer}.projection.linear", f"{dst}.{which}.linear", out)
+            _norm(reader, f"{src_layer}.projection.layer_norm", f"{dst}.{which}.layer_norm", out)
+            layer, src_layer = layer.layer, f"{src_layer}.layer"
         _attention(reader, f"{src_layer}.self_attn", f"{dst_layer}.self_attn", layer.self_attn,
                    out, bias)
         if side == "decoder":
-            _attention(reader, f"{src_layer}.encoder_attn", f"{dst_layer}.encoder_attn",
-                       layer.encoder_attn, out, bias)
+            _cross(reader, f"{src_layer}.encoder_attn", f"{dst_layer}.encoder_attn",
+                   layer.encoder_attn, out, bias)
         names = (("fc1.w1", "w1"), ("fc1.w3", "w3"), ("fc2", "fc2")) if args.ffn_glu else (
             ("fc1", "fc1"), ("fc2", "fc2"))
         for name, target in names:
@@ -153,6 +245,7 @@ def _side(src, reader, side, out):
         embed_scale=float(scale), positions=positions, position_rows=rows,
         attention_bias=bias.get("attention", False), mlp_bias=bias.get("mlp", False),
         norm_eps=eps)
+    values["sandwich"] = _middle(src, side, stack, out, dst, values)
     return values
 
 
@@ -163,17 +256,26 @@ def build(src, reader):
     out = {}
     encoder = _side(src, reader, "encoder", out)
     decoder = _side(src, reader, "decoder", out)
-    out["lm_head.weight"] = reader.take("decoder.output_projection.weight")
-    output_bias = reader.has("decoder.output_projection.bias")
-    if output_bias:
-        out["lm_head.bias"] = reader.take("decoder.output_projection.bias")
+    from slim_fairseq.modules.safe import SAFEOutputProjection
+    projection = src.model.decoder.output_projection
+    safe_output, output_bias = "none", False
+    if isinstance(projection, SAFEOutputProjection):  # E(W h + b), E the decoder's table
+        _linear(reader, "decoder.output_projection.proj", "output_proj", out)
+        out["lm_head.weight"] = reader.take("decoder.output_projection.table.weight")
+        safe_output = "linear" if projection.activation_fn is None else "mlp"
+    else:
+        out["lm_head.weight"] = reader.take("decoder.output_projection.weight")
+        output_bias = reader.has("decoder.output_projection.bias")
+        if output_bias:
+            out["lm_head.bias"] = reader.take("decoder.output_projection.bias")
     values = dict(
         decoder, glu=bool(args.ffn_glu), hidden_act=args.activation_fn or "relu",
         rope_theta=float(args.rope_theta or 0),
         attention_gate=getattr(args, "self_attn_gate", None) or "none",
         cross_attention_gate=getattr(args, "cross_attn_gate", None) or "none",
         removed_projection="qkv" if getattr(args, "no_patt", False) else None,
-        output_bias=output_bias, tie_word_embeddings=False, is_encoder_decoder=True,
+        output_bias=output_bias, safe_output=safe_output, tie_word_embeddings=False,
+        is_encoder_decoder=True,
         encoder={k: v for k, v in encoder.items() if decoder.get(k) != v},
         bos_token_id=d.bos(), eos_token_id=d.eos(), pad_token_id=d.pad(),
         decoder_start_token_id=d.eos())

@@ -159,7 +159,7 @@ def check_no_class(src, refusals=None, computed=()):
         value = getattr(args, name, None)
         if value is not None and on(value):
             refusals.add(option_error(flag, _shown(value), problem, allowed))
-    if getattr(args, "sandwich", False):
+    if getattr(args, "sandwich", False) and "sandwich" not in computed:
         sides = ("decoder",) if src.lm else ("encoder", "decoder")
         for side in sides:
             width = getattr(args, f"{side}_embed_dim")

@@ -4,7 +4,8 @@ Only the composition is written here: token embedding, blocks, output projection
 transformers cache. Each technique's maths is the plugin's own module file, copied unchanged
 beside this one by the export (``rope.py``: RoPE; ``shaped_attention.py``: shaped attention;
 ``skipless_block.py``: the skipless block's output from its branches; ``glu_function.py``: the
-GLU; ``gate_function.py``: Anthe's gated pre-attention; ``hsoftpos_function.py``: H-SoftPOS),
+GLU; ``gate_function.py``: Anthe's gated pre-attention; ``hsoftpos_function.py``: H-SoftPOS;
+``safe_function.py``: SAFE's embedding and output),
 the very files the fairseq model runs. A translation model
 (:class:`SlimForConditionalGeneration`) composes the same blocks into an encoder and a decoder
 whose layers attend to it.
@@ -23,6 +24,7 @@ from .gate_function import gated, gated_inputs
 from .glu_function import glu
 from .hsoftpos_function import KERNEL_SIZE, hsoftpos_levels, level_dilations
 from .rope import RotaryEmbedding
+from .safe_function import safe_embedding, safe_logits
 from .shaped_attention import shaped_mixing
 from .skipless_block import skipless_output
 
@@ -208,7 +210,7 @@ class SlimBlock(nn.Module):
     ``LN(x + Attn(x))``, then ``LN(x + MLP(x))``; a translation decoder's layers attend to the
     encoder between the two (``memory_width``: the encoder's width)."""
 
-    def __init__(self, config, layer_idx, causal=True, memory_width=0):
+    def __init__(self, config, layer_idx, causal=True, memory_width=0, model_config=None):
         super().__init__()
         self.self_attn = SlimAttention(config, layer_idx, causal=causal)
         self.mlp = SlimMLP(config)
@@ -220,8 +222,12 @@ class SlimBlock(nn.Module):
         else:
             self.post_norm = config.block == "post-norm"
             self.self_attn_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
-            if memory_width:
+            if memory_width and model_config is not None:  # a sandwich middle of another width
+                self.encoder_attn = SlimProjectedAttention(model_config, config, layer_idx,
+                                                           memory_width)
+            elif memory_width:
                 self.encoder_attn = SlimAttention(config, layer_idx, memory_width=memory_width)
+            if memory_width:
                 self.encoder_attn_layer_norm = nn.LayerNorm(config.hidden_size,
                                                             eps=config.norm_eps)
             self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
@@ -243,6 +249,36 @@ class SlimBlock(nn.Module):
         return self._residual(x, self.final_layer_norm, self.mlp)
 
 
+class SlimProjection(nn.Module):
+    """A change of width between a sandwich's parts: ``LN(W x + b)``."""
+
+    def __init__(self, width, out_width, eps):
+        super().__init__()
+        self.linear = nn.Linear(width, out_width)
+        self.layer_norm = nn.LayerNorm(out_width, eps=eps)
+
+    def forward(self, x):
+        return self.layer_norm(self.linear(x))
+
+
+class SlimProjectedAttention(nn.Module):
+    """The cross-attention of a sandwich middle of another width than the model
+    (``middle``): projected to the model's width (``model``), attending there, projected
+    back (closed by a LayerNorm unless ``cross_norm`` is off)."""
+
+    def __init__(self, model, middle, layer_idx, memory_width):
+        super().__init__()
+        self.to_model = SlimProjection(middle.hidden_size, model.hidden_size, model.norm_eps)
+        self.attention = SlimAttention(model, layer_idx, memory_width=memory_width)
+        self.to_middle = nn.Linear(model.hidden_size, middle.hidden_size)
+        self.to_middle_norm = (nn.LayerNorm(middle.hidden_size, eps=model.norm_eps)
+                               if middle.sandwich["cross_norm"] else None)
+
+    def forward(self, x, memory_mask, cache, memory):
+        x = self.to_middle(self.attention(self.to_model(x), memory_mask, cache, memory))
+        return x if self.to_middle_norm is None else self.to_middle_norm(x)
+
+
 class SlimEmbedding(nn.Module):
     """The token table times ``embed_scale``, plus fairseq's sinusoidal positions (a table the
     export writes), then H-SoftPOS's levels from its plugin file if the model has them."""
@@ -253,7 +289,9 @@ class SlimEmbedding(nn.Module):
         self.pad = config.pad_token_id
         self.scale = config.embed_scale
         self.levels = config.hsoftpos_levels
-        width = config.hsoftpos_token_dim if self.levels else config.hidden_size
+        self.safe = config.safe is not None
+        width = (config.hsoftpos_token_dim if self.levels else config.safe["hidden_size"]
+                 if self.safe else config.hidden_size)
         self.table = nn.Embedding(config.vocab_size, width, self.pad)
         self.positions = (nn.Embedding(config.position_rows, width)
                           if config.positions == "sinusoidal" else None)
@@ -266,8 +304,16 @@ class SlimEmbedding(nn.Module):
             self.softpos = nn.ParameterList(nn.Parameter(torch.zeros(slots, slots))
                                             for _ in range(self.levels))
             self.slots = slots
+        if self.safe:  # its attention's cache follows the blocks'
+            safe = SideConfig(config, config.safe)
+            self.self_attn = SlimAttention(safe, config.num_hidden_layers, causal=not count_tokens)
+            self.self_attn_layer_norm = nn.LayerNorm(width, eps=config.norm_eps)
+            self.fc1 = nn.Linear(width, width)
+            self.fc2 = nn.Linear(width, config.hidden_size)
+            self.output_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+            self.normalize_before = config.block == "pre-norm"
 
-    def forward(self, input_ids, past, histories):
+    def forward(self, input_ids, past, histories, cache=None):
         x = self.scale * self.table(input_ids)
         keep = input_ids.ne(self.pad).unsqueeze(-1)
         if self.positions is not None:  # fairseq's rows: padding_idx + 1 + position, pads pad
@@ -277,6 +323,11 @@ class SlimEmbedding(nn.Module):
                 rows = (torch.arange(input_ids.size(1), device=input_ids.device) + past
                         + self.pad + 1)
             x = x + self.positions(torch.where(keep[..., 0], rows, self.pad))
+        if self.safe:
+            pads = None if past or bool(keep.all()) else input_ids.eq(self.pad)
+            return safe_embedding(x, lambda y: self.self_attn(y, pads, cache),
+                                  self.self_attn_layer_norm, self.fc1, self.fc2,
+                                  self.output_layer_norm, self.normalize_before)
         if not self.levels:
             return x
         if histories is None:
@@ -302,8 +353,18 @@ class SlimStack:
 
     def build_stack(self, config, causal=True, memory_width=0):
         self.embed_tokens = SlimEmbedding(config, count_tokens=not causal)
-        self.layers = nn.ModuleList(SlimBlock(config, i, causal=causal, memory_width=memory_width)
-                                    for i in range(config.num_hidden_layers))
+        count = config.num_hidden_layers
+        middle = SideConfig(config, config.sandwich) if config.sandwich else config
+        projected = bool(config.sandwich) and config.sandwich["projected"]
+        self.layers = nn.ModuleList(
+            SlimBlock(middle, i, causal=causal, memory_width=memory_width,
+                      model_config=config if projected else None) if 0 < i < count - 1
+            else SlimBlock(config, i, causal=causal, memory_width=memory_width)
+            for i in range(count))
+        self.up = self.down = None
+        if projected:  # a sandwich middle of another width: projections into it and out
+            self.up = SlimProjection(config.hidden_size, middle.hidden_size, config.norm_eps)
+            self.down = SlimProjection(middle.hidden_size, config.hidden_size, config.norm_eps)
         self.norm = (nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
                      if config.block == "pre-norm" else None)
         self.levels = config.hsoftpos_levels
@@ -316,10 +377,15 @@ class SlimStack:
             if not hasattr(cache, "histories"):  # a plain cache given by the caller
                 cache.histories = {}
             histories = cache.histories
-        x = self.embed_tokens(input_ids, past, histories)
+        x = self.embed_tokens(input_ids, past, histories, cache)
         key_padding_mask = padding_mask(attention_mask)  # (B, cached + new): True at padding
-        for layer in self.layers:
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            if i == last and self.down is not None:
+                x = self.down(x)
             x = layer(x, key_padding_mask, cache, memory, memory_mask, cross_cache)
+            if i == 0 and self.up is not None:
+                x = self.up(x)
         return x if self.norm is None else self.norm(x)
 
 
@@ -430,7 +496,16 @@ class SlimForConditionalGeneration(SlimPreTrainedModel, GenerationMixin):
     def __init__(self, config):
         super().__init__(config)
         self.model = SlimEncoderDecoder(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.output_bias)
+        self.output_proj = None
+        if config.safe_output != "none":  # SAFE's output: W h + b, then the token table
+            width = config.safe["hidden_size"]
+            self.output_proj = nn.Linear(config.hidden_size, width)
+            self.lm_head = nn.Linear(width, config.vocab_size, bias=False)
+            self.output_activation = (ACTIVATIONS[config.hidden_act]
+                                      if config.safe_output == "mlp" else None)
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size,
+                                     bias=config.output_bias)
         self.post_init()
 
     @classmethod
@@ -475,7 +550,11 @@ class SlimForConditionalGeneration(SlimPreTrainedModel, GenerationMixin):
         memory = encoder_outputs[0]
         hidden = self.model.decoder(decoder_input_ids, decoder_attention_mask, cache, memory,
                                     padding_mask(attention_mask))
-        logits = self.lm_head(hidden)
+        if self.output_proj is None:
+            logits = self.lm_head(hidden)
+        else:
+            logits = safe_logits(hidden, self.output_proj, self.lm_head.weight,
+                                 self.output_activation)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
