@@ -43,7 +43,7 @@ BUILT = {"anthe_nopatt_prenorm": ("anthe_base_nopatt", [
         "10000", "--no-token-positional-embeddings"])}
 NAMES = [*TRAINED, *BUILT]
 LENGTHS = {"unpadded": [9, 9], "padded": [9, 5]}
-PROMPTS = [9, 6, 12]
+PROMPTS = [9, 12]
 MAX_LEN_B = 10  # fairseq-generate's --max-len-b of the decoding compared
 
 # the blocking preamble of the language models' side (fairseq cannot be imported there)
