@@ -256,3 +256,26 @@ def test_a_sandwich_at_the_models_shape_stays_a_stock_class(tmp_path):
         False)
     src = source.load(path, ende_data_bin())
     assert not seq2seq.applies(src) and support.choose(src).CLASS == "FSMTForConditionalGeneration"
+
+
+@torch.no_grad()
+def test_anthe_language_model_with_identity_projections_leaves_too(tmp_path):
+    """``--no-patt`` in a language model: the same custom code without W_Q, W_K, W_V, scoring
+    as fairseq on a right-padded batch."""
+    from transformers import AutoModelForCausalLM
+    from slim_fairseq.export_hf import export
+    from hf_export_fixtures import data_of
+    path = tiny_checkpoint(tmp_path, "slim_lm", ["--no-patt", "--self-attn-gate", "vgk",
+                                                 "--hsoftpos-levels", "2"], True)
+    result = export(path, data_of(True), str(tmp_path / "nopatt-hf"), sentences=4)
+    assert result.hf_class == "SlimForCausalLM" and result.gap <= TOLERANCE
+    with open(os.path.join(result.out_dir, "config.json")) as f:
+        assert json.load(f)["removed_projection"] == "qkv"
+    task, model = _fairseq(path, True)
+    pad = task.target_dictionary.pad()
+    tokens = _pad_right(_samples(task, True, [12, 5]), pad)
+    hf = AutoModelForCausalLM.from_pretrained(result.out_dir, local_files_only=True,
+                                              trust_remote_code=True).eval()
+    expected = model.get_normalized_probs(model(tokens), log_probs=True)
+    found = hf(input_ids=tokens, attention_mask=tokens.ne(pad).long()).logits.log_softmax(-1)
+    assert (expected - found).abs()[tokens.ne(pad)].max().item() <= TOLERANCE
