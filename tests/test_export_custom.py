@@ -241,7 +241,8 @@ COMPOSITION_CALLS = {
     "new_full", "masked_fill",
     # the Subformer: SAFE's file, a sandwich's width changes (a linear layer and a norm)
     "safe_embedding", "safe_logits", "SlimProjection", "SlimProjectedAttention", "linear",
-    "layer_norm", "to_model", "to_middle", "to_middle_norm", "attention", "up", "down", "len"}
+    "layer_norm", "to_model", "to_middle", "to_middle_norm", "attention", "up", "down", "len",
+    "AttributeError"}
 
 
 def test_anthe_leaves_with_its_gate_hsoftpos_glu_and_output_bias(exports):

@@ -46,11 +46,12 @@ class SideConfig:
     encoder: ``config.encoder``)."""
 
     def __init__(self, config, values):
-        self.__dict__.update(_config=config, _values=dict(values or {}))
+        self._base, self._values = config, dict(values or {})
 
-    def __getattr__(self, name):
-        values = self.__dict__["_values"]
-        return values[name] if name in values else getattr(self.__dict__["_config"], name)
+    def __getattr__(self, name):  # (only for names not set above)
+        if name in ("_base", "_values"):
+            raise AttributeError(name)
+        return self._values[name] if name in self._values else getattr(self._base, name)
 
 
 class SlimCache(DynamicCache):
