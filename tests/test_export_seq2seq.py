@@ -5,10 +5,10 @@ materialised), and built and moved off their initial values a pre-norm ``anthe_b
 a ``subformer_base`` (SAFE, a wider sandwich middle) and a combination of both families are
 exported, then loaded by ``AutoModelForSeq2SeqLM`` with ``trust_remote_code=True`` in a process
 in which ``fairseq`` and ``slim_fairseq`` cannot be imported (offline): fairseq's
-log-probabilities within 1e-5 on an unpadded and a padded batch (sources left-padded as
-fairseq collates them, targets right-padded), the cache equal to the full pass, and greedy
-and beam-5 search equal to fairseq's SequenceGenerator for 10 tokens, with and without the
-cache."""
+log-probabilities within 1e-5 on an unpadded and two padded batches (sources left-padded as
+fairseq collates them or right-padded as transformers' tokenizers pad, targets right-padded),
+the cache equal to the full pass, and greedy and beam-5 search equal to fairseq's
+SequenceGenerator for 10 tokens, with and without the cache."""
 import json
 import os
 import subprocess
@@ -42,7 +42,8 @@ BUILT = {"anthe_nopatt_prenorm": ("anthe_base_nopatt", [
         "--cross-attn-gate", "vgk", "--ffn-glu", "--activation-fn", "gelu", "--rope-theta",
         "10000", "--no-token-positional-embeddings"])}
 NAMES = [*TRAINED, *BUILT]
-LENGTHS = {"unpadded": [9, 9], "padded": [9, 5]}
+# sources padded as fairseq collates them (left) and as transformers' tokenizers do (right)
+LENGTHS = {"unpadded": [9, 9], "padded": [9, 5], "padded_right": [5, 9]}
 PROMPTS = [9, 12]
 MAX_LEN_B = 10  # fairseq-generate's --max-len-b of the decoding compared
 
@@ -152,7 +153,8 @@ def _fairseq_side(path):
     batches, log_probs = {}, {}
     for kind, lengths in LENGTHS.items():
         samples = _samples(task, False, lengths)
-        source = _pad_left([s for s, _ in samples], pad)
+        source = (_pad_right if kind == "padded_right" else _pad_left)([s for s, _ in samples],
+                                                                         pad)
         prev = _pad_right([t for _, t in samples], pad)
         batches[kind] = (source, prev)
         out = model(source, source.ne(pad).sum(1), prev)
