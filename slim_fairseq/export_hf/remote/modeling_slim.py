@@ -141,7 +141,7 @@ class SlimAttention(nn.Module):
         q_len, k_len = q.size(2), k.size(2)
         causal = self.causal and key_padding_mask is None and past == 0
         future = None
-        if self.causal and not causal and q_len > 1:  # -inf where a key lies after the query's position
+        if self.causal and not causal and q_len > 1:  # -inf where a key lies after the query
             future = torch.full((q_len, k_len), float("-inf"), dtype=q.dtype,
                                 device=q.device).triu(past + 1)
         if self.shaped:
