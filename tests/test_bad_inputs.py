@@ -948,9 +948,9 @@ EXPORT_HF = [
      "(FSMT)",
      ("slim_transformer", ["--encoder-normalize-before", "--decoder-normalize-before",
                            "--share-all-embeddings"])),
-    ("slim_transformer", False, ["--ffn-glu"], {},
-     "--ffn-glu: no sequence-to-sequence class here (FSMT, M2M100) has RMSNorm, RoPE or a GLU "
-     "feed-forward; allowed: no --ffn-glu", ("slim_transformer", [])),
+    ("slim_transformer", False, ["--norm", "rmsnorm"], {},
+     "--norm=rmsnorm: no sequence-to-sequence class here (FSMT, M2M100, the custom code) has "
+     "RMSNorm; allowed: --norm layernorm", ("slim_transformer", [])),
 ]
 
 

@@ -250,7 +250,16 @@ COMPOSITION_CALLS = {
     "unsqueeze", "index_select", "repeat_interleave", "to", "items", "change", "_each_history",
     "reorder_cache", "batch_repeat_interleave", "batch_select_indices", "_project",
     "_project_gated", "self_attn_layer_norm", "final_layer_norm", "norm", "positions", "table",
-    "SlimEmbedding", "SlimCache", "hasattr", "enumerate", "str", "ne", "level_dilations"}
+    "SlimEmbedding", "SlimCache", "hasattr", "enumerate", "str", "ne", "level_dilations",
+    # the translation model: encoder, decoder, cross-attention, transformers' cache and outputs
+    "SideConfig", "SlimEncoder", "SlimDecoder", "SlimEncoderDecoder", "EncoderDecoderCache",
+    "BaseModelOutput", "Seq2SeqLMOutput", "build_stack", "run_stack", "encoder", "decoder",
+    "padding_mask", "_attend_memory", "_output", "_residual", "branch", "get", "cumsum",
+    "new_full", "masked_fill",
+    # the Subformer: SAFE's file, a sandwich's width changes (a linear layer and a norm)
+    "safe_embedding", "safe_logits", "SlimProjection", "SlimProjectedAttention", "linear",
+    "layer_norm", "to_model", "to_middle", "to_middle_norm", "attention", "up", "down", "len",
+    "AttributeError"}
 
 
 def test_anthe_leaves_with_its_gate_hsoftpos_glu_and_output_bias(exports):
@@ -272,7 +281,8 @@ def test_exported_maths_is_the_plugins_own_files(name, exports):
     out_dir = exports[name][1].out_dir
     plugin = {os.path.basename(p): p for p in custom.module_files()}
     assert set(plugin) == {"rope.py", "shaped_attention.py", "skipless_block.py",
-                           "glu_function.py", "gate_function.py", "hsoftpos_function.py"}
+                           "glu_function.py", "gate_function.py", "hsoftpos_function.py",
+                           "safe_function.py"}
     written = {n for n in os.listdir(out_dir) if n.endswith(".py")}
     assert written == set(plugin) | {"modeling_slim.py", "configuration_slim.py"}
     for name, path in plugin.items():  # byte for byte the files the fairseq model runs
@@ -283,7 +293,7 @@ def test_exported_maths_is_the_plugins_own_files(name, exports):
     # the fairseq model runs these very files
     from slim_fairseq.models import slim_layers
     from slim_fairseq.modules import attention
-    from slim_fairseq.modules import gated_attention, glu, hsoftpos
+    from slim_fairseq.modules import gated_attention, glu, hsoftpos, safe
     assert slim_layers.skipless_output.__module__ == "slim_fairseq.modules.skipless_block"
     assert glu.glu.__module__ == "slim_fairseq.modules.glu_function"
     assert attention.gated_inputs.__module__ == "slim_fairseq.modules.gate_function"
@@ -291,6 +301,8 @@ def test_exported_maths_is_the_plugins_own_files(name, exports):
     assert hsoftpos.hsoftpos_levels.__module__ == "slim_fairseq.modules.hsoftpos_function"
     assert attention.shaped_mixing.__module__ == "slim_fairseq.modules.shaped_attention"
     assert attention.RotaryEmbedding.__module__ == "slim_fairseq.modules.rope"
+    assert safe.safe_embedding.__module__ == safe.safe_logits.__module__ == \
+        "slim_fairseq.modules.safe_function"
     # the modeling file: composition only, each technique imported from its file
     tree, imported = _imports(os.path.join(out_dir, "modeling_slim.py"))
     assert {m for level, m in imported if level} == {"configuration_slim"} | {

@@ -9,8 +9,6 @@ from helpers import BIN
 from hf_export_fixtures import data_of, tiny_checkpoint, tokenizer_options
 
 PROG = "slim-fairseq-export-hf"
-GATE = "Anthe's gated attention (sigmoid(W x) * W' y) is in no transformers class"
-HSOFTPOS = "H-SoftPOS embeddings (convolutions over neighbouring tokens) are in no transformers class"
 BIAS = "no class here has a bias on the vocabulary projection"
 
 
@@ -19,9 +17,12 @@ def folder(tmp_path_factory):
     return tmp_path_factory.mktemp("export_refusals_all")
 
 
-def test_anthe_base_names_gates_hsoftpos_output_bias_and_glu_at_once(folder):
-    """The command a user runs: one line naming all five options, exit 2, nothing written."""
-    path = tiny_checkpoint(folder, "anthe_base", [], False)
+def test_anthe_translation_model_names_what_its_custom_code_lacks_at_once(folder):
+    """The command a user runs: an ``anthe_base`` leaves as custom code, and what that code
+    does not compute is named in one line (with what no class holds), exit 2, nothing
+    written."""
+    path = tiny_checkpoint(folder, "anthe_base", ["--layernorm-embedding", "--encoder-learned-pos",
+                                                  "--norm", "rmsnorm"], False)
     out = folder / "anthe-hf"
     argv = [path, data_of(False), out, "--tokenizer", "moses", "--bpe", "subword_nmt",
             "--bpe-codes", tokenizer_options(False)["bpe_codes"]]
@@ -30,13 +31,13 @@ def test_anthe_base_names_gates_hsoftpos_output_bias_and_glu_at_once(folder):
                                                            HF_HUB_OFFLINE="1"))
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    custom = "the exported translation model (custom code)"
     assert err[-1] == (
-        f"{PROG}: error: --self-attn-gate=qgv, --cross-attn-gate=kgv, --hsoftpos-levels=2, "
-        f"--output-bias, --ffn-glu: 5 options are in the way: --self-attn-gate=qgv: {GATE}; "
-        f"--cross-attn-gate=kgv: {GATE}; --hsoftpos-levels=2: {HSOFTPOS}; --output-bias: {BIAS}; "
-        "--ffn-glu: no sequence-to-sequence class here (FSMT, M2M100) has RMSNorm, RoPE or a GLU "
-        "feed-forward; allowed: a model trained with all of --self-attn-gate none, and "
-        "--cross-attn-gate none, and --hsoftpos-levels 0, and no --output-bias, and no --ffn-glu")
+        f"{PROG}: error: --layernorm-embedding, --norm=rmsnorm, --encoder-learned-pos: 3 options "
+        "are in the way: --layernorm-embedding: no class here normalises the embedding before "
+        f"the first layer; --norm=rmsnorm: {custom} has LayerNorm; --encoder-learned-pos: "
+        f"{custom} has sinusoidal positions or none; allowed: a model trained with all of no "
+        "--layernorm-embedding, and --norm layernorm, and no --encoder-learned-pos")
     assert not out.exists()
     assert not [n for n in os.listdir(folder) if ".partial-" in n]
 

@@ -1,6 +1,7 @@
 """``SlimForCausalLM`` (transformers custom code, :mod:`.custom`) from a pre-norm ``slim_lm``
 with Anthe's techniques (arXiv:2305.10991; docs/TECHNIQUES.md#anthe): gated pre-attention,
-H-SoftPOS, a GLU or dense MLP, a bias on the output projection; Tensor Chains are materialised
+identity projections (``--no-patt``), H-SoftPOS, a GLU or dense MLP, a bias on the output
+projection; Tensor Chains are materialised
 first, as for every layout. The ``anthe_lm*`` presets are such models.
 
 No stock class has the gates or H-SoftPOS, so the model leaves as custom code whose maths is
@@ -16,15 +17,17 @@ CLASS = "SlimForCausalLM"
 AUTO = "AutoModelForCausalLM"
 CUSTOM = True
 # the options of the list of what no stock class holds that this layout computes
-COMPUTES = ("self_attn_gate", "hsoftpos_levels", "output_bias")
+COMPUTES = ("self_attn_gate", "hsoftpos_levels", "output_bias", "no_patt")
 ACTIVATIONS = ("relu", "gelu", "silu")
 WHAT = "the exported Anthe block (custom code)"
 
 
 def applies(src):
-    """A language model with Anthe's gates or H-SoftPOS (skipless blocks have their layout)."""
+    """A language model with Anthe's gates, identity projections or H-SoftPOS (skipless blocks
+    have their layout)."""
     args = src.args
     return src.lm and (getattr(args, "self_attn_gate", "none") not in (None, "none")
+                       or bool(getattr(args, "no_patt", False))
                        or bool(getattr(args, "hsoftpos_levels", 0)))
 
 
@@ -54,9 +57,6 @@ def check(src):
     if decoder.layer_norm is None and args.decoder_normalize_before:  # (post-norm has none)
         yield option_error("--no-decoder-final-norm", None, f"{WHAT} normalises the last "
                            "layer's output", "the final norm (no --no-decoder-final-norm)")
-    if getattr(args, "no_patt", False):
-        yield option_error("--no-patt", None, f"{WHAT} has the projections W_Q, W_K, W_V",
-                           "the projections (no --no-patt)")
     if (args.activation_fn or "relu") not in ACTIVATIONS:
         yield other_activation(args.activation_fn, WHAT, ACTIVATIONS)
     standard = input_embedding(src.model, "decoder")
@@ -116,6 +116,8 @@ def build(src, reader):
         src_layer, dst = f"decoder.layers.{i}", f"model.layers.{i}"
         for name, target in (("q_proj", "q_proj"), ("k_proj", "k_proj"), ("v_proj", "v_proj"),
                              ("out_proj", "o_proj")):
+            if getattr(layer.self_attn, name, None) is None:  # the identity (--no-patt)
+                continue
             weight, b = reader.linear(f"{src_layer}.self_attn.{name}")
             out[f"{dst}.self_attn.{target}.weight"] = weight
             bias["attention"] = b is not None
@@ -143,6 +145,7 @@ def build(src, reader):
         max_position_embeddings=decoder.max_positions(),
         rope_theta=float(args.rope_theta or 0), block="pre-norm",
         attention_gate=getattr(args, "self_attn_gate", None) or "none", norm_eps=eps,
+        removed_projection="qkv" if getattr(args, "no_patt", False) else None,
         attention_bias=bias.get("attention", False), mlp_bias=bias.get("mlp", False),
         embed_scale=float(scale), output_bias=output_bias, tie_word_embeddings=tied,
         positions=positions, position_rows=rows,

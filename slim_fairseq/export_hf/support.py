@@ -6,8 +6,9 @@ every option in the way, each with its problem, and what to train with instead (
 changes at once, so that one retraining exports); the techniques that change the block's computation
 (Anthe's gates, H-SoftPOS, SAFE, a sandwich middle of another width, adaptive input and softmax,
 skipless blocks with shaped attention) have no counterpart in any stock class. Skipless
-language models and language models with Anthe's gates or H-SoftPOS leave as custom code
-(:mod:`.skipless`, :mod:`.anthe`), whose own check lists what it computes.
+language models, language models with Anthe's gates or H-SoftPOS and translation models with
+Anthe's or the Subformer's techniques leave as custom code (:mod:`.skipless`, :mod:`.anthe`,
+:mod:`.seq2seq`), whose own check lists what it computes.
 """
 from slim_fairseq import options as vocabulary
 from slim_fairseq.models import slim_options
@@ -159,7 +160,7 @@ def check_no_class(src, refusals=None, computed=()):
         value = getattr(args, name, None)
         if value is not None and on(value):
             refusals.add(option_error(flag, _shown(value), problem, allowed))
-    if getattr(args, "sandwich", False):
+    if getattr(args, "sandwich", False) and "sandwich" not in computed:
         sides = ("decoder",) if src.lm else ("encoder", "decoder")
         for side in sides:
             width = getattr(args, f"{side}_embed_dim")
@@ -185,7 +186,8 @@ def check_no_class(src, refusals=None, computed=()):
 
 def choose(src):
     """The layout module (:mod:`.llama`, :mod:`.xglm`, :mod:`.opt`, :mod:`.fsmt`,
-    :mod:`.m2m100`, or the custom code of :mod:`.skipless`, :mod:`.anthe`) that holds
+    :mod:`.m2m100`, or the custom code of :mod:`.skipless`, :mod:`.anthe`, :mod:`.seq2seq`)
+    that holds
     ``src``, or one line refusing every option in the way."""
     refusals = Refusals()
     layout = _choose(src, refusals)
@@ -194,9 +196,9 @@ def choose(src):
 
 
 def _choose(src, refusals):
-    from slim_fairseq.export_hf import anthe, fsmt, llama, m2m100, opt, skipless, xglm
+    from slim_fairseq.export_hf import anthe, fsmt, llama, m2m100, opt, seq2seq, skipless, xglm
     check_known_techniques(src, refusals)
-    for custom in (skipless, anthe):  # custom code: each with its own allow-list
+    for custom in (skipless, anthe, seq2seq):  # custom code: each with its own allow-list
         if custom.applies(src):
             check_no_class(src, refusals, computed=custom.COMPUTES)
             refusals.each(custom.check, src)
@@ -213,14 +215,10 @@ def _choose(src, refusals):
             return xglm
         refusals.each(opt.check, src)
         return opt
-    for flag, on, allowed in (("--norm", args.norm == "rmsnorm", "--norm layernorm"),
-                              ("--rope-theta", float(args.rope_theta or 0), "--rope-theta 0"),
-                              ("--ffn-glu", args.ffn_glu, "no --ffn-glu")):
-        if on:
-            value = getattr(args, flag[2:].replace("-", "_"))
-            refusals.add(option_error(flag, _shown(value), "no sequence-to-sequence class here "
-                                      "(FSMT, M2M100) has RMSNorm, RoPE or a GLU feed-forward",
-                                      allowed))
+    if args.norm == "rmsnorm":  # (RoPE and a GLU leave as custom code, :mod:`.seq2seq`)
+        refusals.add(option_error("--norm", args.norm, "no sequence-to-sequence class here "
+                                  "(FSMT, M2M100, the custom code) has RMSNorm",
+                                  "--norm layernorm"))
     refusals.run(_no_grouped_heads, src, "a sequence-to-sequence model (FSMT, M2M100)",
                  "encoder", "decoder")
     if bool(args.encoder_normalize_before) != bool(args.decoder_normalize_before):

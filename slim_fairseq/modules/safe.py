@@ -1,4 +1,6 @@
-"""SAFE: self-attentive factorised embeddings of the Subformer (arXiv:2101.00234; docs/TECHNIQUES.md#safe-embeddings).
+"""SAFE: self-attentive factorised embeddings of the Subformer (arXiv:2101.00234; docs/TECHNIQUES.md#safe-embeddings);
+its maths is :mod:`slim_fairseq.modules.safe_function` (plain torch, the file an export copies),
+this module fairseq's edge (positions, dropout, incremental state).
 
 Input side (one module per side; the token table E(V, d_e) may be shared by both)::
 
@@ -19,7 +21,6 @@ from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq import utils
@@ -28,6 +29,7 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from slim_fairseq.modules.activations import activation_function
 from slim_fairseq.modules.attention import SlimMultiheadAttention, heads_for
+from slim_fairseq.modules.safe_function import safe_embedding, safe_logits
 
 
 def safe_attention_heads(embed_dim: int) -> int:
@@ -118,18 +120,14 @@ class SAFEInputEmbedding(nn.Module):
                 seq_len = x.size(0)
                 attn_mask = torch.triu(
                     utils.fill_with_neg_inf(x.new_zeros(seq_len, seq_len)), 1)
-        residual = x
-        if self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-        x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=key_padding_mask,
-                              incremental_state=incremental_state, need_weights=False,
-                              attn_mask=attn_mask)
-        x = residual + self.dropout_module(x)
-        if not self.normalize_before:
-            x = self.self_attn_layer_norm(x)
 
-        x = self.fc2(F.relu(self.fc1(x)))
-        x = self.output_layer_norm(self.dropout_module(x))
+        def attend(y):
+            return self.self_attn(query=y, key=y, value=y, key_padding_mask=key_padding_mask,
+                                  incremental_state=incremental_state, need_weights=False,
+                                  attn_mask=attn_mask)[0]
+
+        x = safe_embedding(x, attend, self.self_attn_layer_norm, self.fc1, self.fc2,
+                           self.output_layer_norm, self.normalize_before, self.dropout_module)
         return x.transpose(0, 1)
 
 
@@ -163,7 +161,4 @@ class SAFEOutputProjection(nn.Module):
         return self.table.weight
 
     def forward(self, features: Tensor) -> Tensor:
-        h = self.proj(features)
-        if self.activation_fn is not None:
-            h = self.activation_fn(h)
-        return F.linear(h, self.table.weight)
+        return safe_logits(features, self.proj, self.table.weight, self.activation_fn)

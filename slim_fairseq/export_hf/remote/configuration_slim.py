@@ -12,7 +12,17 @@ class SlimConfig(PretrainedConfig):
     (LayerNorm of ``norm_eps``, residuals, a final norm) with Anthe's ``attention_gate``;
     ``rope_theta`` 0: no RoPE. ``positions`` "sinusoidal": fairseq's table (``position_rows``
     rows, written by the export) added to the scaled tokens; ``hsoftpos_levels`` > 0: H-SoftPOS
-    on a token table ``hsoftpos_token_dim`` wide with slots ``hsoftpos_slots`` wide."""
+    on a token table ``hsoftpos_token_dim`` wide with slots ``hsoftpos_slots`` wide.
+
+    A translation model (``is_encoder_decoder``): the values above are its decoder's, the
+    decoder layers attend to the encoder with ``cross_attention_gate``; ``encoder`` holds the
+    values of the encoder that differ from them (its vocabulary, width, block...).
+    ``removed_projection`` may name several inputs ("qkv": Anthe's identity projections).
+    ``safe``: the shape of SAFE's attention on a token table ``safe["hidden_size"]`` wide (None:
+    no SAFE), ``safe_output`` "linear" or "mlp": the decoder's output through it. ``sandwich``:
+    the values of the middle layers (None: all layers alike); ``projected``: they have another
+    width than the model, reached by up and down projections, and attend to the encoder through
+    projections at the model's width (``cross_norm``: closed by a LayerNorm)."""
 
     model_type = "slim_fairseq"
 
@@ -25,7 +35,8 @@ class SlimConfig(PretrainedConfig):
                  attention_gate="none", norm_eps=1e-5, positions="none", position_rows=0,
                  hsoftpos_levels=0, hsoftpos_token_dim=0, hsoftpos_slots=0,
                  tie_word_embeddings=False, use_cache=True, pad_token_id=1, bos_token_id=2,
-                 eos_token_id=2, **kwargs):
+                 eos_token_id=2, cross_attention_gate="none", encoder=None, safe=None,
+                 safe_output="none", sandwich=None, **kwargs):
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -54,6 +65,11 @@ class SlimConfig(PretrainedConfig):
         self.hsoftpos_levels = hsoftpos_levels
         self.hsoftpos_token_dim = hsoftpos_token_dim
         self.hsoftpos_slots = hsoftpos_slots
+        self.cross_attention_gate = cross_attention_gate
+        self.encoder = encoder
+        self.safe = safe
+        self.safe_output = safe_output
+        self.sandwich = sandwich
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, tie_word_embeddings=tie_word_embeddings,
                          **kwargs)

@@ -4,8 +4,11 @@ Only the composition is written here: token embedding, blocks, output projection
 transformers cache. Each technique's maths is the plugin's own module file, copied unchanged
 beside this one by the export (``rope.py``: RoPE; ``shaped_attention.py``: shaped attention;
 ``skipless_block.py``: the skipless block's output from its branches; ``glu_function.py``: the
-GLU; ``gate_function.py``: Anthe's gated pre-attention; ``hsoftpos_function.py``: H-SoftPOS),
-the very files the fairseq model runs.
+GLU; ``gate_function.py``: Anthe's gated pre-attention; ``hsoftpos_function.py``: H-SoftPOS;
+``safe_function.py``: SAFE's embedding and output),
+the very files the fairseq model runs. A translation model
+(:class:`SlimForConditionalGeneration`) composes the same blocks into an encoder and a decoder
+whose layers attend to it.
 """
 import dataclasses
 
@@ -13,14 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.cache_utils import DynamicCache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, Seq2SeqLMOutput
 
 from .configuration_slim import SlimConfig
 from .gate_function import gated, gated_inputs
 from .glu_function import glu
 from .hsoftpos_function import KERNEL_SIZE, hsoftpos_levels, level_dilations
 from .rope import RotaryEmbedding
+from .safe_function import safe_embedding, safe_logits
 from .shaped_attention import shaped_mixing
 from .skipless_block import skipless_output
 
@@ -28,6 +32,26 @@ ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 # the name of the cache in transformers' outputs and arguments (``past_key_values`` before 5.x)
 CACHE = ("cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
          else "past_key_values")
+
+
+def padding_mask(attention_mask):
+    """True at padding, from transformers' attention mask (None when nothing is padded)."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return attention_mask.eq(0)
+
+
+class SideConfig:
+    """``config`` with the values of one part of the model over it (a translation model's
+    encoder: ``config.encoder``)."""
+
+    def __init__(self, config, values):
+        self._base, self._values = config, dict(values or {})
+
+    def __getattr__(self, name):  # (only for names not set above)
+        if name in ("_base", "_values"):
+            raise AttributeError(name)
+        return self._values[name] if name in self._values else getattr(self._base, name)
 
 
 class SlimCache(DynamicCache):
@@ -59,28 +83,33 @@ class SlimCache(DynamicCache):
 
 
 class SlimAttention(nn.Module):
-    """Projections (one of q, k, v may be the input itself; Anthe's gate between two of them),
+    """Projections (any of q, k, v may be the input itself; Anthe's gate between two of them),
     grouped key/value heads, RoPE, the cache, then softmax attention (or the shaped mixing of a
-    skipless block) and the output projection (if kept)."""
+    skipless block) and the output projection (if kept). ``causal`` False: an encoder's
+    self-attention; ``memory_width``: a cross-attention to an encoder output that wide."""
 
-    def __init__(self, config, layer_idx):
+    def __init__(self, config, layer_idx, causal=True, memory_width=0):
         super().__init__()
         self.layer_idx = layer_idx
+        self.cross = bool(memory_width)
+        self.causal = causal and not self.cross
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
         self.scaling = self.head_dim ** -0.5
-        self.gate = config.attention_gate
-        self.shaped = config.block == "skipless"
+        self.gate = config.cross_attention_gate if self.cross else config.attention_gate
+        self.shaped = config.block == "skipless" and not self.cross
         width, bias = config.hidden_size, config.attention_bias
+        inputs = {"q": width, "k": memory_width or width, "v": memory_width or width}
         out = {"q": self.heads * self.head_dim, "k": self.kv_heads * self.head_dim,
                "v": self.kv_heads * self.head_dim}
         for name in ("q", "k", "v"):
-            proj = (None if name == config.removed_projection
-                    else nn.Linear(width, out[name], bias=bias))
+            proj = (None if name in (config.removed_projection or "")
+                    else nn.Linear(inputs[name], out[name], bias=bias))
             setattr(self, f"{name}_proj", proj)
         self.o_proj = (nn.Linear(out["q"], width, bias=bias) if config.attention_out_proj
                        else None)
-        self.rope = RotaryEmbedding(self.head_dim, config.rope_theta) if config.rope_theta else None
+        self.rope = (RotaryEmbedding(self.head_dim, config.rope_theta)
+                     if config.rope_theta and not self.cross else None)
         if self.shaped:
             self.alpha = nn.Parameter(torch.ones(self.heads))
             self.beta = nn.Parameter(torch.ones(self.heads))
@@ -97,7 +126,9 @@ class SlimAttention(nn.Module):
         bsz, length, _ = x.shape
         return x.view(bsz, length, heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, x, key_padding_mask, cache):
+    def forward(self, x, key_padding_mask, cache, memory=None):
+        if self.cross:
+            return self._attend_memory(x, memory, key_padding_mask, cache)
         q, k, v = gated_inputs(self.gate, x, x, x, self._project, self._project_gated)
         q, k, v = self._split(q, self.heads), self._split(k, self.kv_heads), self._split(
             v, self.kv_heads)
@@ -108,9 +139,9 @@ class SlimAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         q_len, k_len = q.size(2), k.size(2)
-        causal = key_padding_mask is None and past == 0
+        causal = self.causal and key_padding_mask is None and past == 0
         future = None
-        if not causal and q_len > 1:  # -inf where a key lies after the query's position
+        if self.causal and not causal and q_len > 1:  # -inf where a key lies after the query
             future = torch.full((q_len, k_len), float("-inf"), dtype=q.dtype,
                                 device=q.device).triu(past + 1)
         if self.shaped:
@@ -124,8 +155,32 @@ class SlimAttention(nn.Module):
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=causal and q_len > 1, scale=self.scaling,
                 enable_gqa=self.kv_heads != self.heads)
-        out = out.transpose(1, 2).reshape(x.size(0), q_len, self.heads * self.head_dim)
+        return self._output(out, x.size(0), q_len)
+
+    def _output(self, out, bsz, q_len):
+        out = out.transpose(1, 2).reshape(bsz, q_len, self.heads * self.head_dim)
         return out if self.o_proj is None else self.o_proj(out)
+
+    def _attend_memory(self, x, memory, memory_mask, cache):
+        """Cross-attention to the encoder output ``memory``: its keys and values (gated among
+        themselves) are computed once per sentence and kept in ``cache`` (transformers'
+        :class:`EncoderDecoderCache`, its cross-attention part)."""
+        if cache is not None and cache.is_updated.get(self.layer_idx, False):
+            q, _, _ = gated_inputs(self.gate, x, None, None, self._project, self._project_gated)
+            layer = cache.cross_attention_cache.layers[self.layer_idx]
+            k, v = layer.keys, layer.values
+        else:
+            q, k, v = gated_inputs(self.gate, x, memory, memory, self._project,
+                                   self._project_gated)
+            k, v = self._split(k, self.kv_heads), self._split(v, self.kv_heads)
+            if cache is not None:
+                k, v = cache.cross_attention_cache.update(k, v, self.layer_idx)
+                cache.is_updated[self.layer_idx] = True
+        q = self._split(q, self.heads)
+        mask = None if memory_mask is None else ~memory_mask.view(x.size(0), 1, 1, k.size(2))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
+                                             enable_gqa=self.kv_heads != self.heads)
+        return self._output(out, x.size(0), q.size(2))
 
 
 class SlimMLP(nn.Module):
@@ -152,38 +207,92 @@ class SlimMLP(nn.Module):
 
 class SlimBlock(nn.Module):
     """A skipless block (attention and MLP joined by its plugin file), or fairseq's pre-norm
-    block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``."""
+    block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``, or its post-norm block:
+    ``LN(x + Attn(x))``, then ``LN(x + MLP(x))``; a translation decoder's layers attend to the
+    encoder between the two (``memory_width``: the encoder's width)."""
 
-    def __init__(self, config, layer_idx):
+    def __init__(self, config, layer_idx, causal=True, memory_width=0, model_config=None):
         super().__init__()
-        self.self_attn = SlimAttention(config, layer_idx)
+        self.self_attn = SlimAttention(config, layer_idx, causal=causal)
         self.mlp = SlimMLP(config)
         self.skipless = config.block == "skipless"
+        self.encoder_attn = None
         if self.skipless:
             self.parallel = config.skipless_layout == "parallel"
             self.mlp_branch_scale = config.mlp_branch_scale
         else:
+            self.post_norm = config.block == "post-norm"
             self.self_attn_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+            if memory_width and model_config is not None:  # a sandwich middle of another width
+                self.encoder_attn = SlimProjectedAttention(model_config, config, layer_idx,
+                                                           memory_width)
+            elif memory_width:
+                self.encoder_attn = SlimAttention(config, layer_idx, memory_width=memory_width)
+            if memory_width:
+                self.encoder_attn_layer_norm = nn.LayerNorm(config.hidden_size,
+                                                            eps=config.norm_eps)
             self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
 
-    def forward(self, x, key_padding_mask, cache):
+    def _residual(self, x, norm, branch, *args):
+        if self.post_norm:
+            return norm(x + branch(x, *args))
+        return x + branch(norm(x), *args)
+
+    def forward(self, x, key_padding_mask, cache, memory=None, memory_mask=None,
+                cross_cache=None):
         if self.skipless:
             attn = self.self_attn(x, key_padding_mask, cache)
             return skipless_output(x, attn, self.mlp, self.parallel, self.mlp_branch_scale)
-        x = x + self.self_attn(self.self_attn_layer_norm(x), key_padding_mask, cache)
-        return x + self.mlp(self.final_layer_norm(x))
+        x = self._residual(x, self.self_attn_layer_norm, self.self_attn, key_padding_mask, cache)
+        if self.encoder_attn is not None:
+            x = self._residual(x, self.encoder_attn_layer_norm, self.encoder_attn, memory_mask,
+                               cross_cache, memory)
+        return self._residual(x, self.final_layer_norm, self.mlp)
+
+
+class SlimProjection(nn.Module):
+    """A change of width between a sandwich's parts: ``LN(W x + b)``."""
+
+    def __init__(self, width, out_width, eps):
+        super().__init__()
+        self.linear = nn.Linear(width, out_width)
+        self.layer_norm = nn.LayerNorm(out_width, eps=eps)
+
+    def forward(self, x):
+        return self.layer_norm(self.linear(x))
+
+
+class SlimProjectedAttention(nn.Module):
+    """The cross-attention of a sandwich middle of another width than the model
+    (``middle``): projected to the model's width (``model``), attending there, projected
+    back (closed by a LayerNorm unless ``cross_norm`` is off)."""
+
+    def __init__(self, model, middle, layer_idx, memory_width):
+        super().__init__()
+        self.to_model = SlimProjection(middle.hidden_size, model.hidden_size, model.norm_eps)
+        self.attention = SlimAttention(model, layer_idx, memory_width=memory_width)
+        self.to_middle = nn.Linear(model.hidden_size, middle.hidden_size)
+        self.to_middle_norm = (nn.LayerNorm(middle.hidden_size, eps=model.norm_eps)
+                               if middle.sandwich["cross_norm"] else None)
+
+    def forward(self, x, memory_mask, cache, memory):
+        x = self.to_middle(self.attention(self.to_model(x), memory_mask, cache, memory))
+        return x if self.to_middle_norm is None else self.to_middle_norm(x)
 
 
 class SlimEmbedding(nn.Module):
     """The token table times ``embed_scale``, plus fairseq's sinusoidal positions (a table the
     export writes), then H-SoftPOS's levels from its plugin file if the model has them."""
 
-    def __init__(self, config):
+    def __init__(self, config, count_tokens=False):
         super().__init__()
+        self.count_tokens = count_tokens
         self.pad = config.pad_token_id
         self.scale = config.embed_scale
         self.levels = config.hsoftpos_levels
-        width = config.hsoftpos_token_dim if self.levels else config.hidden_size
+        self.safe = config.safe is not None
+        width = (config.hsoftpos_token_dim if self.levels else config.safe["hidden_size"]
+                 if self.safe else config.hidden_size)
         self.table = nn.Embedding(config.vocab_size, width, self.pad)
         self.positions = (nn.Embedding(config.position_rows, width)
                           if config.positions == "sinusoidal" else None)
@@ -196,13 +305,30 @@ class SlimEmbedding(nn.Module):
             self.softpos = nn.ParameterList(nn.Parameter(torch.zeros(slots, slots))
                                             for _ in range(self.levels))
             self.slots = slots
+        if self.safe:  # its attention's cache follows the blocks'
+            safe = SideConfig(config, config.safe)
+            self.self_attn = SlimAttention(safe, config.num_hidden_layers, causal=not count_tokens)
+            self.self_attn_layer_norm = nn.LayerNorm(width, eps=config.norm_eps)
+            self.fc1 = nn.Linear(width, width)
+            self.fc2 = nn.Linear(width, config.hidden_size)
+            self.output_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+            self.normalize_before = config.block == "pre-norm"
 
-    def forward(self, input_ids, past, histories):
+    def forward(self, input_ids, past, histories, cache=None):
         x = self.scale * self.table(input_ids)
         keep = input_ids.ne(self.pad).unsqueeze(-1)
         if self.positions is not None:  # fairseq's rows: padding_idx + 1 + position, pads pad
-            rows = torch.arange(input_ids.size(1), device=input_ids.device) + past + self.pad + 1
+            if self.count_tokens:  # an encoder's (left-)padded source: its tokens counted
+                rows = keep[..., 0].cumsum(1) + self.pad
+            else:
+                rows = (torch.arange(input_ids.size(1), device=input_ids.device) + past
+                        + self.pad + 1)
             x = x + self.positions(torch.where(keep[..., 0], rows, self.pad))
+        if self.safe:
+            pads = None if past or bool(keep.all()) else input_ids.eq(self.pad)
+            return safe_embedding(x, lambda y: self.self_attn(y, pads, cache),
+                                  self.self_attn_layer_norm, self.fc1, self.fc2,
+                                  self.output_layer_norm, self.normalize_before)
         if not self.levels:
             return x
         if histories is None:
@@ -222,15 +348,54 @@ class SlimPreTrainedModel(PreTrainedModel):
         """The weights come from the fairseq checkpoint; a fresh model gets torch's defaults."""
 
 
-class SlimModel(SlimPreTrainedModel):
-    """The embedding, the blocks and the final norm (pre-norm blocks only)."""
+class SlimStack:
+    """The embedding, the blocks and the final norm (pre-norm blocks only) of a language model
+    or of a translation model's encoder or decoder."""
+
+    def build_stack(self, config, causal=True, memory_width=0):
+        self.embed_tokens = SlimEmbedding(config, count_tokens=not causal)
+        count = config.num_hidden_layers
+        middle = SideConfig(config, config.sandwich) if config.sandwich else config
+        projected = bool(config.sandwich) and config.sandwich["projected"]
+        self.layers = nn.ModuleList(
+            SlimBlock(middle, i, causal=causal, memory_width=memory_width,
+                      model_config=config if projected else None) if 0 < i < count - 1
+            else SlimBlock(config, i, causal=causal, memory_width=memory_width)
+            for i in range(count))
+        self.up = self.down = None
+        if projected:  # a sandwich middle of another width: projections into it and out
+            self.up = SlimProjection(config.hidden_size, middle.hidden_size, config.norm_eps)
+            self.down = SlimProjection(middle.hidden_size, config.hidden_size, config.norm_eps)
+        self.norm = (nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+                     if config.block == "pre-norm" else None)
+        self.levels = config.hsoftpos_levels
+
+    def run_stack(self, input_ids, attention_mask=None, cache=None, memory=None,
+                  memory_mask=None, cross_cache=None):
+        past = 0 if cache is None else cache.get_seq_length()
+        histories = None
+        if cache is not None and self.levels:
+            if not hasattr(cache, "histories"):  # a plain cache given by the caller
+                cache.histories = {}
+            histories = cache.histories
+        x = self.embed_tokens(input_ids, past, histories, cache)
+        key_padding_mask = padding_mask(attention_mask)  # (B, cached + new): True at padding
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            if i == last and self.down is not None:
+                x = self.down(x)
+            x = layer(x, key_padding_mask, cache, memory, memory_mask, cross_cache)
+            if i == 0 and self.up is not None:
+                x = self.up(x)
+        return x if self.norm is None else self.norm(x)
+
+
+class SlimModel(SlimStack, SlimPreTrainedModel):
+    """A language model's stack (:class:`SlimStack`)."""
 
     def __init__(self, config):
         super().__init__(config)
-        self.embed_tokens = SlimEmbedding(config)
-        self.layers = nn.ModuleList(SlimBlock(config, i) for i in range(config.num_hidden_layers))
-        self.norm = (nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
-                     if config.block == "pre-norm" else None)
+        self.build_stack(config)
         self.post_init()
 
     def get_input_embeddings(self):
@@ -240,19 +405,7 @@ class SlimModel(SlimPreTrainedModel):
         self.embed_tokens.table = value
 
     def forward(self, input_ids, attention_mask=None, cache=None):
-        past = 0 if cache is None else cache.get_seq_length()
-        histories = None
-        if cache is not None and self.config.hsoftpos_levels:
-            if not hasattr(cache, "histories"):  # a plain cache given by the caller
-                cache.histories = {}
-            histories = cache.histories
-        x = self.embed_tokens(input_ids, past, histories)
-        key_padding_mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            key_padding_mask = attention_mask.eq(0)  # (B, cached + new): True at padding
-        for layer in self.layers:
-            x = layer(x, key_padding_mask, cache)
-        return x if self.norm is None else self.norm(x)
+        return self.run_stack(input_ids, attention_mask, cache)
 
 
 class SlimForCausalLM(SlimPreTrainedModel, GenerationMixin):
@@ -300,3 +453,112 @@ class SlimForCausalLM(SlimPreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
                                    labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: cache})
+
+
+class SlimEncoder(SlimStack, nn.Module):
+    """A translation model's encoder: its blocks see the whole source."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.build_stack(config, causal=False)
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        return BaseModelOutput(last_hidden_state=self.run_stack(input_ids, attention_mask))
+
+
+class SlimDecoder(SlimStack, nn.Module):
+    """A translation model's decoder: causal blocks that attend to the encoder output."""
+
+    def __init__(self, config, memory_width):
+        super().__init__()
+        self.build_stack(config, memory_width=memory_width)
+
+    def forward(self, input_ids, attention_mask, cache, memory, memory_mask):
+        self_cache = None if cache is None else cache.self_attention_cache
+        return self.run_stack(input_ids, attention_mask, self_cache, memory, memory_mask, cache)
+
+
+class SlimEncoderDecoder(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        encoder_config = SideConfig(config, config.encoder)
+        self.encoder = SlimEncoder(encoder_config)
+        self.decoder = SlimDecoder(config, encoder_config.hidden_size)
+
+
+class SlimForConditionalGeneration(SlimPreTrainedModel, GenerationMixin):
+    """The translation model: :class:`SlimEncoder`, :class:`SlimDecoder` and the output
+    projection (with its bias when the fairseq model has one). The cache is transformers'
+    :class:`EncoderDecoderCache`: a :class:`SlimCache` for the decoder's self-attention and
+    H-SoftPOS, the encoder output's keys and values for the cross-attention."""
+
+    _no_split_modules = ["SlimBlock"]
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = SlimEncoderDecoder(config)
+        self.output_proj = None
+        if config.safe_output != "none":  # SAFE's output: W h + b, then the token table
+            width = config.safe["hidden_size"]
+            self.output_proj = nn.Linear(config.hidden_size, width)
+            self.lm_head = nn.Linear(width, config.vocab_size, bias=False)
+            self.output_activation = (ACTIVATIONS[config.hidden_act]
+                                      if config.safe_output == "mlp" else None)
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size,
+                                     bias=config.output_bias)
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls):
+        """The model makes its own cache (:class:`SlimCache` inside: H-SoftPOS's state too)."""
+        return False
+
+    def get_encoder(self):
+        return self.model.encoder
+
+    def get_decoder(self):
+        return self.model.decoder
+
+    def get_input_embeddings(self):
+        return self.model.encoder.embed_tokens.table
+
+    def set_input_embeddings(self, value):
+        self.model.encoder.embed_tokens.table = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None,
+                decoder_attention_mask=None, encoder_outputs=None, use_cache=None, labels=None,
+                cache=None, past_key_values=None, **kwargs):
+        cache = cache if cache is not None else past_key_values
+        if use_cache is None:
+            use_cache = getattr(self.config, "use_cache", True)
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(SlimCache(), DynamicCache())
+        if not use_cache:
+            cache = None
+        if labels is not None and decoder_input_ids is None:  # the targets after </s>
+            start = labels.new_full((labels.size(0), 1), self.config.decoder_start_token_id)
+            shifted = torch.cat([start, labels[:, :-1]], dim=1)
+            decoder_input_ids = shifted.masked_fill(shifted.eq(-100), self.config.pad_token_id)
+        if encoder_outputs is None:
+            encoder_outputs = self.model.encoder(input_ids, attention_mask)
+        memory = encoder_outputs[0]
+        hidden = self.model.decoder(decoder_input_ids, decoder_attention_mask, cache, memory,
+                                    padding_mask(attention_mask))
+        if self.output_proj is None:
+            logits = self.lm_head(hidden)
+        else:
+            logits = safe_logits(hidden, self.output_proj, self.lm_head.weight,
+                                 self.output_activation)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
+                                   ignore_index=-100)
+        return Seq2SeqLMOutput(loss=loss, logits=logits, encoder_last_hidden_state=memory,
+                               **{CACHE: cache})
