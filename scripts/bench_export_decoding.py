@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Batch-1 greedy decoding speed of a language model in fairseq, in transformers (its export by
-slim-fairseq-export-hf) and in CTranslate2 (that export converted), on the same prompt; checks
-the three give the same tokens (slim_fairseq_lab/benchmark/export_decoding.py). Prints JSON.
+"""Decoding speed of a model in fairseq and in transformers (its export by
+slim-fairseq-export-hf), with the tokens of the two compared
+(slim_fairseq_lab/benchmark/export_decoding.py). Prints JSON.
 
-Time on an idle machine; e.g.::
+A language model: batch-1 greedy decoding of one prompt, also in CTranslate2 with --ct2-dir.
+A translation model: the valid split's first sentences at each --batch-sizes and --beams, every
+hypothesis held to --tokens tokens. Time on an idle machine; e.g.::
 
     slim-fairseq-export-hf checkpoints/stlm/checkpoint_best.pt data-bin/mylm hf/stlm
     OMP_NUM_THREADS=1 python scripts/bench_export_decoding.py checkpoints/stlm/checkpoint_best.pt \\
         data-bin/mylm hf/stlm --ct2-dir hf/stlm-ct2 --tokens 64 --repeats 5
+    OMP_NUM_THREADS=1 python scripts/bench_export_decoding.py checkpoints/anthe/checkpoint_best.pt \\
+        data-bin/mydata hf/anthe --batch-sizes 1,64 --beams 1,5 --tokens 20
 """
 import argparse
 import json
@@ -26,13 +30,48 @@ def main(argv=None):
     parser.add_argument("--prompt", default="the house", help="the prompt (default: the house)")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens (default 64)")
     parser.add_argument("--repeats", type=int, default=3, help="best of this many (default 3)")
+    parser.add_argument("--batch-sizes", default="1",
+                        help="a translation model's batch sizes, comma-separated (default 1)")
+    parser.add_argument("--beams", default="1",
+                        help="a translation model's beam sizes, comma-separated (default 1)")
     args = parser.parse_args(argv)
     from slim_fairseq.export_hf.cli import interruptible
     return interruptible(parser.prog, lambda: _run(parser, args), "nothing measured")
 
 
+def _sizes(flag, value):
+    """The positive integers of a comma-separated flag, or the refusal's text."""
+    try:
+        sizes = [int(v) for v in value.split(",")]
+    except ValueError:
+        sizes = []
+    if sizes and min(sizes) >= 1:
+        return sizes, None
+    return None, f"{flag}={value}: not a list of whole numbers >= 1; allowed: e.g. 1,64"
+
+
 def _run(parser, args):
-    from slim_fairseq_lab.benchmark.export_decoding import ct2_refusal, measure, tokens_refusal
+    from slim_fairseq_lab.benchmark.export_decoding import (ct2_refusal, is_translation, measure,
+                                                            measure_translation, tokens_refusal)
+    if is_translation(args.hf_dir):
+        batches, refusal = _sizes("--batch-sizes", args.batch_sizes)
+        beams, beam_refusal = _sizes("--beams", args.beams)
+        refusal = (refusal or beam_refusal or (args.ct2_dir and f"--ct2-dir={args.ct2_dir}: a "
+                   f"translation model; allowed: --ct2-dir with a language model's export"))
+        if refusal:
+            print(f"{parser.prog}: error: {refusal}", file=sys.stderr)
+            raise SystemExit(2)
+        import slim_fairseq  # noqa: F401  (registers the plugin's models with fairseq)
+        rows = measure_translation(args.checkpoint, args.data, args.hf_dir, batches, beams,
+                                   tokens=args.tokens, repeats=args.repeats)
+        print(json.dumps(rows, indent=1))
+        return 0 if all(row["same_tokens"] == 1 for row in rows if row["beam"] == 1) else 1
+    refusal = next((f"{flag}={value}: a language model decodes one prompt; allowed: 1"
+                    for flag, value in (("--batch-sizes", args.batch_sizes),
+                                        ("--beams", args.beams)) if value != "1"), None)
+    if refusal:
+        print(f"{parser.prog}: error: {refusal}", file=sys.stderr)
+        raise SystemExit(2)
     refusal = ct2_refusal(args.hf_dir) if args.ct2_dir else None
     if not refusal:
         refusal = tokens_refusal(args.hf_dir, args.prompt, args.tokens)

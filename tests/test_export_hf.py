@@ -288,6 +288,36 @@ def test_decoding_benchmark_runs_the_three_alike(folder, capsys):
     assert code == 0 and report["same_tokens"] and len(report["outputs"]["ctranslate2"]) == 5
 
 
+def test_decoding_benchmark_times_a_translation_at_batch_and_beam_sizes(folder, capsys):
+    """A translation model's export (custom code) against fairseq's generator at each batch and
+    beam size, on the same sentences: the greedy output agrees for every sentence."""
+    path, result = exported(folder, "anthe_base", [], False)
+    code = load_script("bench_export_decoding").main(
+        [path, data_of(False), result.out_dir, "--batch-sizes", "1,3", "--beams", "1,2",
+         "--tokens", "4", "--repeats", "1"])
+    rows = json.loads(capsys.readouterr().out)
+    assert code == 0 and [(r["batch"], r["beam"]) for r in rows] == [(1, 1), (1, 2), (3, 1), (3, 2)]
+    assert all(r["same_tokens"] == 1 and r["transformers_vs_fairseq"] > 0 for r in rows
+               if r["beam"] == 1)
+
+
+@pytest.mark.parametrize("lm, flags, line", [
+    (True, ["--beams", "1,5"], "--beams=1,5: a language model decodes one prompt; allowed: 1"),
+    (True, ["--batch-sizes", "0"],
+     "--batch-sizes=0: a language model decodes one prompt; allowed: 1"),
+    (False, ["--beams", "1,x"], "--beams=1,x: not a list of whole numbers >= 1; allowed: e.g. 1,64"),
+    (False, ["--ct2-dir", "ct2"],
+     "--ct2-dir=ct2: a translation model; allowed: --ct2-dir with a language model's export")])
+def test_decoding_benchmark_refuses_what_the_model_cannot_take(folder, capsys, lm, flags, line):
+    """In one line, before anything loads."""
+    _, result = (exported(folder, "stlm_tied", ["--kv-heads", "2"], True) if lm
+                 else exported(folder, "anthe_base", [], False))
+    with pytest.raises(SystemExit) as stop:
+        load_script("bench_export_decoding").main(["none.pt", "none", result.out_dir, *flags])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].split(": error: ")[1] == line
+
+
 def test_decoding_benchmark_refuses_heads_ctranslate2_cannot_decode(tmp_path, capsys):
     """A --head-dim other than width / heads (stlm_tied's 16 heads of 32 in 528): refused in one
     line before anything loads, not a ValueError of CTranslate2 after the other timings."""
