@@ -8,8 +8,11 @@ while loading a checkpoint, prints ``PROG: error: --flag ...`` (argparse's forma
 with status 2, as argparse does; an interrupt (Ctrl-C) prints ``PROG: interrupted`` and exits
 with status 130 (128 + SIGINT), the shells' convention. Every other error keeps its traceback.
 
-Every option error has one format, ``--flag=value: what is wrong; allowed: what would work``
-(:func:`option_error`; a flag that takes no value is written without ``=value``).
+Every refusal has one format, ``SUBJECT=VALUE: what is wrong; allowed: what would work``
+(:func:`refusal`; :func:`option_error` for a flag, written without ``=value`` when it takes no
+value), and one class, :class:`OptionError`, in the plugin and in the lab (its recipes and
+scripts load this module by its path: it imports neither fairseq nor torch). Each command's edge
+prints it as ``PROG: error: MESSAGE`` and exits with its :attr:`~OptionError.status`.
 
 The plugin checks its options right after fairseq parses the command line (the architecture's
 preset checks them, so nothing is loaded or logged before the error), and when the model is
@@ -23,8 +26,9 @@ import os
 import sys
 
 
-#: exit status of a refused command line (argparse's) and of an interrupted command (128 + SIGINT)
-REFUSED, INTERRUPTED = 2, 130
+#: exit status of a refused command line (argparse's), of a step that failed after the checks
+#: and of an interrupted command (128 + SIGINT)
+REFUSED, FAILED, INTERRUPTED = 2, 1, 130
 
 
 def prog_name():
@@ -33,25 +37,28 @@ def prog_name():
 
 
 class OptionError(ValueError):
-    """A bad option value or combination; the message names the flag. ``alternatives``: the
-    changes of the command line the refusal proposes, as dicts {flag: value}, value None for
-    "drop the flag" (see :func:`option_error`)."""
+    """A one-line refusal of a bad option, argument or input; the message names it first.
+    ``alternatives``: the changes of the command line the refusal proposes, as dicts
+    {flag: value}, value None for "drop the flag" (see :func:`option_error`). ``status``: the
+    command's exit status, :data:`REFUSED` (nothing ran), or :data:`FAILED` for a step that failed
+    after the checks (a recipe's tool)."""
 
-    def __init__(self, message, alternatives=(), most=None):
+    def __init__(self, message, alternatives=(), most=None, status=REFUSED):
         super().__init__(message)
         self.alternatives = list(alternatives)
         self.most = most  # how many of the alternatives that pass the refusal shows (None: all)
         self.rule = None  # the name of the rule that refused (slim_fairseq.options.check_rules)
+        self.status = status
 
     def with_alternatives(self, alternatives, otherwise="another setting of the options named"):
         """The same refusal proposing only ``alternatives`` (a checker kept those that pass; the
         first :attr:`most` of them), or ``otherwise`` when none is left."""
         alternatives = list(alternatives)[:self.most]
-        head = str(self).rsplit("; allowed: ", 1)[0]
+        head, problem = str(self).rsplit("; allowed: ", 1)[0].split(": ", 1)
         allowed = render_alternatives(alternatives) if alternatives else otherwise
-        refusal = OptionError(f"{head}; allowed: {allowed}", alternatives)
-        refusal.rule = self.rule
-        return refusal
+        changed = refusal(head, problem, allowed, alternatives)
+        changed.rule = self.rule
+        return changed
 
 
 def render_alternatives(alternatives):
@@ -71,6 +78,12 @@ def render_alternatives(alternatives):
     return ", or ".join([f"{flag} {'|'.join(values)}" for flag, values in single.items()] + parts)
 
 
+def refusal(subject, problem, allowed, alternatives=(), most=None):
+    """The one refusal format: ``SUBJECT: problem; allowed: allowed`` (SUBJECT: ``--flag=value``,
+    ``--flag``, ``FILE=path``, ...). Returns the :class:`OptionError` to raise."""
+    return OptionError(f"{subject}: {problem}; allowed: {allowed}", alternatives, most)
+
+
 def option_error(flag, value, problem, allowed=None, alternatives=(), most=None):
     """The plugin's one option-error format: ``--flag=value: problem; allowed: allowed``
     (``value`` None or True: a flag without a value). ``alternatives``, changes of the command
@@ -81,7 +94,7 @@ def option_error(flag, value, problem, allowed=None, alternatives=(), most=None)
     shown = flag if value is None or value is True else f"{flag}={value}"
     if allowed is None:
         allowed = render_alternatives(list(alternatives)[:most])
-    return OptionError(f"{shown}: {problem}; allowed: {allowed}", alternatives, most)
+    return refusal(shown, problem, allowed, alternatives, most)
 
 
 def nearest(name, names, count=3):

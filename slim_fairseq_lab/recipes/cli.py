@@ -18,17 +18,20 @@ import re
 import sys
 import time
 
+from slim_fairseq_lab.paths import plugin_module
 from slim_fairseq_lab.recipes import tools
-from slim_fairseq_lab.recipes.errors import RecipeError
 
+# the one refusal class and format (slim_fairseq/option_errors.py, which imports neither fairseq
+# nor torch)
+_errors = plugin_module("option_errors")
+OptionError, refuse = _errors.OptionError, _errors.refusal
 SIZE = re.compile(r"^([0-9]+)([KkMmGgTt]?)$")
 SIZE_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
-def refuse(subject, problem, allowed):
-    """The one refusal format: ``SUBJECT: problem; allowed: allowed`` (SUBJECT: ``--flag=value``,
-    ``--flag`` or ``FILE``)."""
-    return RecipeError(f"{subject}: {problem}; allowed: {allowed}")
+def step_failed(message):
+    """A step that failed after the checks (a tool the recipe ran): one line, exit status 1."""
+    return OptionError(message, status=_errors.FAILED)
 
 
 def needs_value(flag):
@@ -209,19 +212,19 @@ def split(parser, argv, positional=(), pass_through=False):
             elif pass_through:
                 passed.append(word)
             else:
-                raise RecipeError(f"{word}: not an argument or option of this recipe; allowed: the "
-                                  "arguments and options of --help")
+                raise refuse(word, "not an argument or option of this recipe",
+                             "the arguments and options of --help")
             continue
         name = word.split("=", 1)[0] if word.startswith("--") else word
         action = parser._option_string_actions.get(name)
         if action is None:
             if not pass_through:
-                raise RecipeError(f"{name}: not an option of this recipe; allowed: the options of --help")
+                raise refuse(name, "not an option of this recipe", "the options of --help")
             if len(values) < len(positional):
                 missing = positional[len(values):]
-                raise RecipeError(f"{name}: an option for the fairseq tool, written before "
-                                  + " and ".join(missing) + "; allowed: " + " ".join(missing)
-                                  + f" first, then the options ({name} V after them)")
+                raise refuse(name, "an option for the fairseq tool, written before "
+                             + " and ".join(missing), " ".join(missing)
+                             + f" first, then the options ({name} V after them)")
             passed.append(word)
             continue
         own.append(word)
@@ -246,8 +249,9 @@ def help_text(doc):
 
 
 def run(prog, doc, body, argv=None):
-    """Run ``body(argv)`` as the recipe ``prog``: ``--help`` prints ``doc``, a
-    :class:`RecipeError` ends in its one line; returns the exit status."""
+    """Run ``body(argv)`` as the recipe ``prog``: ``--help`` prints ``doc``, an
+    :class:`OptionError` (or a signal, :class:`tools.Interrupted`) ends in its one line; returns
+    the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     with tools.signals_forwarded():
         try:
@@ -255,7 +259,7 @@ def run(prog, doc, body, argv=None):
         except Help:
             sys.stdout.write(help_text(doc))
             return 0
-        except RecipeError as error:
+        except (OptionError, tools.Interrupted) as error:
             sys.stdout.flush()
             print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
             return error.status
