@@ -13,6 +13,8 @@ Every refusal has one format, ``SUBJECT=VALUE: what is wrong; allowed: what woul
 value), and one class, :class:`OptionError`, in the plugin and in the lab (its recipes and
 scripts load this module by its path: it imports neither fairseq nor torch). Each command's edge
 prints it as ``PROG: error: MESSAGE`` and exits with its :attr:`~OptionError.status`.
+:func:`check_kind` is the one check of a value against its kind (a choice, a whole number, a
+ratio, ...), for the plugin's options and the recipes' alike.
 
 The plugin checks its options right after fairseq parses the command line (the architecture's
 preset checks them, so nothing is loaded or logged before the error), and when the model is
@@ -23,6 +25,7 @@ those into :class:`OptionError` at the model boundary.
 """
 import contextlib
 import os
+import re
 import sys
 
 
@@ -95,6 +98,67 @@ def option_error(flag, value, problem, allowed=None, alternatives=(), most=None)
     if allowed is None:
         allowed = render_alternatives(list(alternatives)[:most])
     return refusal(shown, problem, allowed, alternatives, most)
+
+
+SIZE = re.compile(r"^([0-9]+)([KkMmGgTt]?)$")
+WHOLE = re.compile(r"^[0-9]+$")
+
+
+def _number(text):
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")  # fails every test below
+
+
+def _whole(text):
+    return int(text) if WHOLE.fullmatch(text) else float("nan")
+
+
+#: kind -> (what a value of the kind is, the allowed text, how a command-line word is read, the
+#: test of a value read, what is wrong with a number that fails it). A word that fails is "not"
+#: what the kind is (it may be no number at all).
+KINDS = {
+    "count": ("a whole number >= 1", None, _whole, lambda n: n >= 1, "not a whole number >= 1"),
+    "whole": ("a whole number >= 0", None, _whole, lambda n: n >= 0, "not a whole number >= 0"),
+    "nonneg": ("a number >= 0", None, _number, lambda n: n >= 0, "negative"),
+    "positive": ("a number > 0", None, _number, lambda n: n > 0, "not positive"),
+    "fraction": ("a number in (0, 1]", None, _number, lambda n: 0 < n <= 1,
+                 "not a number in (0, 1]"),
+    "ratio": ("a ratio in [0, 1] (0 = dense)", None, _number, lambda n: 0 <= n <= 1,
+              "not a parameter ratio"),
+    "length": ("an integer >= 2", None, _whole, lambda n: n >= 2, "too short for a chain"),
+    "size": ("a size", "a number of bytes with an optional K, M, G or T (e.g. 500M, 9G)",
+             lambda text: text if SIZE.fullmatch(text) else None, lambda n: n is not None, "not a size"),
+}
+
+
+def check_kind(flag, value, kind, choices=(), allowed=None, otherwise=None, refused_choices=(),
+                choice_why=""):
+    """Refuse ``value`` of ``flag`` unless it is of ``kind``: ``choice`` (one of ``choices``; one
+    of ``refused_choices`` is refused with ``choice_why``) or a row of :data:`KINDS`. ``value``
+    is a number (an option fairseq's parser read; None: unset, it passes) or the word written on
+    the command line (a recipe's). The refusal allows ``allowed`` (default: what the kind is),
+    then ``otherwise`` (``drop --flag (default 5)``). Returns ``value``."""
+    if kind == "choice":
+        if value in choices:
+            return value
+        problem = choice_why if value in refused_choices else "not one of the choices"
+        raise option_error(flag, value, problem, allowed or "|".join(choices))
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind}: not a kind of value; allowed: choice|" + "|".join(KINDS))
+    what, shown, read, test, problem = KINDS[kind]
+    if value is None:
+        return value
+    if isinstance(value, str):
+        number, problem = read(value), f"not {what}"
+    else:
+        number = value
+    if not test(number):
+        allowed = allowed or shown or what
+        raise option_error(flag, value, problem,
+                           allowed if otherwise is None else f"{allowed}, or {otherwise}")
+    return value
 
 
 def nearest(name, names, count=3):

@@ -1,7 +1,7 @@
-"""The plugin and the lab refuse with one class and one format (slim_fairseq/option_errors.py):
-the recipes' command line, fairseq's options of the plugin, the compression and the checkpoint
-readers all raise ``OptionError``; a failed step is one too (exit status 1); a signal is not a
-refusal."""
+"""The plugin and the lab refuse with one class and one format, and check a value against its
+kind with one function (slim_fairseq/option_errors.py): the recipes' command line, fairseq's
+options of the plugin, the compression and the checkpoint readers all raise
+``OptionError``; a failed step is one too (exit status 1); a signal is not a refusal."""
 import os
 import signal
 
@@ -11,7 +11,9 @@ from helpers import REPO, load_plugin
 
 load_plugin()
 
-from slim_fairseq.option_errors import FAILED, REFUSED, OptionError  # noqa: E402
+from slim_fairseq import options as vocabulary  # noqa: E402
+from slim_fairseq.models.slim_options import BY_DEST  # noqa: E402
+from slim_fairseq.option_errors import FAILED, REFUSED, OptionError, check_kind  # noqa: E402
 from slim_fairseq_lab import checkpoints  # noqa: E402
 from slim_fairseq_lab.recipes import cli, tools  # noqa: E402
 
@@ -57,3 +59,29 @@ def test_the_recipe_edge_prints_one_line_with_the_status(capsys):
 def test_a_checkpoint_that_does_not_exist_is_the_one_class(tmp_path):
     with pytest.raises(OptionError, match="checkpoint not found"):
         checkpoints.load(str(tmp_path / "none.pt"))
+
+
+@pytest.mark.parametrize("kind, word, number, problem", [
+    ("positive", "-1", -1.0, ("not a number > 0", "not positive")),
+    ("count", "0", 0, ("not a whole number >= 1", "not a whole number >= 1")),
+    ("ratio", "2", 2.0, ("not a ratio in [0, 1] (0 = dense)", "not a parameter ratio")),
+])
+def test_one_check_reads_a_word_and_a_number(kind, word, number, problem):
+    """A word from a recipe's command line is "not" what the kind is (it may be no number);
+    a number fairseq's parser read names what is wrong with it."""
+    for value, wrong in zip((word, number), problem):
+        with pytest.raises(OptionError) as caught:
+            check_kind("--x", value, kind)
+        assert str(caught.value).startswith(f"--x={value}: {wrong}; allowed: ")
+
+
+def test_the_plugin_and_the_recipes_check_choices_alike():
+    """The plugin's option rule and the recipes' value check are the same function."""
+    described = BY_DEST["glu_hidden"]
+    with pytest.raises(OptionError) as plugin:
+        vocabulary.check_value(described, "half")
+    choices = "|".join(described.choices)
+    with pytest.raises(OptionError) as recipe:
+        cli.check_value("--glu-hidden", "half", "choice:" + choices)
+    assert str(plugin.value) == str(recipe.value) == \
+        f"--glu-hidden=half: not one of the choices; allowed: {choices}"

@@ -21,11 +21,10 @@ import time
 from slim_fairseq_lab.paths import plugin_module
 from slim_fairseq_lab.recipes import tools
 
-# the one refusal class and format (slim_fairseq/option_errors.py, which imports neither fairseq
-# nor torch)
+# the one refusal class and format, and the one value check (slim_fairseq/option_errors.py, which
+# imports neither fairseq nor torch)
 _errors = plugin_module("option_errors")
-OptionError, refuse = _errors.OptionError, _errors.refusal
-SIZE = re.compile(r"^([0-9]+)([KkMmGgTt]?)$")
+OptionError, refuse, SIZE = _errors.OptionError, _errors.refusal, _errors.SIZE
 SIZE_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
@@ -51,38 +50,17 @@ def parse_size(value):
 
 
 def check_value(flag, value, kind, default=None):
-    """``value`` of ``flag`` against its ``kind`` (None: any non-empty string); a refusal proposes
-    the choices, or dropping ``flag`` (for its ``default``, when it has one the parser knows)."""
+    """``value`` of ``flag`` against its ``kind`` (None: any non-empty string; ``choice:a|b|c``,
+    else a kind of :func:`slim_fairseq.option_errors.check_kind`); a refusal proposes the
+    choices, or dropping ``flag`` (for its ``default``, when it has one the parser knows)."""
     if value == "":
         raise needs_value(flag)
     if not kind:
         return value
     if kind.startswith("choice:"):
-        choices = kind.split(":", 1)[1].split("|")
-        if value not in choices:
-            raise refuse(f"{flag}={value}", "not one of the choices", "|".join(choices))
-        return value
+        return _errors.check_kind(flag, value, "choice", choices=kind.split(":", 1)[1].split("|"))
     drop = f"drop {flag} (" + (f"default {default}" if default is not None else "its default") + ")"
-    if kind in ("count", "whole"):
-        least = 1 if kind == "count" else 0
-        if not re.fullmatch(r"[0-9]+", value) or int(value) < least:
-            raise refuse(f"{flag}={value}", f"not a whole number >= {least}", f"a whole number >= {least}, or {drop}")
-        return value
-    if kind in ("positive", "fraction"):
-        try:
-            number = float(value)
-        except ValueError:
-            number = float("nan")
-        if not (number > 0 and (kind == "positive" or number <= 1)):
-            allowed = "a number > 0" if kind == "positive" else "a number in (0, 1]"
-            raise refuse(f"{flag}={value}", f"not {allowed}", f"{allowed}, or {drop}")
-        return value
-    if kind == "size":
-        if not SIZE.fullmatch(value):
-            raise refuse(f"{flag}={value}", "not a size",
-                         f"a number of bytes with an optional K, M, G or T (e.g. 500M, 9G), or {drop}")
-        return value
-    raise ValueError(f"unknown kind {kind!r} of {flag}")
+    return _errors.check_kind(flag, value, kind, otherwise=drop)
 
 
 class Value(argparse.Action):
