@@ -129,12 +129,13 @@ KINDS = {
               "not a parameter ratio"),
     "length": ("an integer >= 2", None, _whole, lambda n: n >= 2, "too short for a chain"),
     "size": ("a size", "a number of bytes with an optional K, M, G or T (e.g. 500M, 9G)",
-             lambda text: text if SIZE.fullmatch(text) else None, lambda n: n is not None, "not a size"),
+             lambda text: text if SIZE.fullmatch(text) else None, lambda n: n is not None,
+             "not a size"),
 }
 
 
 def check_kind(flag, value, kind, choices=(), allowed=None, otherwise=None, refused_choices=(),
-                choice_why=""):
+               choice_why=""):
     """Refuse ``value`` of ``flag`` unless it is of ``kind``: ``choice`` (one of ``choices``; one
     of ``refused_choices`` is refused with ``choice_why``) or a row of :data:`KINDS`. ``value``
     is a number (an option fairseq's parser read; None: unset, it passes) or the word written on

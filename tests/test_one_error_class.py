@@ -19,10 +19,13 @@ from slim_fairseq_lab.recipes import cli, tools  # noqa: E402
 
 
 def test_the_lab_and_the_plugin_raise_one_class():
-    """The lab's handle of the class is the plugin's (loaded by its path when the lab runs
-    without fairseq: the same source, slim_fairseq/option_errors.py)."""
+    """The lab's handle of the class is the plugin's: the same source,
+    slim_fairseq/option_errors.py, loaded by its path when the lab needs it before fairseq is
+    imported (then the lab catches its own refusals, and turns the plugin's into them where it
+    calls the plugin: recipes/training.py)."""
     source = os.path.join(REPO, "slim_fairseq", "option_errors.py")
-    for handle in (OptionError, cli.OptionError, tools._errors.OptionError, checkpoints.OptionError):
+    for handle in (OptionError, cli.OptionError, tools._errors.OptionError,
+                   checkpoints.OptionError):
         assert os.path.samefile(handle.__init__.__code__.co_filename, source)
         assert issubclass(handle, ValueError)
 
@@ -30,7 +33,7 @@ def test_the_lab_and_the_plugin_raise_one_class():
 def test_a_refusal_and_a_failure_carry_their_exit_status():
     assert cli.refuse("--x=1", "wrong", "2").status == REFUSED
     failure = cli.step_failed("fairseq-train failed (exit 1): boom; see train.log")
-    assert isinstance(failure, OptionError) and failure.status == FAILED
+    assert isinstance(failure, cli.OptionError) and failure.status == FAILED
     assert str(tools.tool_failed("tool", 3, None, "ValueError: boom")) == \
         "tool failed (exit 3): ValueError: boom (its output is above)"
     assert tools.tool_failed("tool", 3, None, "x").status == FAILED
@@ -57,7 +60,7 @@ def test_the_recipe_edge_prints_one_line_with_the_status(capsys):
 
 
 def test_a_checkpoint_that_does_not_exist_is_the_one_class(tmp_path):
-    with pytest.raises(OptionError, match="checkpoint not found"):
+    with pytest.raises(checkpoints.OptionError, match="checkpoint not found"):
         checkpoints.load(str(tmp_path / "none.pt"))
 
 
@@ -81,7 +84,7 @@ def test_the_plugin_and_the_recipes_check_choices_alike():
     with pytest.raises(OptionError) as plugin:
         vocabulary.check_value(described, "half")
     choices = "|".join(described.choices)
-    with pytest.raises(OptionError) as recipe:
+    with pytest.raises(cli.OptionError) as recipe:
         cli.check_value("--glu-hidden", "half", "choice:" + choices)
     assert str(plugin.value) == str(recipe.value) == \
         f"--glu-hidden=half: not one of the choices; allowed: {choices}"

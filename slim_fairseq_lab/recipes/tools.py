@@ -87,9 +87,9 @@ def find(tool):
         if os.path.isfile(beside) and os.access(beside, os.X_OK):
             path = beside
     if path is None:
-        raise _errors.OptionError(f"{tool}: not found on PATH nor next to {sys.executable}; allowed: "
-                                  "the environment `make setup` built (source .venv/bin/activate)",
-                                  status=_errors.FAILED)
+        raise _errors.OptionError(f"{tool}: not found on PATH nor next to {sys.executable}; "
+                                  "allowed: the environment `make setup` built (source "
+                                  ".venv/bin/activate)", status=_errors.FAILED)
     return path
 
 
@@ -265,7 +265,8 @@ def tool_failed(name, status, where, text=None):
     if len(reason) > 400:
         reason = reason[:400] + " ..."
     see = f"; see {where}" if where else " (its output is above)"
-    return _errors.OptionError(f"{name} failed (exit {status}): {reason}{see}", status=_errors.FAILED)
+    return _errors.OptionError(f"{name} failed (exit {status}): {reason}{see}",
+                               status=_errors.FAILED)
 
 
 def output(argv, **kwargs):
