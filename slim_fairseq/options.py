@@ -37,10 +37,6 @@ class Choices:
         if value not in self._values:
             self._values.append(value)
 
-    def remove(self, value):
-        if value in self._values:
-            self._values.remove(value)
-
     def __iter__(self):
         return iter(self._values)
 
@@ -155,12 +151,6 @@ def register(spec_cls):
         assert not clash, f"{spec_cls.__name__}: {clash} already registered"
         _SPECS.append(spec_cls)
     return spec_cls
-
-
-def unregister(spec_cls):
-    """Remove ``spec_cls`` from the vocabulary (a technique loaded for a while, e.g. by a test)."""
-    if spec_cls in _SPECS:
-        _SPECS.remove(spec_cls)
 
 
 def specs():

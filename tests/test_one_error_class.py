@@ -88,3 +88,12 @@ def test_the_plugin_and_the_recipes_check_choices_alike():
         cli.check_value("--glu-hidden", "half", "choice:" + choices)
     assert str(plugin.value) == str(recipe.value) == \
         f"--glu-hidden=half: not one of the choices; allowed: {choices}"
+
+
+def test_the_plugin_has_no_unregister():
+    """Registering is once per process; tests undo theirs with ``helpers.unregister``."""
+    for folder, _, files in os.walk(os.path.join(REPO, "slim_fairseq")):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    assert "def unregister" not in f.read(), os.path.join(folder, name)
