@@ -29,7 +29,7 @@ import sys
 
 from slim_fairseq_lab import command
 from slim_fairseq_lab.checkpoints import (  # noqa: F401 (re-exported: the script's library)
-    EPOCH_PATTERN, SEVERAL_RUNS, UPDATE_PATTERN, CheckpointError, average, last_checkpoints, load)
+    EPOCH_PATTERN, SEVERAL_RUNS, UPDATE_PATTERN, OptionError, average, last_checkpoints, load)
 
 load_checkpoint = load
 PROG = "average_checkpoints"
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         pattern = EPOCH_PATTERN if args.num_epoch_checkpoints else UPDATE_PATTERN
         try:
             paths = last_checkpoints(args.inputs[0], count, pattern, args.checkpoint_upper_bound)
-        except CheckpointError as err:
+        except OptionError as err:
             return command.refused(err, PROG)
     else:
         paths = args.inputs
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print("averaging:", *paths, sep="\n  ", file=sys.stderr)
     try:
         state = average(paths, several_runs=args.allow_several_runs)
-    except CheckpointError as err:
+    except OptionError as err:
         return command.refused(err, PROG)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     import torch

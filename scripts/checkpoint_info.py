@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from slim_fairseq_lab import command
-from slim_fairseq_lab.checkpoints import CheckpointError, load, max_positions, training_block
+from slim_fairseq_lab.checkpoints import OptionError, load, max_positions, training_block
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = get_parser().parse_args(argv)
     try:
         state = load(args.checkpoint)
-    except CheckpointError as error:
+    except OptionError as error:
         return command.refused(error, "checkpoint_info")
     for what in args.what:
         value = max_positions(state) if what == "positions" else training_block(state)

@@ -49,7 +49,8 @@ def main(argv=None):
     logging.basicConfig(level=logging.WARNING)
     from fairseq import utils
     utils.import_user_module(argparse.Namespace(user_dir=os.path.abspath(args.user_dir)))
-    from slim_fairseq.compression import CompressionError, compress_checkpoint
+    from slim_fairseq.compression import compress_checkpoint
+    from slim_fairseq.option_errors import OptionError
 
     def log(message):
         print(f"[compress] {message}", file=sys.stderr, flush=True)
@@ -59,7 +60,7 @@ def main(argv=None):
             args.checkpoint, args.output, tc_ff=args.tc_ff, tc_patt=args.tc_patt,
             tc_layer=args.tc_layer, tc_emb=args.tc_emb, tc_output=args.tc_output,
             tc_length=args.tc_length, data=args.data, log=log, force=args.force)
-    except CompressionError as err:
+    except OptionError as err:
         print(f"compress_checkpoint: error: {err}", file=sys.stderr)
         return 2
     print("model flags: " + shlex.join(flags))

@@ -41,7 +41,8 @@ def main(argv=None):
     logging.basicConfig(level=logging.WARNING)
     from fairseq import utils
     utils.import_user_module(argparse.Namespace(user_dir=os.path.abspath(args.user_dir)))
-    from slim_fairseq.compression import CompressionError, export_dense_checkpoint
+    from slim_fairseq.compression import export_dense_checkpoint
+    from slim_fairseq.option_errors import OptionError
 
     def log(message):
         print(f"[export_dense] {message}", file=sys.stderr, flush=True)
@@ -49,7 +50,7 @@ def main(argv=None):
     try:
         export_dense_checkpoint(args.checkpoint, args.output, data=args.data,
                                 plain_fairseq=args.plain_fairseq, log=log, force=args.force)
-    except CompressionError as err:
+    except OptionError as err:
         print(f"export_dense: error: {err}", file=sys.stderr)
         return 2
     return 0

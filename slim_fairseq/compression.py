@@ -36,10 +36,6 @@ from slim_fairseq.option_errors import OptionError
 SLIM_OF = {"transformer": "slim_transformer", "transformer_lm": "slim_lm"}
 
 
-class CompressionError(ValueError):
-    """A one-line message naming what is wrong with the input or the options."""
-
-
 def _tc_classes():
     from slim_fairseq.modules.tensor_chain import TensorChainEmbedding, TensorChainLinear
     return TensorChainLinear, TensorChainEmbedding
@@ -64,7 +60,7 @@ def fill_from_dense(module, weight):
     expected = (module.in_features, module.out_features) if linear else (
         module.num_embeddings, module.embedding_dim)
     if tuple(matrix.shape) != expected:
-        raise CompressionError(f"weight={tuple(weight.shape)}: does not fit a chain of "
+        raise OptionError(f"weight={tuple(weight.shape)}: does not fit a chain of "
                                f"{expected[0]}x{expected[1]}; allowed: the dense weight of the "
                                "layer the chain replaces")
     cores = tt_svd(matrix, module.in_factors, module.out_factors, module.bond)
@@ -92,7 +88,7 @@ def _dense_key(slim_key):
 def compress_model(dense_model, slim_model, log=None):
     """Copy a trained fairseq transformer into ``slim_model`` (built with the same options plus
     ``--tc-*``): dense tensors are copied, every Tensor Chain is the TT-SVD of the dense weight
-    it replaces. Every tensor of both models must be accounted for (else CompressionError).
+    it replaces. Every tensor of both models must be accounted for (else an OptionError).
     Returns one record per chain: name, shape, bond, dense and chain parameters, relative error."""
     # tensors only: the record of the data a model keeps beside them is the slim model's own
     dense_state = {k: v for k, v in dense_model.state_dict().items() if torch.is_tensor(v)}
@@ -102,7 +98,7 @@ def compress_model(dense_model, slim_model, log=None):
     for name, module in chains.items():
         weight_key = _dense_key(f"{name}.weight")
         if weight_key not in dense_state:
-            raise CompressionError(f"{name}: a Tensor Chain with no dense weight {weight_key} in "
+            raise OptionError(f"{name}: a Tensor Chain with no dense weight {weight_key} in "
                                    "the checkpoint; allowed: a checkpoint of the same model with "
                                    "the chain dense")
         weight = dense_state[weight_key]
@@ -121,17 +117,17 @@ def compress_model(dense_model, slim_model, log=None):
             continue
         dense_key = _dense_key(key)
         if dense_key not in dense_state:
-            raise CompressionError(f"{key}: in the compressed model, and the checkpoint has no "
+            raise OptionError(f"{key}: in the compressed model, and the checkpoint has no "
                                    f"{dense_key}; allowed: a checkpoint of the same model")
         if dense_state[dense_key].shape != slim_state[key].shape:
-            raise CompressionError(f"{dense_key}={tuple(dense_state[dense_key].shape)}: a shape "
+            raise OptionError(f"{dense_key}={tuple(dense_state[dense_key].shape)}: a shape "
                                    f"the compressed model does not take; allowed: "
                                    f"{tuple(slim_state[key].shape)}")
         filled[key] = dense_state[dense_key]
         used.add(dense_key)
     unused = [key for key in dense_state if key not in used]
     if unused:
-        raise CompressionError(f"{', '.join(unused[:5])}: checkpoint tensors with no place in "
+        raise OptionError(f"{', '.join(unused[:5])}: checkpoint tensors with no place in "
                                "the compressed model; allowed: a checkpoint of the same model")
     slim_model.load_state_dict(filled, strict=True)
     return records
@@ -144,7 +140,7 @@ def _load_state(path, data=None):
     import os
     from fairseq import checkpoint_utils
     if not os.path.isfile(path):
-        raise CompressionError(f"CHECKPOINT={path}: does not exist; allowed: a checkpoint file")
+        raise OptionError(f"CHECKPOINT={path}: does not exist; allowed: a checkpoint file")
     overrides = {"data": data} if data else None
     return checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides=overrides)
 
@@ -155,7 +151,7 @@ def _model_cfg(state):
     if cfg is None and state.get("args") is not None:
         cfg = convert_namespace_to_omegaconf(state["args"])
     if cfg is None or cfg.get("model") is None:
-        raise CompressionError("CHECKPOINT: has no model configuration (cfg.model / args); "
+        raise OptionError("CHECKPOINT: has no model configuration (cfg.model / args); "
                                "allowed: a checkpoint written by fairseq-train")
     return cfg
 
@@ -199,7 +195,7 @@ def build_checkpoint_model(cfg, state, data_name="--data"):
         return _build_task_and_model(cfg, state)
     except FileNotFoundError as exc:
         given = f"{data_name} DIR" if data_name.startswith("--") else data_name
-        raise CompressionError(f"{data_name}: {_one_line(exc)}; allowed: {given}, the data-bin "
+        raise OptionError(f"{data_name}: {_one_line(exc)}; allowed: {given}, the data-bin "
                                "with the model's dictionaries")
 
 
@@ -348,12 +344,12 @@ def check_output(path, out, force=False):
     import os
     if os.path.realpath(path) == os.path.realpath(out) or (
             os.path.exists(path) and os.path.exists(out) and os.path.samefile(path, out)):
-        raise CompressionError(f"OUTPUT={out}: is the checkpoint it reads ({path}), which writing would "
+        raise OptionError(f"OUTPUT={out}: is the checkpoint it reads ({path}), which writing would "
                                "overwrite; allowed: another file")
     if os.path.isdir(out):
-        raise CompressionError(f"OUTPUT={out}: is a folder; allowed: a file name")
+        raise OptionError(f"OUTPUT={out}: is a folder; allowed: a file name")
     if os.path.lexists(out) and not force:
-        raise CompressionError(f"OUTPUT={out}: exists; allowed: --force to replace it, or another file")
+        raise OptionError(f"OUTPUT={out}: exists; allowed: --force to replace it, or another file")
 
 
 # ----------------------------------------------------------------------------------- compress
@@ -369,24 +365,21 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
                                                   validate_slim_args)
     check_output(path, out, force)
     ratios = dict(tc_ff=tc_ff, tc_patt=tc_patt, tc_layer=tc_layer, tc_emb=tc_emb, tc_output=tc_output)
-    try:  # the model options' own rules on each value
-        for dest, value in dict(ratios, tc_length=tc_length).items():
-            check_value(BY_DEST[dest], value)
-    except ValueError as error:
-        raise CompressionError(str(error)) from None
+    for dest, value in dict(ratios, tc_length=tc_length).items():  # each value's own rule
+        check_value(BY_DEST[dest], value)
     if not any(ratios.values()):
-        raise CompressionError("--tc-*: nothing to compress; allowed: at least one of --tc-ff, "
+        raise OptionError("--tc-*: nothing to compress; allowed: at least one of --tc-ff, "
                                "--tc-patt, --tc-layer, --tc-emb, --tc-output above 0")
     cfg, state = load_checkpoint(path, data)
     arch = _arch_of(cfg.model)
     model_name = _model_name(arch)
     if model_name not in SLIM_OF:
-        raise CompressionError(
+        raise OptionError(
             f"CHECKPOINT={path}: a checkpoint of arch {arch!r} (model {model_name or 'unknown'}); "
             f"allowed: fairseq's {' or '.join(SLIM_OF)} models "
             "(e.g. transformer, transformer_wmt_en_de, transformer_vaswani_wmt_en_de_big)")
     if model_name == "transformer_lm" and not getattr(cfg.model, "decoder_normalize_before", False):
-        raise CompressionError(
+        raise OptionError(
             f"CHECKPOINT={path}: a post-norm transformer_lm (decoder_normalize_before False), "
             "and slim_lm is always pre-norm (fairseq's base_lm_architecture sets "
             "--decoder-normalize-before); allowed: a transformer_lm trained with "
@@ -407,27 +400,27 @@ def compress_checkpoint(path, out, tc_ff=0.0, tc_patt=0.0, tc_layer=0.0, tc_emb=
         # the plugin's model with every chain off must be exactly the checkpoint's model
         same_cfg = without_tensor_chains(copy.deepcopy(slim_cfg))
         _, same = _build_task_and_model(cfg, state, model_cfg=same_cfg)
-    except OptionError as exc:  # already one line: --flag=value: problem; allowed: ...
-        raise CompressionError(str(exc)) from None
+    except OptionError:  # already one line: --flag=value: problem; allowed: ...
+        raise
     except ValueError as exc:
-        raise CompressionError(f"--tc-*: {_one_line(exc)}; allowed: other --tc-* ratios") from None
+        raise OptionError(f"--tc-*: {_one_line(exc)}; allowed: other --tc-* ratios") from None
     try:
         compress_model(dense, same)
-    except CompressionError as exc:
-        raise CompressionError(f"CHECKPOINT={path}: {slim_name} built from its options differs "
+    except OptionError as exc:
+        raise OptionError(f"CHECKPOINT={path}: {slim_name} built from its options differs "
                                f"from its model ({exc}); allowed: {' or '.join(SLIM_OF)} "
                                "checkpoints of the options compress_checkpoint supports")
     vocab = len(task.source_dictionary)
     gap = output_gap(dense, same.eval(), vocab)
     if gap > EQUAL_OUTPUTS:
-        raise CompressionError(
+        raise OptionError(
             f"CHECKPOINT={path}: {slim_name} built from its options does not reproduce its model "
             f"(relative logit gap {gap:.2e}); allowed: {arch} checkpoints of the option "
             "combinations compress_checkpoint supports")
     del same
     records = compress_model(dense, slim, log=log)
     if not records:
-        raise CompressionError("--tc-*: the places chosen hold no layer of this model; "
+        raise OptionError("--tc-*: the places chosen hold no layer of this model; "
                                "allowed: --tc-ff, --tc-patt, --tc-layer, --tc-emb or --tc-output "
                                "of a place the model has")
     write_checkpoint(out, cfg, slim_cfg, slim, state)
@@ -499,7 +492,7 @@ def _plain_fairseq(cfg, state, dense_cfg, dense, model_name):
         plain.load_state_dict({_dense_key(k): v for k, v in dense.state_dict().items()
                                if torch.is_tensor(v)}, strict=True)
     except RuntimeError as exc:
-        raise CompressionError(f"--plain-fairseq: fairseq's {plain_name} does not take the "
+        raise OptionError(f"--plain-fairseq: fairseq's {plain_name} does not take the "
                                f"exported tensors ({_one_line(exc)[:300]}); allowed: the export "
                                "without --plain-fairseq")
     return plain_cfg, plain.eval()
@@ -514,12 +507,12 @@ def densify(cfg, state, model):
     try:
         dense.load_state_dict(dense_state_dict(model), strict=True)
     except RuntimeError as exc:
-        raise CompressionError(f"CHECKPOINT: the dense model does not take the exported tensors "
+        raise OptionError(f"CHECKPOINT: the dense model does not take the exported tensors "
                                f"({_one_line(exc)[:300]}); allowed: none (a defect of the plugin: "
                                "report it with the command)")
     left = [name for name, module in dense.named_modules() if is_tensor_chain(module)]
     if left:
-        raise CompressionError(f"{', '.join(left[:5])}: Tensor Chains left after the export; "
+        raise OptionError(f"{', '.join(left[:5])}: Tensor Chains left after the export; "
                                "allowed: none (a defect of the plugin: report it with the command)")
     return dense_cfg, dense.eval()
 
@@ -535,11 +528,11 @@ def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None,
     arch = _arch_of(cfg.model)
     model_name = _model_name(arch)
     if model_name not in SLIM_OF.values():
-        raise CompressionError(
+        raise OptionError(
             f"CHECKPOINT={path}: a checkpoint of arch {arch!r} (model {model_name or 'unknown'}); "
             f"allowed: {' or '.join(SLIM_OF.values())} checkpoints (any arch of them)")
     if plain_fairseq and other_techniques(cfg.model):
-        raise CompressionError("--plain-fairseq: needs a model that uses no other technique of "
+        raise OptionError("--plain-fairseq: needs a model that uses no other technique of "
                                f"the plugin, and this one sets {', '.join(other_techniques(cfg.model))}; "
                                "allowed: the export without --plain-fairseq")
     places = [p for p in TC_PLACES if getattr(cfg.model, p, 0.0)]
@@ -551,7 +544,7 @@ def export_dense_checkpoint(path, out, data=None, plain_fairseq=False, log=None,
         dense_cfg, dense = _plain_fairseq(cfg, state, dense_cfg, dense, model_name)
     gap = output_gap(model, dense.eval(), len(task.source_dictionary))
     if gap > EQUAL_OUTPUTS:
-        raise CompressionError(f"CHECKPOINT={path}: the exported model's outputs differ from its "
+        raise OptionError(f"CHECKPOINT={path}: the exported model's outputs differ from its "
                                f"(relative logit gap {gap:.2e}), nothing written; allowed: none "
                                "(a defect of the plugin: report it with the command)")
     write_checkpoint(out, cfg, dense_cfg, dense, state)

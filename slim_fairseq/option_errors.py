@@ -8,8 +8,13 @@ while loading a checkpoint, prints ``PROG: error: --flag ...`` (argparse's forma
 with status 2, as argparse does; an interrupt (Ctrl-C) prints ``PROG: interrupted`` and exits
 with status 130 (128 + SIGINT), the shells' convention. Every other error keeps its traceback.
 
-Every option error has one format, ``--flag=value: what is wrong; allowed: what would work``
-(:func:`option_error`; a flag that takes no value is written without ``=value``).
+Every refusal has one format, ``SUBJECT=VALUE: what is wrong; allowed: what would work``
+(:func:`refusal`; :func:`option_error` for a flag, written without ``=value`` when it takes no
+value), and one class, :class:`OptionError`, in the plugin and in the lab (its recipes and
+scripts load this module by its path: it imports neither fairseq nor torch). Each command's edge
+prints it as ``PROG: error: MESSAGE`` and exits with its :attr:`~OptionError.status`.
+:func:`check_kind` is the one check of a value against its kind (a choice, a whole number, a
+ratio, ...), for the plugin's options and the recipes' alike.
 
 The plugin checks its options right after fairseq parses the command line (the architecture's
 preset checks them, so nothing is loaded or logged before the error), and when the model is
@@ -20,11 +25,13 @@ those into :class:`OptionError` at the model boundary.
 """
 import contextlib
 import os
+import re
 import sys
 
 
-#: exit status of a refused command line (argparse's) and of an interrupted command (128 + SIGINT)
-REFUSED, INTERRUPTED = 2, 130
+#: exit status of a refused command line (argparse's), of a step that failed after the checks
+#: and of an interrupted command (128 + SIGINT)
+REFUSED, FAILED, INTERRUPTED = 2, 1, 130
 
 
 def prog_name():
@@ -33,25 +40,28 @@ def prog_name():
 
 
 class OptionError(ValueError):
-    """A bad option value or combination; the message names the flag. ``alternatives``: the
-    changes of the command line the refusal proposes, as dicts {flag: value}, value None for
-    "drop the flag" (see :func:`option_error`)."""
+    """A one-line refusal of a bad option, argument or input; the message names it first.
+    ``alternatives``: the changes of the command line the refusal proposes, as dicts
+    {flag: value}, value None for "drop the flag" (see :func:`option_error`). ``status``: the
+    command's exit status, :data:`REFUSED` (nothing ran), or :data:`FAILED` for a step that failed
+    after the checks (a recipe's tool)."""
 
-    def __init__(self, message, alternatives=(), most=None):
+    def __init__(self, message, alternatives=(), most=None, status=REFUSED):
         super().__init__(message)
         self.alternatives = list(alternatives)
         self.most = most  # how many of the alternatives that pass the refusal shows (None: all)
         self.rule = None  # the name of the rule that refused (slim_fairseq.options.check_rules)
+        self.status = status
 
     def with_alternatives(self, alternatives, otherwise="another setting of the options named"):
         """The same refusal proposing only ``alternatives`` (a checker kept those that pass; the
         first :attr:`most` of them), or ``otherwise`` when none is left."""
         alternatives = list(alternatives)[:self.most]
-        head = str(self).rsplit("; allowed: ", 1)[0]
+        head, problem = str(self).rsplit("; allowed: ", 1)[0].split(": ", 1)
         allowed = render_alternatives(alternatives) if alternatives else otherwise
-        refusal = OptionError(f"{head}; allowed: {allowed}", alternatives)
-        refusal.rule = self.rule
-        return refusal
+        changed = refusal(head, problem, allowed, alternatives)
+        changed.rule = self.rule
+        return changed
 
 
 def render_alternatives(alternatives):
@@ -71,6 +81,12 @@ def render_alternatives(alternatives):
     return ", or ".join([f"{flag} {'|'.join(values)}" for flag, values in single.items()] + parts)
 
 
+def refusal(subject, problem, allowed, alternatives=(), most=None):
+    """The one refusal format: ``SUBJECT: problem; allowed: allowed`` (SUBJECT: ``--flag=value``,
+    ``--flag``, ``FILE=path``, ...). Returns the :class:`OptionError` to raise."""
+    return OptionError(f"{subject}: {problem}; allowed: {allowed}", alternatives, most)
+
+
 def option_error(flag, value, problem, allowed=None, alternatives=(), most=None):
     """The plugin's one option-error format: ``--flag=value: problem; allowed: allowed``
     (``value`` None or True: a flag without a value). ``alternatives``, changes of the command
@@ -81,7 +97,69 @@ def option_error(flag, value, problem, allowed=None, alternatives=(), most=None)
     shown = flag if value is None or value is True else f"{flag}={value}"
     if allowed is None:
         allowed = render_alternatives(list(alternatives)[:most])
-    return OptionError(f"{shown}: {problem}; allowed: {allowed}", alternatives, most)
+    return refusal(shown, problem, allowed, alternatives, most)
+
+
+SIZE = re.compile(r"^([0-9]+)([KkMmGgTt]?)$")
+WHOLE = re.compile(r"^[0-9]+$")
+
+
+def _number(text):
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")  # fails every test below
+
+
+def _whole(text):
+    return int(text) if WHOLE.fullmatch(text) else float("nan")
+
+
+#: kind -> (what a value of the kind is, the allowed text, how a command-line word is read, the
+#: test of a value read, what is wrong with a number that fails it). A word that fails is "not"
+#: what the kind is (it may be no number at all).
+KINDS = {
+    "count": ("a whole number >= 1", None, _whole, lambda n: n >= 1, "not a whole number >= 1"),
+    "whole": ("a whole number >= 0", None, _whole, lambda n: n >= 0, "not a whole number >= 0"),
+    "nonneg": ("a number >= 0", None, _number, lambda n: n >= 0, "negative"),
+    "positive": ("a number > 0", None, _number, lambda n: n > 0, "not positive"),
+    "fraction": ("a number in (0, 1]", None, _number, lambda n: 0 < n <= 1,
+                 "not a number in (0, 1]"),
+    "ratio": ("a ratio in [0, 1] (0 = dense)", None, _number, lambda n: 0 <= n <= 1,
+              "not a parameter ratio"),
+    "length": ("an integer >= 2", None, _whole, lambda n: n >= 2, "too short for a chain"),
+    "size": ("a size", "a number of bytes with an optional K, M, G or T (e.g. 500M, 9G)",
+             lambda text: text if SIZE.fullmatch(text) else None, lambda n: n is not None,
+             "not a size"),
+}
+
+
+def check_kind(flag, value, kind, choices=(), allowed=None, otherwise=None, refused_choices=(),
+               choice_why=""):
+    """Refuse ``value`` of ``flag`` unless it is of ``kind``: ``choice`` (one of ``choices``; one
+    of ``refused_choices`` is refused with ``choice_why``) or a row of :data:`KINDS`. ``value``
+    is a number (an option fairseq's parser read; None: unset, it passes) or the word written on
+    the command line (a recipe's). The refusal allows ``allowed`` (default: what the kind is),
+    then ``otherwise`` (``drop --flag (default 5)``). Returns ``value``."""
+    if kind == "choice":
+        if value in choices:
+            return value
+        problem = choice_why if value in refused_choices else "not one of the choices"
+        raise option_error(flag, value, problem, allowed or "|".join(choices))
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind}: not a kind of value; allowed: choice|" + "|".join(KINDS))
+    what, shown, read, test, problem = KINDS[kind]
+    if value is None:
+        return value
+    if isinstance(value, str):
+        number, problem = read(value), f"not {what}"
+    else:
+        number = value
+    if not test(number):
+        allowed = allowed or shown or what
+        raise option_error(flag, value, problem,
+                           allowed if otherwise is None else f"{allowed}, or {otherwise}")
+    return value
 
 
 def nearest(name, names, count=3):

@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Tuple
 
-from slim_fairseq.option_errors import OptionError, option_error
+from slim_fairseq.option_errors import OptionError, check_kind, option_error
 
 MODELS = ("slim_transformer", "slim_lm")
 VALUE_RULE = "value"
@@ -36,10 +36,6 @@ class Choices:
     def add(self, value):
         if value not in self._values:
             self._values.append(value)
-
-    def remove(self, value):
-        if value in self._values:
-            self._values.remove(value)
 
     def __iter__(self):
         return iter(self._values)
@@ -157,12 +153,6 @@ def register(spec_cls):
     return spec_cls
 
 
-def unregister(spec_cls):
-    """Remove ``spec_cls`` from the vocabulary (a technique loaded for a while, e.g. by a test)."""
-    if spec_cls in _SPECS:
-        _SPECS.remove(spec_cls)
-
-
 def specs():
     """The registered specs, in order."""
     return tuple(_SPECS)
@@ -233,27 +223,12 @@ def markdown(options, extra_header="", extra_rows=()):
 # ---------------------------------------------------------------------------- the rules
 
 def check_value(described, value):
-    """The rule of ``described``'s kind (a choice, a ratio, a length, ...) on one value."""
-    allowed = {
-        "nonneg": "an integer >= 0" if described.kind is int else "a number >= 0",
-        "positive": "a number > 0",
-        "ratio": "a ratio in [0, 1] (0 = dense)",
-        "length": "an integer >= 2",
-        "choice": "|".join(described.choices),
-    }
-    check = described.check
-    if check == "choice" and value not in described.choices:
-        if value in described.refused_choices:
-            raise option_error(described.flag, value, described.choice_why, allowed[check])
-        raise option_error(described.flag, value, "not one of the choices", allowed[check])
-    if check == "nonneg" and value < 0:
-        raise option_error(described.flag, value, "negative", allowed[check])
-    if check == "positive" and value is not None and value <= 0:
-        raise option_error(described.flag, value, "not positive", allowed[check])
-    if check == "ratio" and not 0.0 <= value <= 1.0:
-        raise option_error(described.flag, value, "not a parameter ratio", allowed[check])
-    if check == "length" and value < 2:
-        raise option_error(described.flag, value, "too short for a chain", allowed[check])
+    """The rule of ``described``'s kind (a choice, a ratio, a length, ...) on one value
+    (:func:`slim_fairseq.option_errors.check_kind`, which the recipes use too)."""
+    integer = described.check == "nonneg" and described.kind is int
+    check_kind(described.flag, value, described.check, choices=described.choices,
+               allowed="an integer >= 0" if integer else None,
+               refused_choices=described.refused_choices, choice_why=described.choice_why)
 
 
 def check_rules(options, model):

@@ -5,7 +5,7 @@ Loading uses ``torch.load(weights_only=True)`` with the allow-list of
 :mod:`slim_fairseq.checkpoint_safety` (docs/TECHNIQUES.md#safe-checkpoint-loading), which is
 loaded by its path so that reading a checkpoint does not import fairseq. A file that is not a
 complete checkpoint (a copy or a save that did not finish) is a one-line
-:class:`CheckpointError`, not torch's traceback.
+:class:`OptionError` (the plugin's one error class) naming the file, not torch's traceback.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ RUN_SECTIONS = ("common", "common_eval", "distributed_training", "dataset", "opt
                 "optimizer", "lr_scheduler", "scoring", "bpe", "tokenizer", "ema")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or used; the message is one line naming the file."""
+#: a checkpoint that cannot be read or used: one line naming the file (slim_fairseq/option_errors.py)
+OptionError = plugin_module("option_errors").OptionError
 
 
 def _checkpoint_safety():
@@ -95,7 +95,7 @@ def load(path: str, mmap: bool = False) -> dict:
     ``mmap``: tensors are mapped from the file, not read (to look at the configuration of a large
     checkpoint)."""
     if not os.path.isfile(path):
-        raise CheckpointError(f"{path}: checkpoint not found")
+        raise OptionError(f"{path}: checkpoint not found")
     try:
         if mmap and _zip_format(path):
             import torch
@@ -104,7 +104,7 @@ def load(path: str, mmap: bool = False) -> dict:
         return _checkpoint_safety().load(path)
     except Exception as error:  # noqa: BLE001 - torch raises several kinds for a damaged file
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"{path}: not a complete checkpoint ({reason}): a copy or a save "
+        raise OptionError(f"{path}: not a complete checkpoint ({reason}): a copy or a save "
                               "that did not finish") from None
 
 
@@ -211,7 +211,7 @@ def last_checkpoints(folder: str, count: int, pattern: re.Pattern, upper_bound: 
                 found.append((number, os.path.join(folder, name)))
     found.sort(reverse=True)
     if len(found) < count:
-        raise CheckpointError(f"--inputs: {folder} holds {len(found)} matching checkpoints, {count} requested")
+        raise OptionError(f"--inputs: {folder} holds {len(found)} matching checkpoints, {count} requested")
     return [path for _, path in found[:count]]
 
 
@@ -227,7 +227,7 @@ def complete_neighbour(path: str) -> str | None:
     for _, _, other in sorted(found):
         try:
             load(other, mmap=True)
-        except CheckpointError:
+        except OptionError:
             continue
         return other
     return None
@@ -256,23 +256,23 @@ def average(paths: list[str], several_runs: bool = False) -> dict:
             first_options = model_options(state)
             first_run = run
         elif set(model.keys()) != set(keys):
-            raise CheckpointError(f"--inputs: {path}: its parameters differ from those of {paths[0]}; "
+            raise OptionError(f"--inputs: {path}: its parameters differ from those of {paths[0]}; "
                                   "allowed: checkpoints of one run")
         else:
             differences = option_differences(first_options, model_options(state))
             if differences:
-                raise CheckpointError(f"--inputs: {path} was trained with other model options than "
+                raise OptionError(f"--inputs: {path} was trained with other model options than "
                                       f"{paths[0]} ({', '.join(differences)}); allowed: checkpoints of "
                                       "one run (the same --arch and model options)")
             if not several_runs and run and first_run and run != first_run:
-                raise CheckpointError(f"--inputs: {path} is a checkpoint of another run than {paths[0]} "
+                raise OptionError(f"--inputs: {path} is a checkpoint of another run than {paths[0]} "
                                       f"(run {run[:8]}, and {first_run[:8]}): independently trained models do "
                                       f"not average to a model; allowed: checkpoints of one run, or "
                                       f"{SEVERAL_RUNS} to average them on purpose")
         for key in keys:
             tensor = model[key]
             if tuple(tensor.shape) != tuple(result["model"][key].shape):
-                raise CheckpointError(f"--inputs: {path}: {key} is {tuple(tensor.shape)}, "
+                raise OptionError(f"--inputs: {path}: {key} is {tuple(tensor.shape)}, "
                                       f"{tuple(result['model'][key].shape)} in {paths[0]}; allowed: "
                                       "checkpoints of one run")
             if not torch.is_floating_point(tensor):

@@ -246,10 +246,6 @@ class Result:
     failed: list = field(default_factory=list)
 
 
-class MutationError(Exception):
-    """A mutation that cannot be applied as written (its text is gone or ambiguous)."""
-
-
 def repository_files(repo):
     """Tracked files and untracked ones git does not ignore (paths relative to ``repo``)."""
     out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
@@ -274,13 +270,13 @@ def apply(root, mutation):
     """Write ``mutation`` into the copy at ``root``; returns the file's original text."""
     path = os.path.join(root, mutation.path)
     if not os.path.isfile(path):
-        raise MutationError(f"{mutation.path}: no such file")
+        raise RuntimeError(f"{mutation.path}: no such file")
     with open(path, encoding="utf-8") as f:
         text = f.read()
     count = text.count(mutation.old)
     if count != 1:
-        raise MutationError(f"{mutation.path}: the text to replace is found {count} times, not "
-                            f"once: {mutation.old.strip()!r}")
+        raise RuntimeError(f"{mutation.path}: the text to replace is found {count} times, not "
+                           f"once: {mutation.old.strip()!r}")
     with open(path, "w", encoding="utf-8") as f:
         f.write(text.replace(mutation.old, mutation.new))
     return text

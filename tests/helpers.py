@@ -96,3 +96,20 @@ def sigint_at_default():
     pytest-xdist's workers ignore SIGINT, a child inherits that, and a Python started with SIGINT
     ignored never sees Ctrl-C (as a job started with ``nohup`` or ``&`` does not)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def unregister(technique):
+    """Undo the registration of ``technique`` (a spec class, or a ``--norm`` name), which a test
+    loads for a while; the plugin registers a technique once per process and has no way back."""
+    from slim_fairseq import options
+    from slim_fairseq.models import slim_layers
+    if isinstance(technique, str):
+        if slim_layers.NORM_MODULES.pop(technique, None) is not None:
+            slim_layers.NORMS._values.remove(technique)
+        return
+    for registry in (slim_layers.FEED_FORWARDS, slim_layers.ATTENTION_EXTENSIONS,
+                     slim_layers.INPUT_EMBEDDINGS, slim_layers.OUTPUT_PROJECTIONS,
+                     slim_layers.BLOCK_LAYOUTS):
+        registry.pop(technique, None)
+    if technique in options._SPECS:
+        options._SPECS.remove(technique)

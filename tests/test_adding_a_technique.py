@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import torch
 
-from helpers import BIN, REPO, TOOL_ENV, build, task_args
+from helpers import BIN, REPO, TOOL_ENV, build, task_args, unregister
 from slim_fairseq_lab import contract
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
@@ -46,16 +46,14 @@ def _load(name):
 @pytest.fixture()
 def examples():
     """The examples' modules, registered for the test and removed after it."""
-    from slim_fairseq.models.slim_layers import (unregister_attention_extension,
-                                                 unregister_feed_forward, unregister_norm)
     loaded = {name: _load(name) for name in (*EXAMPLES, "scale_norm")}
     try:
         yield loaded
     finally:
-        unregister_norm("scalenorm")
-        unregister_feed_forward(loaded["low_rank_ffn"].LowRankOptions)
-        unregister_attention_extension(loaded["attention_output_gate"].OutputGateOptions)
-        unregister_attention_extension(loaded["alibi"].ALiBiOptions)
+        unregister("scalenorm")
+        unregister(loaded["low_rank_ffn"].LowRankOptions)
+        unregister(loaded["attention_output_gate"].OutputGateOptions)
+        unregister(loaded["alibi"].ALiBiOptions)
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
@@ -71,9 +69,9 @@ def test_each_example_is_a_spec_a_module_and_a_registration(name):
 
 
 @contextlib.contextmanager
-def _registered(register, unregister, spec_cls, *entry, **entries):
+def _registered(register, spec_cls, *entry, **entries):
     """A technique written in a test, registered while the block runs (``register(spec_cls,
-    *entry, **entries)``), then removed with ``unregister(spec_cls)``."""
+    *entry, **entries)``), then removed (``helpers.unregister``)."""
     register(spec_cls, *entry, **entries)
     try:
         yield
@@ -338,8 +336,7 @@ def test_positions_of_queries_and_keys_from_outside_are_the_plugins_rope(tmp_pat
     step: the hook sees each step's position."""
     from dataclasses import dataclass
 
-    from slim_fairseq.models.slim_layers import (register_attention_extension,
-                                                 unregister_attention_extension)
+    from slim_fairseq.models.slim_layers import register_attention_extension
     from slim_fairseq.models.slim_options import AttentionExtension
     from slim_fairseq.modules.rope import RotaryEmbedding
     from slim_fairseq.options import option
@@ -363,8 +360,7 @@ def test_positions_of_queries_and_keys_from_outside_are_the_plugins_rope(tmp_pat
             rows = self.rope.rows(q, past)
             return self.rope.rotate(q, *rows), self.rope.rotate(k, *rows)
 
-    with _registered(register_attention_extension, unregister_attention_extension,
-                     RotaryOptions, Rotary):
+    with _registered(register_attention_extension, RotaryOptions, Rotary):
         common = ["--no-token-positional-embeddings", "--dropout", "0"]
         args, task, outside = build("slim_lm", TINY_LM, True, ["--rotary-from-outside", *common])
         _, _, plugin = build("slim_lm", TINY_LM, True, ["--rope-theta", "10000", *common])
@@ -383,8 +379,7 @@ def channel_scaled():
     projected in, then scaled per channel by learned factors."""
     from dataclasses import dataclass
 
-    from slim_fairseq.models.slim_layers import (register_input_embedding,
-                                                 unregister_input_embedding)
+    from slim_fairseq.models.slim_layers import register_input_embedding
     from slim_fairseq.models.slim_options import InputEmbeddingVariant
     from slim_fairseq.modules.input_embedding import StandardInputEmbedding
     from slim_fairseq.options import option
@@ -413,7 +408,7 @@ def channel_scaled():
         def forward(self, tokens, incremental_state=None):
             return super().forward(tokens, incremental_state) * self.channel_scale
 
-    with _registered(register_input_embedding, unregister_input_embedding, ChannelScaledOptions,
+    with _registered(register_input_embedding, ChannelScaledOptions,
                      ChannelScaled):
         yield ChannelScaled
 
@@ -446,8 +441,7 @@ def low_rank_output():
     table when tied."""
     from dataclasses import dataclass
 
-    from slim_fairseq.models.slim_layers import (register_output_projection,
-                                                 unregister_output_projection)
+    from slim_fairseq.models.slim_layers import register_output_projection
     from slim_fairseq.models.slim_options import OutputVariant
     from slim_fairseq.options import option
 
@@ -469,8 +463,7 @@ def low_rank_output():
         def forward(self, x):
             return self.up(self.down(x))
 
-    with _registered(register_output_projection, unregister_output_projection,
-                     LowRankOutputOptions, LowRankOutput):
+    with _registered(register_output_projection, LowRankOutputOptions, LowRankOutput):
         yield LowRankOutput
 
 
@@ -503,8 +496,7 @@ def parallel_block():
     only (its rule)."""
     from dataclasses import dataclass
 
-    from slim_fairseq.models.slim_layers import (SlimDecoderLayer, register_block_layout,
-                                                 unregister_block_layout)
+    from slim_fairseq.models.slim_layers import SlimDecoderLayer, register_block_layout
     from slim_fairseq.models.slim_options import BlockLayout
     from slim_fairseq.option_errors import option_error
     from slim_fairseq.options import option, rule
@@ -540,7 +532,7 @@ def parallel_block():
             return x + self.dropout_module(attn) + self.dropout_module(self.feed_forward(h)), \
                 None, None
 
-    with _registered(register_block_layout, unregister_block_layout, ParallelOptions,
+    with _registered(register_block_layout, ParallelOptions,
                      decoder_layer=ParallelDecoderLayer):
         yield ParallelDecoderLayer
 

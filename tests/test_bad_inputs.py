@@ -518,7 +518,7 @@ def test_truncated_checkpoint_refusal_names_a_complete_one_beside_it(tmp_path):
     another truncated one; a folder without one says so."""
     import time
     from slim_fairseq_lab.recipes import evaluation
-    from slim_fairseq_lab.recipes.cli import RecipeError
+    from slim_fairseq_lab.recipes.cli import OptionError
     whole = os.path.join(REPO, "tests", "fixtures", "checkpoints_0_2_0", "stlm_tied", "checkpoint.pt")
     with open(whole, "rb") as f:
         head = f.read(5000)
@@ -526,14 +526,14 @@ def test_truncated_checkpoint_refusal_names_a_complete_one_beside_it(tmp_path):
     for name in ("checkpoint2.pt", "checkpoint_last.pt"):  # newer than checkpoint1.pt, and truncated
         (tmp_path / name).write_bytes(head)
         os.utime(tmp_path / name, (time.time() + 10, time.time() + 10))
-    with pytest.raises(RecipeError) as caught:
+    with pytest.raises(OptionError) as caught:
         evaluation.read(str(tmp_path / "checkpoint_last.pt"))
     assert str(caught.value) == (f"CKPT={tmp_path}/checkpoint_last.pt: not a complete checkpoint ([Errno 22] Invalid "
                                  "argument): a copy or a save that did not finish; allowed: "
                                  f"CKPT={tmp_path}/checkpoint1.pt (a complete checkpoint in the same folder)")
     assert evaluation.read(str(tmp_path / "checkpoint1.pt"))["cfg"]["model"].arch == "stlm_tied"
     (tmp_path / "checkpoint1.pt").unlink()
-    with pytest.raises(RecipeError) as caught:
+    with pytest.raises(OptionError) as caught:
         evaluation.read(str(tmp_path / "checkpoint_last.pt"))
     assert str(caught.value).endswith(f"; allowed: a checkpoint fairseq saved completely (none other in {tmp_path} "
                                       "loads)")
@@ -860,9 +860,9 @@ def test_every_error_of_the_plugin_is_one_line_naming_what_is_allowed():
 
 
 def _recipe_refusals(root):
-    """(file:line, the call, what is wrong or None) for each refusal the recipes build: a
-    RecipeError without a failure status (1), ``refuse(subject, problem, allowed)`` and
-    ``Parser.refused(flag, why, allowed)``. A message made elsewhere and passed on (a name, a
+    """(file:line, the call, what is wrong or None) for each refusal the recipes build: an
+    OptionError without a status (``step_failed`` makes failures), ``refuse(subject, problem,
+    allowed)`` and ``Parser.refused(flag, why, allowed)``. A message made elsewhere and passed on (a name, a
     call: the plugin's own, scanned above, or argparse's, rewritten by cli.argparse_refusal) is
     not read here."""
     import ast
@@ -875,7 +875,7 @@ def _recipe_refusals(root):
             three = len(node.args) == 3 or (len(node.args) < 3 and any(
                 isinstance(a, ast.Starred) for a in node.args))
             yield where, func, None if three else "not (subject, problem, allowed)"
-        elif func.split(".")[-1] == "RecipeError":
+        elif func.split(".")[-1] == "OptionError":
             if len(node.args) > 1 or any(k.arg == "status" for k in node.keywords):
                 continue  # a step that failed, not a refusal
             text = _template(node.args[0])

@@ -19,7 +19,7 @@ default's, and fails here.
 import pytest
 import torch
 
-from helpers import build
+from helpers import build, unregister
 from hf_export_fixtures import TINY_LM, TINY_MT, perturb_
 from slim_fairseq.models.slim_options import table_options
 from slim_fairseq_lab.contract import make_batch
@@ -172,7 +172,7 @@ def test_a_new_option_without_a_row_fails_and_says_what_to_add():
                            "add a row 'new_width'"):
             reach_case(new[0])
     finally:
-        vocabulary.unregister(NewOptions)
+        unregister(NewOptions)
 
 
 def test_an_option_that_stops_short_of_its_module_is_caught(monkeypatch):

@@ -30,7 +30,7 @@ from slim_fairseq.option_errors import OptionError  # noqa: E402
 
 PLUGIN = os.path.join(REPO, "slim_fairseq")
 OPTIONS = "slim_fairseq/models/slim_options.py"
-VALUES = "slim_fairseq/options.py"
+VALUES = "slim_fairseq/option_errors.py"  # the value rules of every kind (check_kind)
 
 # (rule, arch, options that break it, home: (file that raises, rule name), the wording written once)
 RULES = [

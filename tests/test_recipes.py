@@ -224,16 +224,16 @@ def test_a_failed_tool_ends_in_one_line_with_its_reason_and_log(tmp_path):
     """The reason of a failure is on the screen, not only in the log: the tool's error line, or
     the last line of its traceback."""
     log = tmp_path / "tool.log"
-    with pytest.raises(cli.RecipeError) as caught:
+    with pytest.raises(cli.OptionError) as caught:
         tools.run([sys.executable, "-c", "import sys; print('working'); sys.exit('tool: error: --frob: not an option')"],
                   log=log)
     name = os.path.basename(sys.executable)
     assert str(caught.value) == f"{name} failed (exit 1): --frob: not an option; see {log}"
     assert caught.value.status == 1
-    with pytest.raises(cli.RecipeError) as caught:
+    with pytest.raises(cli.OptionError) as caught:
         tools.run([sys.executable, "-c", "raise KeyError('dict.txt')"], log=log)
     assert str(caught.value) == f"{name} failed (exit 1): KeyError: 'dict.txt'; see {log}"
-    with pytest.raises(cli.RecipeError) as caught:
+    with pytest.raises(cli.OptionError) as caught:
         tools.run(["no-such-tool-anywhere"])
     assert str(caught.value) == (f"no-such-tool-anywhere: not found on PATH nor next to {sys.executable}; allowed: "
                                  "the environment `make setup` built (source .venv/bin/activate)")
@@ -305,7 +305,7 @@ def test_raw_dir_download_name_is_accepted_only_with_its_checksum(tmp_path, caps
     fetched = downloads.Downloads(str(raw), str(tmp_path / "orig"))
     fetched.fetch(url, "wmt16-dev.tgz", f"md5:{md5}")
     assert fetched.raw_path("wmt16-dev.tgz") == f"{raw}/dev.tgz"
-    with pytest.raises(cli.RecipeError) as caught:
+    with pytest.raises(cli.OptionError) as caught:
         downloads.Downloads(str(raw), str(tmp_path / "orig")).fetch(url, "wmt16-dev.tgz", "md5:" + "0" * 32)
     assert str(caught.value) == (f"--raw-dir={raw}: dev.tgz is not the file of {url} (md5 differs; another "
                                  f"dataset's dev.tgz?); allowed: that download saved as {raw}/wmt16-dev.tgz")
@@ -1368,7 +1368,7 @@ def test_every_option_reads_the_same_in_both_spellings(script):
         for name in action.option_strings:
             if isinstance(action, cli.Refused):
                 for argv in ([name, "1"], [f"{name}=1"]):
-                    with pytest.raises(cli.RecipeError, match=rf"^{name}: "):
+                    with pytest.raises(cli.OptionError, match=rf"^{name}: "):
                         cli.split(parser, positional + argv, slots, pass_through)
             elif isinstance(action, cli.Value):
                 first, second = _two_values(action)
@@ -1378,10 +1378,10 @@ def test_every_option_reads_the_same_in_both_spellings(script):
                                    slots, pass_through)
                 assert spaced == joined and getattr(spaced[0], action.dest) == ([first, second] if action.append
                                                                                 else second), (script, name)
-                with pytest.raises(cli.RecipeError, match=rf"^{name}: needs a value"):
+                with pytest.raises(cli.OptionError, match=rf"^{name}: needs a value"):
                     cli.split(parser, [name], slots, pass_through)
                 if action.kind:
-                    with pytest.raises(cli.RecipeError, match=rf"^{name}=1x: not .*; allowed: ") as caught:
+                    with pytest.raises(cli.OptionError, match=rf"^{name}=1x: not .*; allowed: ") as caught:
                         cli.split(parser, positional + [f"{name}=1x"], slots, pass_through)
                     if not action.kind.startswith("choice:"):  # it proposes the default: the option dropped
                         default = action.default if action.default not in (None, []) else None
@@ -1391,17 +1391,17 @@ def test_every_option_reads_the_same_in_both_spellings(script):
                             action.default
             else:
                 cli.split(parser, positional + [name], slots, pass_through)
-                with pytest.raises(cli.RecipeError, match=rf"^{name}=1: {name} takes no value; allowed: {name}$"):
+                with pytest.raises(cli.OptionError, match=rf"^{name}=1: {name} takes no value; allowed: {name}$"):
                     cli.split(parser, positional + [f"{name}=1"], slots, pass_through)
     with pytest.raises(cli.Help):
         cli.split(parser, ["--help"], slots, pass_through)
     if pass_through:
         args, passed = cli.split(parser, positional + ["--lr=1e-4", "--max-len-a", "0", "--cpu-offload"], slots, True)
         assert passed == ["--lr=1e-4", "--max-len-a", "0", "--cpu-offload"]
-        with pytest.raises(cli.RecipeError, match=r"^--lr: an option for the fairseq tool, written before "):
+        with pytest.raises(cli.OptionError, match=r"^--lr: an option for the fairseq tool, written before "):
             cli.split(parser, ["--lr", "1e-4"] + positional, slots, True)
     else:
-        with pytest.raises(cli.RecipeError, match=r"^--nope: not an option of this recipe; allowed: the options of "):
+        with pytest.raises(cli.OptionError, match=r"^--nope: not an option of this recipe; allowed: the options of "):
             cli.split(parser, positional + ["--nope=1"], slots, False)
 
 
@@ -1427,7 +1427,7 @@ def test_option_kinds():
                           (["--fp16", "--bf16"], "--fp16 and --bf16: exclude each other; allowed: one of them"),
                           (["data", "more"], "more: not an argument or option of this recipe; allowed: the "
                                              "arguments and options of --help")):
-        with pytest.raises(cli.RecipeError) as caught:
+        with pytest.raises(cli.OptionError) as caught:
             cli.split(parser, ["data", *argv] if argv[0] != "data" else argv, ("DATA",))
         assert str(caught.value) == message and caught.value.status == 2, (argv, str(caught.value))
     args, _ = cli.split(parser, ["data", "--max-len", "5", "--ratio=1.5", "--mode", "b", "--size", "9G", "--fp16"],

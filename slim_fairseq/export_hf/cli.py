@@ -57,7 +57,6 @@ def _run(args):
     import logging
     logging.basicConfig(level=logging.WARNING)
     import slim_fairseq  # noqa: F401  (registers the plugin's models with fairseq)
-    from slim_fairseq.compression import CompressionError
     from slim_fairseq.export_hf import export
     from slim_fairseq.option_errors import OptionError, print_refusal
 
@@ -71,7 +70,7 @@ def _run(args):
                         gpt2_vocab_bpe=args.gpt2_vocab_bpe, tokenizer_name=args.tokenizer,
                         force=args.force, sentences=args.check_sentences, log=log,
                         valid_text=args.valid_text)
-    except (OptionError, CompressionError) as error:
+    except OptionError as error:
         return print_refusal(str(error), "slim-fairseq-export-hf")
     print(result.out_dir)
     return 0

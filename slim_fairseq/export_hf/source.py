@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from slim_fairseq import compression
-from slim_fairseq.option_errors import option_error
+from slim_fairseq.option_errors import OptionError, option_error
 
 LANGUAGE_MODELS = ("slim_lm", "transformer_lm")
 TRANSLATION_MODELS = ("slim_transformer", "transformer")
@@ -60,7 +60,7 @@ def load(path, data=None):
     from slim_fairseq.models.slim_options import TC_PLACES, set_slim_defaults
     try:
         cfg, state = compression.load_checkpoint(path, data)
-    except compression.CompressionError:
+    except OptionError:
         raise
     except Exception:  # torch.load of a truncated or foreign file
         raise option_error("CHECKPOINT", path, "cannot be read: truncated, partly copied or not "

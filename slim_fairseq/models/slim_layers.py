@@ -47,11 +47,6 @@ def _register(registry, spec_cls, entry):
     return entry
 
 
-def _unregister(registry, spec_cls):
-    registry.pop(spec_cls, None)
-    vocabulary.unregister(spec_cls)
-
-
 # ---------------------------------------------------------------------------- feed-forwards
 
 # the module of each feed-forward variant, by the variant's spec (docs/DESIGN.md, "Adding a
@@ -65,11 +60,6 @@ def register_feed_forward(spec_cls, module_cls):
     joins the option vocabulary, and a block whose options turn it on builds ``module_cls``
     (called as :class:`~slim_fairseq.modules.feed_forward.FeedForward` is)."""
     return _register(FEED_FORWARDS, spec_cls, module_cls)
-
-
-def unregister_feed_forward(spec_cls):
-    """Remove a variant added by :func:`register_feed_forward`."""
-    _unregister(FEED_FORWARDS, spec_cls)
 
 
 def build_feed_forward(spec: FeedForwardSpec, dim, hidden_dim, dropout, quant_noise=(0.0, 8)):
@@ -94,11 +84,6 @@ def register_attention_extension(spec_cls, module_cls):
     return _register(ATTENTION_EXTENSIONS, spec_cls, module_cls)
 
 
-def unregister_attention_extension(spec_cls):
-    """Remove an extension added by :func:`register_attention_extension`."""
-    _unregister(ATTENTION_EXTENSIONS, spec_cls)
-
-
 # ---------------------------------------------------------------------------- input embeddings
 
 def register_input_embedding(spec_cls, module_cls):
@@ -111,11 +96,6 @@ def register_input_embedding(spec_cls, module_cls):
     the model's width), called as ``forward(tokens, incremental_state=None)`` and returning
     ``(B, T, d)`` (with an incremental state, the last position only) before dropout."""
     return _register(INPUT_EMBEDDINGS, spec_cls, module_cls)
-
-
-def unregister_input_embedding(spec_cls):
-    """Remove an input embedding added by :func:`register_input_embedding`."""
-    _unregister(INPUT_EMBEDDINGS, spec_cls)
 
 
 # ---------------------------------------------------------------------------- output projections
@@ -132,11 +112,6 @@ def register_output_projection(spec_cls, module_cls):
     ``--share-decoder-input-output-embed`` or ``--share-all-embeddings`` ask to tie it), which
     maps the decoder's features ``(B, T, dim)`` to ``(B, T, vocab)`` logits."""
     return _register(OUTPUT_PROJECTIONS, spec_cls, module_cls)
-
-
-def unregister_output_projection(spec_cls):
-    """Remove a vocabulary projection added by :func:`register_output_projection`."""
-    _unregister(OUTPUT_PROJECTIONS, spec_cls)
 
 
 # ---------------------------------------------------------------------------- block layouts
@@ -156,11 +131,6 @@ def register_block_layout(spec_cls, encoder_layer=None, decoder_layer=None):
     plugin's blocks)."""
     _register(BLOCK_LAYOUTS, spec_cls, {"encoder": encoder_layer, "decoder": decoder_layer})
     return spec_cls
-
-
-def unregister_block_layout(spec_cls):
-    """Remove a block layout added by :func:`register_block_layout`."""
-    _unregister(BLOCK_LAYOUTS, spec_cls)
 
 
 def layout_class(spec: LayerSpec, side):
@@ -184,12 +154,6 @@ def register_norm(name, module_cls):
     NORMS.add(name)
     NORM_MODULES[name] = module_cls
     return module_cls
-
-
-def unregister_norm(name):
-    """Remove a norm added by :func:`register_norm`."""
-    if NORM_MODULES.pop(name, None) is not None:
-        NORMS.remove(name)
 
 
 def build_norm(spec: NormSpec, dim):

@@ -49,6 +49,12 @@ class SlimLanguageModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, Transformer
 
     SIDES = ("decoder",)
 
+    def __init__(self, decoder, args=None):
+        super().__init__(decoder)
+        # the options it was built with, kept as fairseq's TransformerModel keeps its own: a user's
+        # slim_fairseq.weight_removal.reduce_model(model) rebuilds the reduced model from them
+        self.args = args
+
     @classmethod
     def add_args(cls, parser):
         add_fairseq_args(parser, TransformerLanguageModelConfig, delete_default=True)
@@ -117,8 +123,7 @@ class SlimLanguageModel(ChainsBuiltTogetherMixin, WeightsCheckMixin, Transformer
                                "factors, cutoffs and decoder input/output dims", "matching values")
         decoder = SlimTransformerDecoder(TransformerConfig.from_namespace(args),
                                          task.target_dictionary, table, no_encoder_attn=True)
-        model = cls(decoder)
-        model.args = args  # the options it was built with (weight removal rebuilds it)
+        model = cls(decoder, args)
         model.data_record = task_data_record(task, lm=True)
         return finish_build(model, model_options, [decoder.layers])
 

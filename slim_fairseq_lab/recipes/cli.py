@@ -18,17 +18,19 @@ import re
 import sys
 import time
 
+from slim_fairseq_lab.paths import plugin_module
 from slim_fairseq_lab.recipes import tools
-from slim_fairseq_lab.recipes.errors import RecipeError
 
-SIZE = re.compile(r"^([0-9]+)([KkMmGgTt]?)$")
+# the one refusal class and format, and the one value check (slim_fairseq/option_errors.py, which
+# imports neither fairseq nor torch)
+_errors = plugin_module("option_errors")
+OptionError, refuse, SIZE = _errors.OptionError, _errors.refusal, _errors.SIZE
 SIZE_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
-def refuse(subject, problem, allowed):
-    """The one refusal format: ``SUBJECT: problem; allowed: allowed`` (SUBJECT: ``--flag=value``,
-    ``--flag`` or ``FILE``)."""
-    return RecipeError(f"{subject}: {problem}; allowed: {allowed}")
+def step_failed(message):
+    """A step that failed after the checks (a tool the recipe ran): one line, exit status 1."""
+    return OptionError(message, status=_errors.FAILED)
 
 
 def needs_value(flag):
@@ -48,38 +50,17 @@ def parse_size(value):
 
 
 def check_value(flag, value, kind, default=None):
-    """``value`` of ``flag`` against its ``kind`` (None: any non-empty string); a refusal proposes
-    the choices, or dropping ``flag`` (for its ``default``, when it has one the parser knows)."""
+    """``value`` of ``flag`` against its ``kind`` (None: any non-empty string; ``choice:a|b|c``,
+    else a kind of :func:`slim_fairseq.option_errors.check_kind`); a refusal proposes the
+    choices, or dropping ``flag`` (for its ``default``, when it has one the parser knows)."""
     if value == "":
         raise needs_value(flag)
     if not kind:
         return value
     if kind.startswith("choice:"):
-        choices = kind.split(":", 1)[1].split("|")
-        if value not in choices:
-            raise refuse(f"{flag}={value}", "not one of the choices", "|".join(choices))
-        return value
+        return _errors.check_kind(flag, value, "choice", choices=kind.split(":", 1)[1].split("|"))
     drop = f"drop {flag} (" + (f"default {default}" if default is not None else "its default") + ")"
-    if kind in ("count", "whole"):
-        least = 1 if kind == "count" else 0
-        if not re.fullmatch(r"[0-9]+", value) or int(value) < least:
-            raise refuse(f"{flag}={value}", f"not a whole number >= {least}", f"a whole number >= {least}, or {drop}")
-        return value
-    if kind in ("positive", "fraction"):
-        try:
-            number = float(value)
-        except ValueError:
-            number = float("nan")
-        if not (number > 0 and (kind == "positive" or number <= 1)):
-            allowed = "a number > 0" if kind == "positive" else "a number in (0, 1]"
-            raise refuse(f"{flag}={value}", f"not {allowed}", f"{allowed}, or {drop}")
-        return value
-    if kind == "size":
-        if not SIZE.fullmatch(value):
-            raise refuse(f"{flag}={value}", "not a size",
-                         f"a number of bytes with an optional K, M, G or T (e.g. 500M, 9G), or {drop}")
-        return value
-    raise ValueError(f"unknown kind {kind!r} of {flag}")
+    return _errors.check_kind(flag, value, kind, otherwise=drop)
 
 
 class Value(argparse.Action):
@@ -209,19 +190,19 @@ def split(parser, argv, positional=(), pass_through=False):
             elif pass_through:
                 passed.append(word)
             else:
-                raise RecipeError(f"{word}: not an argument or option of this recipe; allowed: the "
-                                  "arguments and options of --help")
+                raise refuse(word, "not an argument or option of this recipe",
+                             "the arguments and options of --help")
             continue
         name = word.split("=", 1)[0] if word.startswith("--") else word
         action = parser._option_string_actions.get(name)
         if action is None:
             if not pass_through:
-                raise RecipeError(f"{name}: not an option of this recipe; allowed: the options of --help")
+                raise refuse(name, "not an option of this recipe", "the options of --help")
             if len(values) < len(positional):
                 missing = positional[len(values):]
-                raise RecipeError(f"{name}: an option for the fairseq tool, written before "
-                                  + " and ".join(missing) + "; allowed: " + " ".join(missing)
-                                  + f" first, then the options ({name} V after them)")
+                raise refuse(name, "an option for the fairseq tool, written before "
+                             + " and ".join(missing), " ".join(missing)
+                             + f" first, then the options ({name} V after them)")
             passed.append(word)
             continue
         own.append(word)
@@ -246,8 +227,9 @@ def help_text(doc):
 
 
 def run(prog, doc, body, argv=None):
-    """Run ``body(argv)`` as the recipe ``prog``: ``--help`` prints ``doc``, a
-    :class:`RecipeError` ends in its one line; returns the exit status."""
+    """Run ``body(argv)`` as the recipe ``prog``: ``--help`` prints ``doc``, an
+    :class:`OptionError` (or a signal, :class:`tools.Interrupted`) ends in its one line; returns
+    the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     with tools.signals_forwarded():
         try:
@@ -255,7 +237,7 @@ def run(prog, doc, body, argv=None):
         except Help:
             sys.stdout.write(help_text(doc))
             return 0
-        except RecipeError as error:
+        except (OptionError, tools.Interrupted) as error:
             sys.stdout.flush()
             print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
             return error.status

@@ -14,7 +14,7 @@ from slim_fairseq_lab import data as bundled
 from slim_fairseq_lab import launcher
 from slim_fairseq_lab.paths import REPO_ROOT
 from slim_fairseq_lab.recipes import tools
-from slim_fairseq_lab.recipes.cli import RecipeError, log, refuse
+from slim_fairseq_lab.recipes.cli import log, refuse, step_failed
 from slim_fairseq_lab.run_summary import summarize
 
 
@@ -62,7 +62,7 @@ def compare_on_bundled_ende(settings, models):
     os.makedirs(settings.out, exist_ok=True)
     data = bundled.binarize_ende(os.path.join(settings.out, "data"))
     if not os.path.isfile(os.path.join(data, "dict.en.txt")):
-        raise RecipeError(f"binarization failed ({data})", 1)
+        raise step_failed(f"binarization failed ({data})")
     start = time.time()
     if settings.parallel:
         with concurrent.futures.ThreadPoolExecutor(len(models)) as pool:
@@ -72,9 +72,9 @@ def compare_on_bundled_ende(settings, models):
         failed = []
         for name, args in models:
             if not train_and_translate(settings, data, name, args):
-                raise RecipeError(f"{name} failed: see the logs under {settings.out}/{name}", 1)
+                raise step_failed(f"{name} failed: see the logs under {settings.out}/{name}")
     if failed:
-        raise RecipeError(f"{' '.join(failed)} failed: see the logs under {settings.out}/{failed[0]}", 1)
+        raise step_failed(f"{' '.join(failed)} failed: see the logs under {settings.out}/{failed[0]}")
     print(f"wall time: {int(time.time() - start)} s (updates: {settings.max_update}, max tokens: {settings.max_tokens}, "
           f"warmup: {settings.warmup}, seed: {settings.seed}, threads per model: {settings.threads}"
           + (f", {settings.note})" if settings.note else ")"))
@@ -188,7 +188,7 @@ def compare_lms_on_wikitext2(settings):
         os.makedirs(settings.out, exist_ok=True)
         data = bundled.binarize_wikitext(os.path.join(REPO_ROOT, "build", "data"), nwords=settings.nwords)
         if not os.path.isfile(os.path.join(data, "dict.txt")):
-            raise RecipeError(f"binarization failed ({data})", 1)
+            raise step_failed(f"binarization failed ({data})")
         print(f"data: {data}  out: {settings.out}  updates: {settings.updates} x {settings.batch} x {settings.tokens} "
               f"tokens  seed: {settings.seed}", flush=True)
     commands = {}
@@ -213,5 +213,5 @@ def compare_lms_on_wikitext2(settings):
     for name in failed:
         log(f"error: run {name} failed, see {settings.out}/{name}.log")
     if failed:
-        raise RecipeError(f"{len(failed)} of {len(commands)} runs failed: {' '.join(failed)}", 1)
+        raise step_failed(f"{len(failed)} of {len(commands)} runs failed: {' '.join(failed)}")
     return data

@@ -17,7 +17,7 @@ import urllib.parse
 import zipfile
 
 from slim_fairseq_lab.recipes import tools
-from slim_fairseq_lab.recipes.cli import RecipeError, log, refuse
+from slim_fairseq_lab.recipes.cli import log, refuse, step_failed
 from slim_fairseq_lab.recipes.outputs import refuse_overwrite
 
 
@@ -170,14 +170,14 @@ class Downloads:
                             os.environ.get("CONNECT_TIMEOUT", "15"), "--speed-limit", "1024", "--speed-time", "120",
                             "--retry", "3", "--retry-delay", "5", "--output", dest + ".part", url], check=False)
         if status in (5, 6, 7, 28, 35):
-            raise RecipeError(f"cannot reach {host} (curl exit {status}: offline, DNS or firewall?). Download {url} "
-                              f"by other means into a folder (as {name}) and rerun with --raw-dir FOLDER", 1)
+            raise step_failed(f"cannot reach {host} (curl exit {status}: offline, DNS or firewall?). Download {url} "
+                              f"by other means into a folder (as {name}) and rerun with --raw-dir FOLDER")
         if status == 22:
-            raise RecipeError(f"{url} answered with an HTTP error; the source may have moved (pass --raw-dir with "
-                              "a copy)", 1)
+            raise step_failed(f"{url} answered with an HTTP error; the source may have moved (pass --raw-dir with "
+                              "a copy)")
         if status != 0:
-            raise RecipeError(f"download of {url} failed (curl exit {status}); rerun to resume ({dest}.part is "
-                              "kept)", 1)
+            raise step_failed(f"download of {url} failed (curl exit {status}); rerun to resume ({dest}.part is "
+                              "kept)")
         os.replace(dest + ".part", dest)
         self.verify(dest, spec)
         self.fetched[name] = dest
@@ -217,5 +217,5 @@ def find_one(folder, pattern):
     hits = sorted(os.path.join(root, name) for root, _, names in os.walk(folder)
                   for name in names if fnmatch.fnmatchcase(name, pattern))
     if not hits:
-        raise RecipeError(f"expected a file named {pattern} inside {folder} (is the archive complete?)", 1)
+        raise step_failed(f"expected a file named {pattern} inside {folder} (is the archive complete?)")
     return hits[0]

@@ -53,7 +53,7 @@ import sys
 
 from slim_fairseq_lab import checkpoints
 from slim_fairseq_lab.recipes import cli, evaluation, text, tools
-from slim_fairseq_lab.recipes.cli import RecipeError, log, refuse
+from slim_fairseq_lab.recipes.cli import log, refuse, step_failed
 from slim_fairseq_lab.recipes.outputs import Staged
 
 PROG = "evaluate.sh"
@@ -289,7 +289,7 @@ class Evaluation:
         sacre = self.sacre_bleu("test", test, "-f", "text")
         ppl = self.perplexities(self.out("validate"))
         if "valid" not in ppl or "test" not in ppl:
-            raise RecipeError(f"fairseq-validate reported no perplexity (see {self.out('validate.log')})", 1)
+            raise step_failed(f"fairseq-validate reported no perplexity (see {self.out('validate.log')})")
         lines = [f"model: {self.model.path}"]
         if self.model.averaged:
             lines.append(f"average of: {' '.join(self.model.averaged)}")
@@ -325,11 +325,11 @@ class Evaluation:
                     head, _score, *words = line.rstrip("\n").split("\t")
                     hyps[int(head[2:])] = words[0] if words else ""
         if not hyps:
-            raise RecipeError(f"fairseq-generate produced no hypotheses (see {out}.log)", 1)
+            raise step_failed(f"fairseq-generate produced no hypotheses (see {out}.log)")
         beyond = [i for i in hyps if i >= count]
         if beyond:
-            raise RecipeError(f"fairseq-generate translated sentence {beyond[0]} of {subset}, which has {count} "
-                              f"references: hypotheses and references are not aligned (see {out}.log)", 1)
+            raise step_failed(f"fairseq-generate translated sentence {beyond[0]} of {subset}, which has {count} "
+                              f"references: hypotheses and references are not aligned (see {out}.log)")
         missing = [i for i in range(count) if i not in hyps]
         if missing:
             print(f"warning: {len(missing)} of {count} sentences got no hypothesis (scored as empty), "
@@ -389,7 +389,7 @@ def same_lines(ref, hyp):
     """References and hypotheses line up before they are scored."""
     refs, hyps = text.line_count(ref), text.line_count(hyp)
     if refs != hyps:
-        raise RecipeError(f"{hyp}: {hyps} hypotheses for the {refs} references of {ref}: not scored", 1)
+        raise step_failed(f"{hyp}: {hyps} hypotheses for the {refs} references of {ref}: not scored")
 
 
 def main(argv=None):

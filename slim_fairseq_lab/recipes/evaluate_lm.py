@@ -37,7 +37,7 @@ import sys
 
 from slim_fairseq_lab import checkpoints
 from slim_fairseq_lab.recipes import cli, evaluation, text, tools
-from slim_fairseq_lab.recipes.cli import RecipeError, log, refuse
+from slim_fairseq_lab.recipes.cli import OptionError, log, refuse, step_failed
 from slim_fairseq_lab.recipes.outputs import Staged
 
 PROG = "evaluate-lm.sh"
@@ -154,7 +154,7 @@ def evaluate_lm(argv):
         allowed = "--sample-break-mode none (blocks cross lines)"
         if longer is not None:
             allowed += f", or --tokens-per-sample {longer} or more (the model has {positions} positions)"
-        raise RecipeError(f"--sample-break-mode complete: the longest line of {subset} holds {longest} tokens, "
+        raise OptionError(f"--sample-break-mode complete: the longest line of {subset} holds {longest} tokens, "
                           f"more than a block of --tokens-per-sample {tokens_per_sample}; allowed: {allowed}")
 
     with Staged(PROG) as stage:
@@ -183,23 +183,23 @@ def evaluate_lm(argv):
             output = f.read()
         skipped = re.search(r"([0-9,]+) samples have invalid sizes and will be skipped", output)
         if skipped:
-            raise RecipeError(f"fairseq-eval-lm skipped {skipped.group(1)} blocks longer than the model's positions "
+            raise step_failed(f"fairseq-eval-lm skipped {skipped.group(1)} blocks longer than the model's positions "
                               f"({positions}): no perplexity of the whole {subset} set; lower --tokens-per-sample "
                               f"(now {tokens_per_sample}) and --context-window (now {context_window}), or pass "
-                              f"--sample-break-mode none (now {mode}) when single lines are longer", 1)
+                              f"--sample-break-mode none (now {mode}) when single lines are longer")
         evaluated = re.findall(r"Evaluated ([0-9,]+) tokens", output)
         evaluated = int(evaluated[-1].replace(",", "")) if evaluated else 0
         if evaluated <= 0:
-            raise RecipeError(f"fairseq-eval-lm evaluated no tokens of {subset}: check --tokens-per-sample (now "
+            raise step_failed(f"fairseq-eval-lm evaluated no tokens of {subset}: check --tokens-per-sample (now "
                               f"{tokens_per_sample}), --context-window (now {context_window}) and --max-tokens "
-                              f"(now {max_tokens}) (see {staged_log})", 1)
+                              f"(now {max_tokens}) (see {staged_log})")
         if evaluated != subset_tokens:
-            raise RecipeError(f"fairseq-eval-lm evaluated {evaluated} tokens, but {subset} holds {subset_tokens}: no "
+            raise step_failed(f"fairseq-eval-lm evaluated {evaluated} tokens, but {subset} holds {subset_tokens}: no "
                               f"perplexity of the whole {subset} set (options passed to fairseq-eval-lm: "
-                              f"{' '.join(extra) or 'none'}; see {staged_log})", 1)
+                              f"{' '.join(extra) or 'none'}; see {staged_log})")
         result = re.findall(r"Loss \(base 2\): [0-9.]+, Perplexity: [0-9.]+", output)
         if not result:
-            raise RecipeError(f"fairseq-eval-lm reported no perplexity (see {staged_log})", 1)
+            raise step_failed(f"fairseq-eval-lm reported no perplexity (see {staged_log})")
         line = (f"{subset}: {result[-1]} ({evaluated} tokens; fairseq's masked per-token perplexity; blocks of "
                 f"{tokens_per_sample}, context {context_window})\n")
         with open(stage.path("results.txt"), "w", encoding="utf-8") as f:

@@ -5,7 +5,7 @@ import os
 import re
 
 from slim_fairseq_lab import checkpoints
-from slim_fairseq_lab.recipes.cli import RecipeError, log, refuse
+from slim_fairseq_lab.recipes.cli import OptionError, log, refuse
 
 
 def folder_of(ckpt):
@@ -98,7 +98,7 @@ def check_data(model, data):
     where = model.averaged[-1] if model.averaged else model.path
     problem = checkpoints.data_mismatch(where, model.state, data)
     if problem:
-        raise RecipeError(problem)
+        raise OptionError(problem)
 
 
 def read(path):
@@ -106,7 +106,7 @@ def read(path):
     a one-line refusal naming a complete checkpoint beside it."""
     try:
         return checkpoints.load(path, mmap=True)
-    except checkpoints.CheckpointError as error:
+    except checkpoints.OptionError as error:
         other = checkpoints.complete_neighbour(path)
         allowed = (f"CKPT={other} (a complete checkpoint in the same folder)" if other else
                    f"a checkpoint fairseq saved completely (none other in {os.path.dirname(path) or '.'} loads)")

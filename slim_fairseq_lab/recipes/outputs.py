@@ -9,7 +9,7 @@ import os
 import shutil
 import tempfile
 
-from slim_fairseq_lab.recipes.cli import RecipeError, refuse
+from slim_fairseq_lab.recipes.cli import OptionError, refuse
 
 
 def same_path(a, b):
@@ -68,7 +68,7 @@ class Staged:
     def __exit__(self, kind, error, traceback):
         from slim_fairseq_lab.recipes.tools import Interrupted
         failed = error is not None and not isinstance(error, Interrupted) and (
-            not isinstance(error, RecipeError) or error.status == 1)
+            not isinstance(error, OptionError) or error.status == 1)
         if failed and self.keep_on_failure:
             self.kept = True  # its logs tell why (the failure line names them)
         else:

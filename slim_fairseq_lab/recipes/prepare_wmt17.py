@@ -41,7 +41,7 @@ import os
 import sys
 
 from slim_fairseq_lab.recipes import cli, downloads, pipelines, text
-from slim_fairseq_lab.recipes.cli import RecipeError, log, refuse
+from slim_fairseq_lab.recipes.cli import log, refuse, step_failed
 from slim_fairseq_lab.recipes.downloads import extract, find_one
 from slim_fairseq_lab.recipes.prepare_wmt14en2de import WIKITEXT103_RAW, wikitext103_train_text
 
@@ -191,7 +191,7 @@ def prepare(argv):
     for prefix in args.extra_corpus:
         text.append_parallel(f"{prefix}.{src}", f"{prefix}.{tgt}", train, src, tgt, PROG)
     if not (os.path.isfile(f"{train}.{src}") and os.path.getsize(f"{train}.{src}") > 0):
-        raise RecipeError(f"no training data collected for {pair}", 1)
+        raise step_failed(f"no training data collected for {pair}")
     if args.max_pairs:
         text.cap_pairs(train, src, tgt, int(args.max_pairs))
     if max_size_bytes:

@@ -8,7 +8,7 @@ import struct
 import sys
 
 from slim_fairseq_lab.recipes import tools
-from slim_fairseq_lab.recipes.cli import RecipeError, log
+from slim_fairseq_lab.recipes.cli import OptionError, log, step_failed
 
 
 def workers():
@@ -43,7 +43,7 @@ def check_utf8(path, name=None):
             try:
                 line.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise RecipeError(f"{name or path}: line {number} is not UTF-8 text (byte "
+                raise OptionError(f"{name or path}: line {number} is not UTF-8 text (byte "
                                   f"0x{line[error.start]:02x} at {error.start + 1}); allowed: the "
                                   "text as UTF-8 (e.g. iconv -f LATIN1 -t UTF-8)") from None
 
@@ -101,7 +101,7 @@ def append_parallel(src_file, tgt_file, prefix, s, t, prog):
             else:
                 dropped += 1
         if fs.readline() or ft.readline():
-            raise RecipeError(f"{src_file} and {tgt_file} have different line counts", 1)
+            raise step_failed(f"{src_file} and {tgt_file} have different line counts")
     print(f"{src_file}: kept {kept} pairs, dropped {dropped} with an empty side", file=sys.stderr)
 
 
@@ -140,8 +140,8 @@ def clean_corpus(inp, s, t, out, lo, hi, ratio, max_len_flag="--max-len", ratio_
             kept += 1
     print(f"length filter {lo}..{hi}, ratio {ratio}: kept {kept} of {total} pairs", file=sys.stderr)
     if kept == 0:
-        raise RecipeError(f"{max_len_flag} {hi} / {ratio_flag} {ratio}: the length filter kept none of the "
-                          f"training pairs; allowed: a larger {max_len_flag} or {ratio_flag}", 1)
+        raise step_failed(f"{max_len_flag} {hi} / {ratio_flag} {ratio}: the length filter kept none of the "
+                          f"training pairs; allowed: a larger {max_len_flag} or {ratio_flag}")
 
 
 def cap_pairs(prefix, s, t, most):
@@ -251,7 +251,7 @@ def check_sacrebleu_tokenizer(lang):
         from sacrebleu.tokenizers.tokenizer_ja_mecab import TokenizerJaMecab
         TokenizerJaMecab()
     except Exception:  # noqa: BLE001 - missing packages or dictionaries
-        raise RecipeError(f"target ja: sacreBLEU's ja-mecab tokenizer does not load in {sys.executable}; "
+        raise OptionError(f"target ja: sacreBLEU's ja-mecab tokenizer does not load in {sys.executable}; "
                           "allowed: pip install \"sacrebleu[ja]\" (mecab-python3 and ipadic)") from None
 
 
@@ -272,7 +272,7 @@ def index_sizes(path):
             count, sizes = struct.unpack("<QQ", f.read(16))
             f.seek(48 + 16 * (count + 1))
             return np.fromfile(f, dtype=np.int64, count=sizes)
-    raise RecipeError(f"{path}: not a fairseq index file; allowed: a data-bin written by fairseq-preprocess")
+    raise OptionError(f"{path}: not a fairseq index file; allowed: a data-bin written by fairseq-preprocess")
 
 
 def subset_tokens(data, subset):
@@ -315,7 +315,7 @@ def binarized_lines(index, dictionary):
     from slim_fairseq.run_checks import read_mmap_index
     read = read_mmap_index(index)
     if read is None:
-        raise RecipeError(f"{index}: not an mmap index of fairseq-preprocess; allowed: a data-bin written by "
+        raise OptionError(f"{index}: not an mmap index of fairseq-preprocess; allowed: a data-bin written by "
                           "fairseq-preprocess (its default --dataset-impl mmap)")
     dtype, _, sizes, _ = read
     ids = np.fromfile(index[:-len(".idx")] + ".bin", dtype=dtype)

@@ -26,7 +26,10 @@ import sys
 import threading
 import time
 
-from slim_fairseq_lab.recipes.errors import RecipeError
+from slim_fairseq_lab.paths import plugin_module
+
+_errors = plugin_module("option_errors")  # the one-line error of every command
+refuse = _errors.refusal
 
 # glibc's malloc serves a block above its mmap threshold (32 MiB at most) with fresh pages from the
 # kernel and hands them back when freed: the logits of a 2,048-token batch over 8,000 types (65 MB)
@@ -40,13 +43,15 @@ _running = []       # the tools running now (their process groups get the signal
 _pending = []       # a signal that arrived while a tool ran
 
 
-class Interrupted(RecipeError):
-    """The recipe received a signal; the tool it ran was sent it too and has ended."""
+class Interrupted(Exception):
+    """The recipe received a signal; the tool it ran was sent it too and has ended. No refusal
+    (no ``ValueError``, which a signal arriving inside ``except ValueError`` would meet): the
+    recipe's edge prints its line and exits with :attr:`status`, 128 + the signal."""
 
     def __init__(self, signum):
         name = signal.Signals(signum).name
-        super().__init__(f"stopped by {name}; the tools it ran were stopped too", 128 + signum)
-        self.signum = signum
+        super().__init__(f"stopped by {name}; the tools it ran were stopped too")
+        self.signum, self.status = signum, 128 + signum
 
 
 def _forward(signum, frame):
@@ -82,8 +87,9 @@ def find(tool):
         if os.path.isfile(beside) and os.access(beside, os.X_OK):
             path = beside
     if path is None:
-        raise RecipeError(f"{tool}: not found on PATH nor next to {sys.executable}; allowed: the "
-                          "environment `make setup` built (source .venv/bin/activate)", 1)
+        raise _errors.OptionError(f"{tool}: not found on PATH nor next to {sys.executable}; "
+                                  "allowed: the environment `make setup` built (source "
+                                  ".venv/bin/activate)", status=_errors.FAILED)
     return path
 
 
@@ -96,8 +102,8 @@ def user_dir():
 def not_options(flags, tool, context="", more=""):
     """The refusal of ``flags`` (as written on the command line) that fairseq's ``tool`` does not
     know (``context``: the options its parser depended on): dropping them is what it proposes."""
-    return RecipeError(f"{flags}: not options of {tool}{context}; allowed: drop {flags}, or the options of "
-                       f"{tool} --help{more}")
+    return refuse(flags, f"not options of {tool}{context}",
+                  f"drop {flags}, or the options of {tool} --help{more}")
 
 
 def unknown_fairseq_options(parser, argv):
@@ -179,7 +185,7 @@ def run(argv, *, log=None, stdout=None, stderr=None, stdin=None, env=None, cwd=N
     / ``stderr`` (paths, or None: streamed to the recipe's stdout / stderr). ``env``: variables
     added to :func:`environment`'s (``allocator``: with :data:`ALLOCATOR_ENV`). ``stdin``: a path, or a list of paths read
     one after the other. ``progress()`` is called every ``interval`` seconds while it runs.
-    Returns the exit status; with ``check``, a failure raises a one-line :class:`RecipeError`
+    Returns the exit status; with ``check``, a failure raises a one-line ``OptionError``
     naming the reason and ``see`` (default: the file that holds its errors)."""
     name = name or os.path.basename(argv[0])
     command = [find(argv[0]), *map(str, argv[1:])]
@@ -259,7 +265,8 @@ def tool_failed(name, status, where, text=None):
     if len(reason) > 400:
         reason = reason[:400] + " ..."
     see = f"; see {where}" if where else " (its output is above)"
-    return RecipeError(f"{name} failed (exit {status}): {reason}{see}", 1)
+    return _errors.OptionError(f"{name} failed (exit {status}): {reason}{see}",
+                               status=_errors.FAILED)
 
 
 def output(argv, **kwargs):

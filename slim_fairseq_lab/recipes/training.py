@@ -34,7 +34,7 @@ import shutil
 
 from slim_fairseq_lab import checkpoints
 from slim_fairseq_lab.recipes import cli, tools
-from slim_fairseq_lab.recipes.cli import RecipeError, refuse
+from slim_fairseq_lab.recipes.cli import OptionError, refuse
 
 TRAIN_USAGE = '''options of every train script (--name=VALUE is the same as --name VALUE):
   DATA_BIN                  binarized data (first argument)
@@ -143,7 +143,7 @@ def parser(recipe):
 
 def parse_train_argv(argv):
     """fairseq-train's parse of ``argv`` with the plugin of its --user-dir loaded; every refusal
-    as a one-line :class:`RecipeError` (fairseq's 200-line usage, or a traceback, otherwise)."""
+    as a one-line :class:`OptionError` (fairseq's 200-line usage, or a traceback, otherwise)."""
     from fairseq import options, utils
     from slim_fairseq.option_errors import unknown_arch
 
@@ -153,7 +153,7 @@ def parse_train_argv(argv):
     from fairseq.models import ARCH_MODEL_REGISTRY
     arch = _value(argv, "--arch")
     if arch is not None and arch not in ARCH_MODEL_REGISTRY:
-        raise RecipeError(str(unknown_arch(arch)))
+        raise OptionError(str(unknown_arch(arch)))
     train_parser = options.get_training_parser()
 
     def error(message):
@@ -171,10 +171,10 @@ def parse_train_argv(argv):
     except ValueError as error:  # the plugin's one-line option errors
         if "\n" in str(error):
             raise
-        raise RecipeError(str(error)) from None
+        raise OptionError(str(error)) from None
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, str) else str(stop)
-        raise RecipeError(code.split(": error: ", 1)[-1]) from None
+        raise OptionError(code.split(": error: ", 1)[-1]) from None
 
 
 def _value(argv, flag):
@@ -193,7 +193,7 @@ def check_arch_kind(recipe, arch):
     from fairseq.models import ARCH_MODEL_REGISTRY, FairseqEncoderDecoderModel
     from slim_fairseq.option_errors import unknown_arch
     if arch not in ARCH_MODEL_REGISTRY:
-        raise RecipeError(str(unknown_arch(arch)))
+        raise OptionError(str(unknown_arch(arch)))
     lm = not issubclass(ARCH_MODEL_REGISTRY[arch], FairseqEncoderDecoderModel)
     if lm == (recipe.task == "language_modeling"):
         return
@@ -209,7 +209,7 @@ def check_command(recipe, argv, given, arch):
     about options the recipe added (none of ``given``, the flags the user wrote) names the arch."""
     try:
         return parse_train_argv(argv)
-    except RecipeError as error:
+    except OptionError as error:
         subject = str(error).split(": ", 1)[0]  # the options the refusal is about
         named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", subject))
         if named and not named & given and arch != recipe.arch:
@@ -240,7 +240,7 @@ def check_save_dir(save_dir, data, arch, restore_file, recipe=None):
         return
     try:
         state = checkpoints.load(last, mmap=True)
-    except checkpoints.CheckpointError as error:
+    except checkpoints.OptionError as error:
         earlier = checkpoints.complete_neighbour(last)
         restore = f"--restore-file {earlier} (an earlier checkpoint of that run)" if earlier else \
             "--restore-file with an earlier checkpoint of that run"
@@ -252,7 +252,7 @@ def check_save_dir(save_dir, data, arch, restore_file, recipe=None):
             if recipe is not None:
                 check_arch_kind(recipe, old)
             resume = f"--arch {old} (to go on training it), or "
-        except RecipeError:  # a model of the other kind, which this recipe refuses
+        except OptionError:  # a model of the other kind, which this recipe refuses
             resume = ""
         raise refuse(f"--save-dir={save_dir}", f"its checkpoint_last.pt is a {old} model, which fairseq would "
                      f"resume as {arch}", f"{resume}a --save-dir of its own")
@@ -419,7 +419,8 @@ def check_data(parsed):
     """The data-bin holds what the task of the parsed command reads, the values can train and
     the save-dir can be written (the checks of fairseq-train with the plugin)."""
     from slim_fairseq import run_checks
-    from slim_fairseq.option_errors import OptionError
+    # the plugin imported as a package: its class, not the lab's copy (paths.plugin_module)
+    from slim_fairseq.option_errors import OptionError as PluginRefusal
     valid = () if parsed.disable_validation else tuple(s for s in parsed.valid_subset.split(",") if s)
     try:
         run_checks.check_data_bin(parsed.data, parsed.task, parsed.train_subset, valid, name="DATA_BIN",
@@ -427,8 +428,8 @@ def check_data(parsed):
         run_checks.check_values(parsed)
         run_checks.check_data_files(parsed, name="DATA_BIN")
         run_checks.check_save_dir(parsed.save_dir)
-    except OptionError as error:
-        raise RecipeError(str(error)) from None
+    except PluginRefusal as error:
+        raise OptionError(str(error)) from None
 
 
 def data_record(parsed):
@@ -464,7 +465,7 @@ def check_save_dir_data(save_dir, parsed):
         problem = records.mismatch(data_record(parsed), trained, f"the run in {save_dir}",
                                    "a --save-dir of its own for this data-bin")
         if problem:
-            raise RecipeError(problem)
+            raise OptionError(problem)
 
 
 def launch(cmd, save_dir, data, parsed=None):
@@ -482,7 +483,7 @@ def launch(cmd, save_dir, data, parsed=None):
     try:
         note = save_dir_lock.take(save_dir)
     except save_dir_lock.SaveDirInUse as error:
-        raise RecipeError(str(save_dir_lock.in_use_error(error))) from None
+        raise OptionError(str(save_dir_lock.in_use_error(error))) from None
     if note:
         cli.log(note)
     try:
@@ -505,7 +506,7 @@ def _run_in(cmd, save_dir, data, parsed, created, record, wrote_record, before):
             json.dump(data_record(parsed), f)
     try:
         tools.run(cmd, env={save_dir_lock.HOLDER_ENV: str(os.getpid())})
-    except RecipeError:
+    except (OptionError, tools.Interrupted):
         saved = [name for name in set(os.listdir(save_dir)) - before
                  if re.fullmatch(r"checkpoint[_\d]*(best|last)?\.pt", name)]
         if not saved:
