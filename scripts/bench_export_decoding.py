@@ -18,6 +18,9 @@ import json
 import sys
 
 from slim_fairseq_lab import command
+from slim_fairseq_lab.paths import plugin_module
+
+SIZES = "whole numbers >= 1, comma-separated (e.g. 1,64)"
 
 
 def main(argv=None):
@@ -40,14 +43,13 @@ def main(argv=None):
 
 
 def _sizes(flag, value):
-    """The positive integers of a comma-separated flag, or the refusal's text."""
+    """The whole numbers >= 1 of a comma-separated flag, or its refusal's text."""
+    errors = plugin_module("option_errors")
     try:
-        sizes = [int(v) for v in value.split(",")]
-    except ValueError:
-        sizes = []
-    if sizes and min(sizes) >= 1:
-        return sizes, None
-    return None, f"{flag}={value}: not a list of whole numbers >= 1; allowed: e.g. 1,64"
+        return [int(errors.check_kind(flag, word, "count", allowed=SIZES))
+                for word in value.split(",")], None
+    except errors.OptionError as error:
+        return None, str(error)
 
 
 def _run(parser, args):

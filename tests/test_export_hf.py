@@ -305,7 +305,8 @@ def test_decoding_benchmark_times_a_translation_at_batch_and_beam_sizes(folder, 
     (True, ["--beams", "1,5"], "--beams=1,5: a language model decodes one prompt; allowed: 1"),
     (True, ["--batch-sizes", "0"],
      "--batch-sizes=0: a language model decodes one prompt; allowed: 1"),
-    (False, ["--beams", "1,x"], "--beams=1,x: not a list of whole numbers >= 1; allowed: e.g. 1,64"),
+    (False, ["--beams", "1,x"],
+     "--beams=x: not a whole number >= 1; allowed: whole numbers >= 1, comma-separated (e.g. 1,64)"),
     (False, ["--ct2-dir", "ct2"],
      "--ct2-dir=ct2: a translation model; allowed: --ct2-dir with a language model's export")])
 def test_decoding_benchmark_refuses_what_the_model_cannot_take(folder, capsys, lm, flags, line):
