@@ -13,7 +13,7 @@ Anthe's or the Subformer's techniques leave as custom code (:mod:`.skipless`, :m
 from slim_fairseq import options as vocabulary
 from slim_fairseq.models import slim_options
 from slim_fairseq.models.slim_options import SandwichOptions
-from slim_fairseq.option_errors import OptionError, option_error
+from slim_fairseq.option_errors import OptionError, option_error, refusal
 
 # (option, whether it is on, what no class has, what to train with instead)
 NO_CLASS = (
@@ -110,12 +110,12 @@ def combined(errors):
         return errors[0]
     if len(parts) == 1:
         (subject, (problem, allowed)), = parts.items()
-        return OptionError(f"{subject}: {problem}; allowed: {allowed}")
+        return refusal(subject, problem, allowed)
     parts = [(s, p, a) for s, (p, a) in parts.items()]
-    return OptionError(
-        ", ".join(s for s, _, _ in parts) + f": {len(parts)} options are in the way: "
-        + "; ".join(f"{s}: {p}" for s, p, _ in parts)
-        + "; allowed: a model trained with all of " + ", and ".join(a for _, _, a in parts))
+    return refusal(", ".join(s for s, _, _ in parts),
+                   f"{len(parts)} options are in the way: "
+                   + "; ".join(f"{s}: {p}" for s, p, _ in parts),
+                   "a model trained with all of " + ", and ".join(a for _, _, a in parts))
 
 
 def known(spec_cls):
