@@ -123,7 +123,7 @@ MUTATIONS = (
        REF + "test_the_six_gates"),
     # H-SoftPOS (Anthe)
     _m("softpos-axis", "H-SoftPOS", "wrong axis", "hsoftpos_function.py",
-       "torch.softmax(x[..., : n_sp], dim=-1)", "torch.softmax(x[..., : n_sp], dim=-2)",
+       "torch.softmax(x, dim=-1) @ weight", "torch.softmax(x, dim=-2) @ weight",
        REF + "test_hsoftpos"),
     _m("hsoftpos-dilation", "H-SoftPOS", "off-by-one", "hsoftpos_function.py",
        "return [2 ** (i - 2) for", "return [2 ** (i - 1) for",
