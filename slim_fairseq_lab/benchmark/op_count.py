@@ -9,9 +9,10 @@ Two counts of the same run:
   (``aten::linear`` and the ``aten::addmm`` it calls count twice);
 * ``top``: the ops called from Python or from autograd's backward, each once, without the ops
   they call inside, plus the casts autocast makes in front of an op. An op in :data:`FUSED_ON_CUDA` counts once forward and once backward: torch
-  runs it as one CUDA kernel each way (``_fused_rms_norm``, ``_fused_rms_norm_backward``), while
-  its CPU build has no kernel for it and runs, and differentiates, its decomposition (a dozen
-  ops each way for ``F.rms_norm``).
+  runs it as one CUDA kernel each way (``_fused_rms_norm``, ``_fused_rms_norm_backward``; flash
+  or memory-efficient attention with dropout), while its CPU build has no kernel for it and
+  runs, and differentiates, its decomposition (a dozen ops each way for ``F.rms_norm``; the
+  math attention of ``scaled_dot_product_attention`` with a dropout probability).
 
 Training is forward + loss + backward of one batch (no optimizer step); decoding is the mean
 over steps of one incremental step of the decoder (the encoder output computed beforehand),
@@ -58,8 +59,10 @@ class OpCount:
         return OpCount(self.all / other.all, self.top / other.top)
 
 
-#: ops that are one CUDA kernel forward and one backward, but a decomposition on the CPU
-FUSED_ON_CUDA = ("aten::rms_norm",)
+#: ops that are one CUDA kernel forward and one backward, but a decomposition on the CPU:
+#: F.rms_norm; torch's fused attention, which the CPU decomposes when it drops attention
+#: probabilities out (CUDA's flash and memory-efficient kernels drop out inside the kernel)
+FUSED_ON_CUDA = ("aten::rms_norm", "aten::scaled_dot_product_attention")
 _BACKWARD = "autograd::engine::evaluate_function"
 
 
