@@ -353,9 +353,10 @@ class ChainWeights(torch.autograd.Function):
         like = next(g for g in grads if g is not None)
         grad = torch.stack([like.new_zeros(()).expand_as(like) if g is None else g
                             for g in grads]).view(count, c1, c2, a1, a2)
-        grad, = _compute_dtype(ctx, grad)
-        grad_firsts = torch.einsum("kcead,kdbe->kabc", grad, lasts)
-        grad_lasts = torch.einsum("kcead,kabc->kdbe", grad, firsts)
+        # [k, a1, c1, a2, c2]: the layout both products read as a view (one copy, not one each)
+        grad, = _compute_dtype(ctx, grad.permute(0, 3, 1, 4, 2).contiguous())
+        grad_firsts = torch.einsum("kacde,kdbe->kabc", grad, lasts)
+        grad_lasts = torch.einsum("kacde,kabc->kdbe", grad, firsts)
         dtype = cores[0].dtype
         return (None, *grad_firsts.to(dtype, memory_format=torch.contiguous_format).unbind(0),
                 *grad_lasts.to(dtype, memory_format=torch.contiguous_format).unbind(0))

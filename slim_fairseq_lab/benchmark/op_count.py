@@ -126,6 +126,55 @@ def count_ops(fn, repeats=1):
     return OpCount(len(aten) / repeats, (count + len(fused_backward)) / repeats)
 
 
+def count_bytes(fn):
+    """Bytes the aten ops of ``fn()`` allocate: every tensor an op creates (results, and the
+    temporaries of its decomposition) is memory it writes, so this is the CPU's count of the
+    bytes a step writes, views and in-place updates left out (they allocate nothing), from the
+    profiler's memory records."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return sum(max(e.self_cpu_memory_usage, 0) for e in prof.events()
+               if e.name.startswith("aten::"))
+
+
+def training_bytes(model, criterion, sample, target=("cuda", torch.float16),
+                   autocast=torch.float16):
+    """:func:`count_bytes` of one training step of ``model`` on ``sample`` (forward and loss
+    under the CPU's autocast to ``autocast``, backward outside it, as :func:`step_op_counts`;
+    gradients set to None before it, as fairseq's optimizers leave them), after one untimed
+    step; Tensor Chains choose as on ``target``."""
+    from slim_fairseq.modules import tensor_chain_policy
+    model.train()
+
+    def train():
+        model.zero_grad(set_to_none=True)
+        with _autocast(autocast):
+            loss, _, _ = criterion(model, sample)
+        loss.backward()
+
+    with tensor_chain_policy.assume_target(*target):
+        train()
+        return count_bytes(train)
+
+
+def compare_bytes(build, models, shape=OpShape(), autocast=torch.float16):
+    """{arch: (bytes per training step, ratio against fairseq's model of the same task)} for
+    ``models`` ({arch: is a language model}) and the baselines, built as :func:`compare`
+    builds them."""
+    wanted = dict(models)
+    for lm in set(models.values()):
+        wanted.setdefault(BASELINES[lm][0], lm)
+    written = {}
+    for arch, lm in wanted.items():
+        extra = BASELINES[lm][1] if arch == BASELINES[lm][0] else []
+        args, task, model = build(arch, shape_argv(lm, shape) + extra, lm)
+        written[arch] = training_bytes(model, task.build_criterion(args),
+                                       op_batch(task, lm, shape), autocast=autocast)
+    return {arch: (written[arch], written[arch] / written[BASELINES[lm][0]])
+            for arch, lm in wanted.items()}
+
+
 def shape_argv(lm, shape):
     """fairseq flags of ``shape`` for a language model or an encoder-decoder."""
     argv = []
