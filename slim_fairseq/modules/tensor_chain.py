@@ -181,14 +181,16 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         mode and the cores are the same tensors, unmodified, in the same autocast state (a
         decoding step then multiplies by W instead of rebuilding it). Training mode, or a
         gradient through the cores, builds W at every call."""
-        cores = tuple(self.cores._parameters.values())  # (not ParameterList's slower indexing)
-        if self.training or (torch.is_grad_enabled() and cores[0].requires_grad):
+        cores = self._modules["cores"]._parameters  # (not ParameterList's slower indexing)
+        first = cores["0"]
+        if self.training or (torch.is_grad_enabled() and first.requires_grad):
             return self.full_weight()
-        first = cores[0]
         device_type = "cuda" if first.is_cuda else "cpu" if first.is_cpu else first.device.type
-        autocast = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)) \
-            if device_type in ("cpu", "cuda") else None
-        key = (tuple((core.data_ptr(), core._version, core.dtype) for core in cores), autocast)
+        autocast = (device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type)
+                    and torch.get_autocast_dtype(device_type))
+        key = [autocast]  # (a flat list: a few times cheaper to build and compare than tuples)
+        for core in cores.values():
+            key += (core.data_ptr(), core._version, core.dtype)
         cached = self._inference_weight
         if cached is None or cached[0] != key:
             cached = self._inference_weight = (key, self.full_weight())
