@@ -79,7 +79,9 @@ class LayerSpec:
     """One encoder or decoder layer: its attentions, feed-forward and norms; a skipless block
     (``--skipless-layout``, He & Hofmann arXiv:2311.01906) with ``--mlp-branch-scale``;
     ``layout``: the spec of a block layout registered from outside whose options are on
-    (docs/DESIGN.md, "Adding a technique"), or None."""
+    (docs/DESIGN.md, "Adding a technique"), or None. ``plugin_attention``: an attention with no
+    technique on is the plugin's (:class:`~slim_fairseq.modules.attention.SlimMultiheadAttention`:
+    fairseq's parameters, init and outputs in fewer launches) instead of fairseq's own class."""
 
     self_attn: AttentionSpec = AttentionSpec()
     cross_attn: AttentionSpec = AttentionSpec()
@@ -88,6 +90,7 @@ class LayerSpec:
     skipless: str = "none"
     mlp_branch_scale: float = 1.0
     layout: object = None
+    plugin_attention: bool = False
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,9 @@ MUTATIONS = (
     _m("padding-mask-inverted", "attention", "sign", "attention.py",
        "mask = ~pads if attn_mask is None", "mask = pads if attn_mask is None",
        REF + "test_the_six_gates"),
+    _m("attention-stacked-order", "attention", "wrong operand", "attention.py",
+       "return self.q_proj(query), out[0], out[1]", "return self.q_proj(query), out[1], out[0]",
+       "tests/test_lean_attention.py::test_stacked_projections_give_the_losses_and_gradients_of_three"),
     # LoRA (arXiv:2106.09685) and STLM tying (arXiv:2405.14159)
     _m("lora-scaling-dropped", "LoRA", "scale", "lora.py",
        "return base + self.scaling * update", "return base + update",
@@ -123,7 +126,7 @@ MUTATIONS = (
        REF + "test_the_six_gates"),
     # H-SoftPOS (Anthe)
     _m("softpos-axis", "H-SoftPOS", "wrong axis", "hsoftpos_function.py",
-       "torch.softmax(x[..., : n_sp], dim=-1)", "torch.softmax(x[..., : n_sp], dim=-2)",
+       "torch.softmax(x, dim=-1) @ weight", "torch.softmax(x, dim=-2) @ weight",
        REF + "test_hsoftpos"),
     _m("hsoftpos-dilation", "H-SoftPOS", "off-by-one", "hsoftpos_function.py",
        "return [2 ** (i - 2) for", "return [2 ** (i - 1) for",

@@ -239,7 +239,7 @@ def test_dense_glu_fc2_keeps_the_hidden_inputs_not_the_output(fc2_kind):
         assert torch.allclose(g, w, atol=1e-5)
     # gradcheck of the Function itself: x2d = 2 h, rebuilt from h
     h, w, b = (torch.randn(*shape, dtype=torch.float64, requires_grad=True)
-               for shape in ((4, 6), (6, 3), (3,)))
+               for shape in ((4, 6), (3, 6), (3,)))
     assert torch.autograd.gradcheck(
         lambda h, w, b: RecomputedInputLinear.apply(2 * h, w, b, lambda t: 2 * t, 1, h), (h, w, b))
 

@@ -227,6 +227,7 @@ class SlimEncoderLayer(_Block, TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim, cfg):
         return build_attention(self.spec.self_attn, embed_dim, cfg.encoder.attention_heads,
                                role="encoder_self", dropout=cfg.attention_dropout,
+                               plugin=self.spec.plugin_attention,
                                **self._attention_kwargs(cfg.encoder.xformers_att_config))
 
     def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
@@ -316,7 +317,8 @@ class SlimDecoderLayer(_Block, TransformerDecoderLayerBase):
         if cfg.cross_self_attention:
             kwargs["self_attention"] = False
         return build_attention(self.spec.self_attn, embed_dim, cfg.decoder.attention_heads,
-                               role="decoder_self", dropout=cfg.attention_dropout, **kwargs)
+                               role="decoder_self", dropout=cfg.attention_dropout,
+                               plugin=self.spec.plugin_attention, **kwargs)
 
     def build_encoder_attention(self, embed_dim, cfg):
         """The cross-attention; also called by the sandwich stack for a middle layer's
@@ -325,6 +327,7 @@ class SlimDecoderLayer(_Block, TransformerDecoderLayerBase):
                 ModelOptions.of(cfg).attention_spec("cross", embed_dim, cfg.decoder.attention_heads))
         return build_attention(spec, embed_dim, cfg.decoder.attention_heads, role="cross",
                                dropout=cfg.attention_dropout, kdim=cfg.encoder.embed_dim,
+                               plugin=self.spec.plugin_attention,
                                vdim=cfg.encoder.embed_dim,
                                **self._attention_kwargs(cfg.encoder.xformers_att_config))
 

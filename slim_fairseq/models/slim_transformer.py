@@ -9,6 +9,7 @@ only set defaults (``archs_*.py``). The options are read into a
 built from the specs it gives. Extension points: docs/DESIGN.md.
 """
 import copy
+import dataclasses
 import math
 from typing import Dict, List, Optional
 
@@ -97,7 +98,8 @@ class _LayerStackMixin:
     """The layer stack of an encoder or decoder, built by the plugin (fairseq's constructor gets
     a copy of the config with no layers): ``build_layer(cfg, spec)`` for each layer, or the
     sandwich stack (``--sandwich``) whose middle layers are built from a copy of ``cfg`` at the
-    middle's width."""
+    middle's width. A sandwich stack is not fairseq's in any case: its attentions are the
+    plugin's (fairseq's parameters and outputs, torch's fused attention, fewer launches)."""
 
     def build_layers(self, cfg, side):
         options = self.options
@@ -106,8 +108,8 @@ class _LayerStackMixin:
             layer_spec = options.layer_spec(cfg, side)
             return [self.build_layer(cfg, layer_spec) for _ in range(getattr(cfg, side).layers)]
         middle_cfg = SandwichOptions.middle_layer_cfg(cfg, side, spec)
-        middle_spec = options.layer_spec(middle_cfg, side)
-        first, middle = self.build_layer(cfg, options.layer_spec(cfg, side)), []
+        middle_spec = _plugin_attention(options.layer_spec(middle_cfg, side))
+        first, middle = self.build_layer(cfg, _plugin_attention(options.layer_spec(cfg, side))), []
         for _ in range(spec.layers - 2):
             layer = self.build_layer(middle_cfg, middle_spec)
             if spec.wider and getattr(layer, "encoder_attn", None) is not None:
@@ -115,8 +117,13 @@ class _LayerStackMixin:
                 layer.encoder_attn = SandwichCrossAttention.around(
                     layer.build_encoder_attention(spec.model_dim, cfg), spec)
             middle.append(layer)
-        return build_sandwich_stack(spec, first, middle,
-                                    self.build_layer(cfg, options.layer_spec(cfg, side)))
+        return build_sandwich_stack(spec, first, middle, self.build_layer(
+            cfg, _plugin_attention(options.layer_spec(cfg, side))))
+
+
+def _plugin_attention(layer_spec):
+    """``layer_spec`` whose attentions with no technique on are the plugin's."""
+    return dataclasses.replace(layer_spec, plugin_attention=True)
 
 
 class SlimTransformerEncoder(_LayerStackMixin, TransformerEncoderBase):

@@ -81,9 +81,20 @@ def attention_head_dim(embed_dim, num_heads, head_dim=0, rope=False):
 
 
 def _heads(x: Tensor, heads: int, head_dim: int) -> Tensor:
-    """(T, B, heads * d_h) -> (B, heads, T, d_h), a view when ``x`` is contiguous."""
+    """(T, B, heads * d_h) -> (B, heads, T, d_h), a view when ``x`` is contiguous; one op for
+    a decoding step's single position (T = 1: the same order of elements)."""
+    if x.size(0) == 1:
+        return x.reshape(x.size(1), heads, 1, head_dim)
     shape = (x.size(0), x.size(1), heads, head_dim)
     return (x.view(shape) if x.is_contiguous() else x.reshape(shape)).permute(1, 2, 0, 3)
+
+
+def _merge_heads(x: Tensor) -> Tensor:
+    """(B, heads, T, d_h) -> (T, B, heads * d_h); one op for a single position (T = 1)."""
+    bsz, heads, tgt_len, head_dim = x.shape
+    if tgt_len == 1:
+        return x.reshape(1, bsz, heads * head_dim)
+    return x.permute(2, 0, 1, 3).reshape(tgt_len, bsz, heads * head_dim)
 
 
 @with_incremental_state
@@ -217,7 +228,40 @@ class SlimMultiheadAttention(nn.Module):
         (:func:`~slim_fairseq.modules.gate_function.gated_inputs`, plain torch, the file an
         export copies). ``key``/``value`` None means cached (static) K, V. A removed or identity
         projection passes its input on."""
+        if self._stacks_weights(query, key):
+            return self._stacked_projections(query, key)
         return gated_inputs(self.gate, query, key, value, self._project, self._project_gated)
+
+    def _stacks_weights(self, query, key):
+        """Whether the dense projections that read one input (a self-attention's queries, keys
+        and values; a cross-attention's keys and values) run as one product of their stacked
+        weights: ungated, in training under autocast, which casts a copy of the weights for
+        backward anyway (in fp32 the stack would be a copy of its own), as fairseq's own
+        attention multiplies by its stacked input projection."""
+        if self.gate != "none" or key is None or not torch.is_grad_enabled():
+            return False
+        device_type = query.device.type
+        if device_type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device_type):
+            return False
+        if self.self_attention:
+            projections = (self.q_proj, self.k_proj, self.v_proj)
+        elif self.encoder_decoder_attention:
+            projections = (self.k_proj, self.v_proj)
+        else:
+            return False
+        return all(type(p) is nn.Linear for p in projections)
+
+    def _stacked_projections(self, query, key):
+        """(q, k, v) of :meth:`_stacks_weights`: one product with the stacked weights and
+        biases, split into views."""
+        projections = ((self.q_proj, self.k_proj, self.v_proj) if self.self_attention
+                       else (self.k_proj, self.v_proj))
+        weight = torch.cat([p.weight for p in projections])
+        bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
+        out = F.linear(key, weight, bias).split([p.out_features for p in projections], dim=-1)
+        if self.self_attention:
+            return out
+        return self.q_proj(query), out[0], out[1]
 
     def _project_gated(self, name, x, gate):
         return gated_projection(getattr(self, name + "_proj"), x, gate)
@@ -304,7 +348,7 @@ class SlimMultiheadAttention(nn.Module):
             attn = shaped_mixing(q, k, v, self.alpha, self.beta, self.gamma, attn_mask,
                                  key_padding_mask, self._dropout_p(), self.scaling,
                                  causal=is_marked_causal(attn_mask))
-            attn = attn.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.q_width)
+            attn = _merge_heads(attn)
         elif need_weights or before_softmax or (bsz != kv_bsz and attn_mask is not None):
             attn, weights = self._explicit_attention(q, k, v, attn_mask, key_padding_mask,
                                                      kv_bsz, before_softmax, need_weights,
@@ -355,7 +399,7 @@ class SlimMultiheadAttention(nn.Module):
         if beams > 1:  # (kv_bsz, H, beam, T, d) -> (T, kv_bsz, beam, H, d)
             out = out.view(kv_bsz, heads, beams, tgt_len, head_dim).permute(3, 0, 2, 1, 4)
             return out.reshape(tgt_len, bsz, heads * head_dim)
-        return out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, heads * head_dim)
+        return _merge_heads(out)
 
     def _explicit_attention(self, q, k, v, attn_mask, key_padding_mask, kv_bsz, before_softmax,
                             need_weights, need_head_weights):
@@ -401,22 +445,26 @@ class SlimMultiheadAttention(nn.Module):
 
 
 def build_attention(spec: AttentionSpec, embed_dim, num_heads, *, role, dropout, kdim=None,
-                    vdim=None, **kwargs):
+                    vdim=None, plugin=False, **kwargs):
     """Attention block for ``role`` in {"encoder_self", "decoder_self", "cross"} with the
     techniques of ``spec``: fairseq's ``MultiheadAttention`` when none is on (with fairseq's
     extra keyword arguments: q_noise, qn_block_size, xformers_att_config, add_bias_kv,
-    add_zero_attn), else :class:`SlimMultiheadAttention`."""
+    add_zero_attn), else :class:`SlimMultiheadAttention`; with ``plugin``, the plugin's class
+    also when none is on (fairseq's parameters, init and outputs in fewer launches), unless
+    one of fairseq's own arguments asks for fairseq's."""
     if role not in ROLES:
         raise ValueError(f"role={role!r}: not an attention role; allowed: {'|'.join(ROLES)}")
     if role == "cross":
         kwargs.setdefault("encoder_decoder_attention", True)
     else:
         kwargs.setdefault("self_attention", True)
-    if spec.plain:
+    fairseq_only = [name for name in ("q_noise", "add_bias_kv", "add_zero_attn", "xformers_att_config")
+                    if kwargs.get(name)]
+    if spec.plain and (not plugin or fairseq_only):
         return MultiheadAttention(embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout,
                                   **kwargs)
-    fairseq_only = [name for name in ("q_noise", "add_bias_kv", "add_zero_attn", "xformers_att_config")
-                    if kwargs.pop(name, None)]
+    for name in ("q_noise", "add_bias_kv", "add_zero_attn", "xformers_att_config"):
+        kwargs.pop(name, None)
     kwargs.pop("qn_block_size", None)
     if fairseq_only:
         raise ValueError(f"{fairseq_only[0]}: an argument of fairseq's MultiheadAttention, which "

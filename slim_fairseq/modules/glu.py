@@ -121,8 +121,7 @@ class RebuildingLinear(nn.Linear):
     def forward(self, x):
         if recompute_recipe(x) is None or not torch.is_grad_enabled():
             return super().forward(x)
-        y = linear_input_of(x, x.reshape(-1, self.in_features), self.weight.t(), self.bias)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return linear_input_of(x, self.weight, self.bias)
 
 
 @torch.no_grad()

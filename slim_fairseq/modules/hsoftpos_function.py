@@ -44,7 +44,8 @@ def conv_step(conv, x, history, dilation):
     if history is None:
         history = x.new_zeros(x.size(0), (KERNEL_SIZE - 1) * dilation, x.size(2))
     window = torch.cat([history, x], dim=1)
-    taps = window[:, ::dilation].transpose(1, 2).reshape(x.size(0), 1, -1)  # (channel, tap)
+    taps = window if dilation == 1 else window[:, ::dilation]
+    taps = taps.transpose(1, 2).reshape(x.size(0), 1, -1)  # (channel, tap)
     return F.linear(taps, conv_weight(conv), conv.bias), window[:, 1:]
 
 
@@ -69,8 +70,11 @@ def level_dilations(levels):
 
 
 def soft_positions(x, weight, n_sp):
-    """SoftPOS of ``x``: ``softmax(x[..., :n_sp]) @ weight``."""
-    return torch.softmax(x[..., : n_sp], dim=-1) @ weight
+    """SoftPOS of ``x``: ``softmax(x[..., :n_sp]) @ weight`` (no slice where ``x`` is
+    ``n_sp`` wide)."""
+    if x.size(-1) != n_sp:
+        x = x[..., : n_sp]
+    return torch.softmax(x, dim=-1) @ weight
 
 
 def hsoftpos_levels(x, keep, convs, dilations, softpos, n_sp, histories=None):

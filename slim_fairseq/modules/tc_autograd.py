@@ -226,39 +226,48 @@ def chain_contract_input_of(x, x2d, cores):
 
 
 class RecomputedInputLinear(torch.autograd.Function):
-    """``x2d @ w + bias`` (``w`` [in, out], dense or a materialised chain) keeping the inputs
-    of ``recompute`` (which rebuilds ``x2d``) instead of ``x2d``; the counterpart of
-    :class:`RecomputedInputContraction` for a consumer that multiplies by its full weight."""
+    """``F.linear(x, w, bias)`` (``w`` [out, in]: dense or a materialised chain, in nn.Linear's
+    layout; ``x`` of any leading shape) keeping the inputs of ``recompute`` (which rebuilds
+    ``x``, in any shape of as many elements) instead of ``x``; the counterpart of
+    :class:`RecomputedInputContraction` for a consumer that multiplies by its full weight. Each
+    way as few ops as :class:`MaterialisedLinear`."""
 
     @staticmethod
-    def forward(ctx, x2d, w, bias, recompute, n_inputs, *inputs):
-        remember_autocast(ctx, x2d)
-        ctx.recompute, ctx.x_shape = recompute, x2d.shape
+    def forward(ctx, x, w, bias, recompute, n_inputs, *inputs):
+        remember_autocast(ctx, x)
+        ctx.recompute, ctx.x_shape = recompute, x.shape
         ctx.save_for_backward(w, bias, *inputs)
-        return torch.addmm(bias, x2d, w) if bias is not None else x2d @ w
+        return torch.nn.functional.linear(x, w, bias)
 
     @staticmethod
     def backward(ctx, grad_out):
         refuse_double_backward("linear layer")
         w, bias, *inputs = ctx.saved_tensors
         needs = ctx.needs_input_grad
+        lead = tuple(range(grad_out.dim() - 1))
         grad_x = grad_w = grad_bias = None
         with forward_autocast(ctx):
             if needs[0]:
-                grad_x = grad_out @ w.t()
+                grad_x = torch.matmul(grad_out, w)
             if needs[1]:
-                x2d = ctx.recompute(*inputs).reshape(ctx.x_shape)
-                grad_w = (x2d.t() @ grad_out).to(w.dtype)
-                del x2d
+                x = ctx.recompute(*inputs).reshape(ctx.x_shape)
+                grad_w = _cast(torch.tensordot(grad_out, x, dims=(lead, lead)), w.dtype)
+                del x
         if bias is not None and needs[2]:
-            grad_bias = grad_out.sum(0).to(bias.dtype)
+            grad_bias = _cast(grad_out.sum(lead), bias.dtype)
         return (grad_x, grad_w, grad_bias, None, None, *([None] * len(inputs)))
+
+
+def _cast(tensor, dtype):
+    """``tensor`` in ``dtype`` (itself when it is already)."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 class MaterialisedLinear(torch.autograd.Function):
     """``F.linear(x, w, bias)`` (``w`` [out, in]: a materialised chain weight in nn.Linear's
     layout) for ``x`` of any leading shape, in as few ops each way as a dense layer: no reshapes
-    in forward, one product per gradient in backward, no casts of tensors already in the right
+    in forward, one product per gradient in backward (the weight's over every leading dimension
+    at once: ``tensordot``), no casts of tensors already in the right
     dtype. Under autocast ``x`` is kept in the compute dtype (as autograd through ``F.linear``
     keeps it). Same results as autograd through ``F.linear``, gradients of gradients included
     (outside autocast)."""
@@ -280,27 +289,28 @@ class MaterialisedLinear(torch.autograd.Function):
             refuse_double_backward("Tensor-Chain linear layer under autocast")
         x, w = ctx.saved_tensors
         needs = ctx.needs_input_grad
+        lead = tuple(range(grad.dim() - 1))
         grad_x = grad_w = grad_bias = None
-        grad2d = grad.reshape(-1, w.shape[0])
         with forward_autocast(ctx):
             if needs[0]:
                 grad_x = torch.matmul(grad, w)
             if needs[1]:
-                grad_w = torch.mm(grad2d.t(), x.reshape(-1, w.shape[1]))
+                grad_w = torch.tensordot(grad, x, dims=(lead, lead))
         if needs[2] and ctx.dtypes[1] is not None:
-            grad_bias = grad2d.sum(0)
-        return tuple(g if g is None or g.dtype == t else g.to(t)
+            grad_bias = grad.sum(lead)
+        return tuple(g if g is None else _cast(g, t)
                      for g, t in zip((grad_x, grad_w, grad_bias), (x.dtype, w.dtype, ctx.dtypes[1])))
 
 
-def linear_input_of(x, x2d, w, bias):
-    """``x2d @ w + bias``; when ``x`` was marked by :func:`mark_recomputable`, keep the
-    recompute inputs instead of ``x2d`` (see :class:`RecomputedInputLinear`)."""
+def linear_input_of(x, w, bias):
+    """``F.linear(x, w, bias)`` (``w`` [out, in]); when ``x`` was marked by
+    :func:`mark_recomputable`, keep the recompute inputs instead of ``x`` (see
+    :class:`RecomputedInputLinear`)."""
     recipe = recompute_recipe(x)
     if recipe is None or not torch.is_grad_enabled():
-        return torch.addmm(bias, x2d, w) if bias is not None else x2d @ w
+        return torch.nn.functional.linear(x, w, bias)
     recompute, inputs = recipe
-    return RecomputedInputLinear.apply(x2d, w, bias, recompute, len(inputs), *inputs)
+    return RecomputedInputLinear.apply(x, w, bias, recompute, len(inputs), *inputs)
 
 
 @torch.no_grad()

@@ -181,14 +181,16 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         mode and the cores are the same tensors, unmodified, in the same autocast state (a
         decoding step then multiplies by W instead of rebuilding it). Training mode, or a
         gradient through the cores, builds W at every call."""
-        cores = tuple(self.cores._parameters.values())  # (not ParameterList's slower indexing)
-        if self.training or (torch.is_grad_enabled() and cores[0].requires_grad):
+        cores = self._modules["cores"]._parameters  # (not ParameterList's slower indexing)
+        first = cores["0"]
+        if self.training or (torch.is_grad_enabled() and first.requires_grad):
             return self.full_weight()
-        first = cores[0]
         device_type = "cuda" if first.is_cuda else "cpu" if first.is_cpu else first.device.type
-        autocast = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)) \
-            if device_type in ("cpu", "cuda") else None
-        key = (tuple((core.data_ptr(), core._version, core.dtype) for core in cores), autocast)
+        autocast = (device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type)
+                    and torch.get_autocast_dtype(device_type))
+        key = [autocast]  # (a flat list: a few times cheaper to build and compare than tuples)
+        for core in cores.values():
+            key += (core.data_ptr(), core._version, core.dtype)
         cached = self._inference_weight
         if cached is None or cached[0] != key:
             cached = self._inference_weight = (key, self.full_weight())
@@ -257,9 +259,7 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
                 return F.linear(x, self._linear_layout(reuse), self.bias)
             if recompute_recipe(x) is None:
                 return MaterialisedLinear.apply(x, self._linear_layout(reuse), self.bias)
-            weight = self.inference_weight() if reuse else self.full_weight()
-            y = linear_input_of(x, x.reshape(-1, self.in_features), weight, self.bias)
-            return y.reshape(*shape[:-1], self.out_features)
+            return linear_input_of(x, self._linear_layout(reuse), self.bias)
         x2d = x.reshape(-1, self.in_features)
         recompute = torch.is_grad_enabled() and self.recompute_in_backward
         if recompute:
@@ -325,24 +325,25 @@ class ChainWeights(torch.autograd.Function):
     k last cores) in one batched product, :func:`materialise_pairs`'s results in nn.Linear's
     layout (``[out_features, in_features]``); backward runs one
     batched product per core position for all k chains (a weight left unused gets a zero
-    gradient). Gradients of gradients differentiate :func:`materialise_pairs` instead."""
+    gradient). Each way the cores are stacked once and cast once (under autocast) and every
+    product is one ``einsum`` (its layout changes are views of the product, not ops of their
+    own). Gradients of gradients differentiate :func:`materialise_pairs` instead."""
 
     @staticmethod
     def forward(ctx, count, *cores):
         remember_autocast(ctx, cores[0])
-        (a1, bond, c1), (a2, _, c2) = cores[0].shape, cores[count].shape
-        left = torch.stack(cores[:count]).transpose(2, 3).reshape(count, a1 * c1, bond)
-        right = torch.stack(cores[count:]).transpose(1, 2).reshape(count, bond, a2 * c2)
-        ctx.count, ctx.shapes = count, (a1, bond, c1, a2, c2)
-        ctx.save_for_backward(left, right, *cores)
-        product = torch.bmm(left, right).view(count, a1, c1, a2, c2)
+        firsts, lasts = _compute_dtype(ctx, torch.stack(cores[:count]), torch.stack(cores[count:]))
+        ctx.count = count
+        ctx.save_for_backward(firsts, lasts, *cores)
         # W in nn.Linear's layout [c1 c2, a1 a2], the one a linear layer multiplies by
-        return product.permute(0, 2, 4, 1, 3).reshape(count, c1 * c2, a1 * a2).unbind(0)
+        product = torch.einsum("kabc,kdbe->kcead", firsts, lasts)
+        (_, a1, _, c1), (_, a2, _, c2) = firsts.shape, lasts.shape
+        return product.reshape(count, c1 * c2, a1 * a2).unbind(0)
 
     @staticmethod
     def backward(ctx, *grads):
-        left, right, *cores = ctx.saved_tensors
-        count, (a1, bond, c1, a2, c2) = ctx.count, ctx.shapes
+        firsts, lasts, *cores = ctx.saved_tensors
+        count = ctx.count
         if torch.is_grad_enabled():  # create_graph: plain autograd through the same product
             with torch.enable_grad(), forward_autocast(ctx):
                 weights = [w.t() for w in materialise_pairs(cores[:count], cores[count:])]
@@ -350,17 +351,26 @@ class ChainWeights(torch.autograd.Function):
             got = torch.autograd.grad([w for w, _ in used], cores, [g for _, g in used],
                                       create_graph=True, allow_unused=True)
             return (None, *(torch.zeros_like(c) if g is None else g for g, c in zip(got, cores)))
+        (_, a1, _, c1), (_, a2, _, c2) = firsts.shape, lasts.shape
         like = next(g for g in grads if g is not None)
         grad = torch.stack([like.new_zeros(()).expand_as(like) if g is None else g
-                            for g in grads])  # [k, c1 c2, a1 a2] = [k, c1, c2, a1, a2]
-        grad = grad.view(count, c1, c2, a1, a2).permute(0, 3, 1, 4, 2).reshape(count, a1 * c1, a2 * c2)
-        with forward_autocast(ctx):
-            grad_left = torch.bmm(grad, right.transpose(1, 2))  # [k, a1 c1, b]
-            grad_right = torch.bmm(left.transpose(1, 2), grad)  # [k, b, a2 c2]
+                            for g in grads]).view(count, c1, c2, a1, a2)
+        # [k, a1, c1, a2, c2]: the layout both products read as a view (one copy, not one each)
+        grad, = _compute_dtype(ctx, grad.permute(0, 3, 1, 4, 2).contiguous())
+        grad_firsts = torch.einsum("kacde,kdbe->kabc", grad, lasts)
+        grad_lasts = torch.einsum("kacde,kabc->kdbe", grad, firsts)
         dtype = cores[0].dtype
-        firsts = grad_left.view(count, a1, c1, bond).transpose(2, 3).to(dtype).unbind(0)
-        lasts = grad_right.view(count, bond, a2, c2).transpose(1, 2).to(dtype).unbind(0)
-        return (None, *firsts, *lasts)
+        return (None, *grad_firsts.to(dtype, memory_format=torch.contiguous_format).unbind(0),
+                *grad_lasts.to(dtype, memory_format=torch.contiguous_format).unbind(0))
+
+
+def _compute_dtype(ctx, *tensors):
+    """``tensors`` in the dtype autocast computed ``ctx``'s forward in (as they are without
+    autocast): one explicit cast each, so that the products run no casts of their own."""
+    enabled, dtype = ctx.autocast
+    if not enabled:
+        return tensors
+    return tuple(t if t.dtype == dtype else t.to(dtype) for t in tensors)
 
 
 class _ChainGroup:

@@ -9,9 +9,10 @@ Two counts of the same run:
   (``aten::linear`` and the ``aten::addmm`` it calls count twice);
 * ``top``: the ops called from Python or from autograd's backward, each once, without the ops
   they call inside, plus the casts autocast makes in front of an op. An op in :data:`FUSED_ON_CUDA` counts once forward and once backward: torch
-  runs it as one CUDA kernel each way (``_fused_rms_norm``, ``_fused_rms_norm_backward``), while
-  its CPU build has no kernel for it and runs, and differentiates, its decomposition (a dozen
-  ops each way for ``F.rms_norm``).
+  runs it as one CUDA kernel each way (``_fused_rms_norm``, ``_fused_rms_norm_backward``; flash
+  or memory-efficient attention with dropout), while its CPU build has no kernel for it and
+  runs, and differentiates, its decomposition (a dozen ops each way for ``F.rms_norm``; the
+  math attention of ``scaled_dot_product_attention`` with a dropout probability).
 
 Training is forward + loss + backward of one batch (no optimizer step); decoding is the mean
 over steps of one incremental step of the decoder (the encoder output computed beforehand),
@@ -58,8 +59,10 @@ class OpCount:
         return OpCount(self.all / other.all, self.top / other.top)
 
 
-#: ops that are one CUDA kernel forward and one backward, but a decomposition on the CPU
-FUSED_ON_CUDA = ("aten::rms_norm",)
+#: ops that are one CUDA kernel forward and one backward, but a decomposition on the CPU:
+#: F.rms_norm; torch's fused attention, which the CPU decomposes when it drops attention
+#: probabilities out (CUDA's flash and memory-efficient kernels drop out inside the kernel)
+FUSED_ON_CUDA = ("aten::rms_norm", "aten::scaled_dot_product_attention")
 _BACKWARD = "autograd::engine::evaluate_function"
 
 
@@ -121,6 +124,55 @@ def count_ops(fn, repeats=1):
         else:
             count += 1 + _autocast_casts(event)
     return OpCount(len(aten) / repeats, (count + len(fused_backward)) / repeats)
+
+
+def count_bytes(fn):
+    """Bytes the aten ops of ``fn()`` allocate: every tensor an op creates (results, and the
+    temporaries of its decomposition) is memory it writes, so this is the CPU's count of the
+    bytes a step writes, views and in-place updates left out (they allocate nothing), from the
+    profiler's memory records."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return sum(max(e.self_cpu_memory_usage, 0) for e in prof.events()
+               if e.name.startswith("aten::"))
+
+
+def training_bytes(model, criterion, sample, target=("cuda", torch.float16),
+                   autocast=torch.float16):
+    """:func:`count_bytes` of one training step of ``model`` on ``sample`` (forward and loss
+    under the CPU's autocast to ``autocast``, backward outside it, as :func:`step_op_counts`;
+    gradients set to None before it, as fairseq's optimizers leave them), after one untimed
+    step; Tensor Chains choose as on ``target``."""
+    from slim_fairseq.modules import tensor_chain_policy
+    model.train()
+
+    def train():
+        model.zero_grad(set_to_none=True)
+        with _autocast(autocast):
+            loss, _, _ = criterion(model, sample)
+        loss.backward()
+
+    with tensor_chain_policy.assume_target(*target):
+        train()
+        return count_bytes(train)
+
+
+def compare_bytes(build, models, shape=OpShape(), autocast=torch.float16):
+    """{arch: (bytes per training step, ratio against fairseq's model of the same task)} for
+    ``models`` ({arch: is a language model}) and the baselines, built as :func:`compare`
+    builds them."""
+    wanted = dict(models)
+    for lm in set(models.values()):
+        wanted.setdefault(BASELINES[lm][0], lm)
+    written = {}
+    for arch, lm in wanted.items():
+        extra = BASELINES[lm][1] if arch == BASELINES[lm][0] else []
+        args, task, model = build(arch, shape_argv(lm, shape) + extra, lm)
+        written[arch] = training_bytes(model, task.build_criterion(args),
+                                       op_batch(task, lm, shape), autocast=autocast)
+    return {arch: (written[arch], written[arch] / written[BASELINES[lm][0]])
+            for arch, lm in wanted.items()}
 
 
 def shape_argv(lm, shape):
