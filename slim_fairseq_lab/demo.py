@@ -36,6 +36,8 @@ import subprocess
 import sys
 import time
 
+from slim_fairseq_lab.paths import plugin_module
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUALITY = os.path.join(REPO, "scripts", "quality.py")
 USER_DIR = os.path.join(REPO, "slim_fairseq")
@@ -87,10 +89,13 @@ def settings_from(environ):
     """The demo's budget from the environment (DEMO_*), each checked: one line naming the
     variable and what it allows."""
     values = {name: environ.get(name, default) for name, default in DEFAULTS.items()}
+    errors = plugin_module("option_errors")
     for name in ("DEMO_LM_UPDATES", "DEMO_MT_UPDATES", "DEMO_JOBS"):
-        if not re.fullmatch(r"[1-9][0-9]*", values[name]):
-            refuse(f"{name}={values[name]}: not a whole number >= 1; "
-                             f"allowed: a whole number >= 1 (default {DEFAULTS[name]})")
+        try:
+            errors.check_kind(name, values[name], "count",
+                              allowed=f"a whole number >= 1 (default {DEFAULTS[name]})")
+        except errors.OptionError as error:
+            refuse(str(error))
     if not re.fullmatch(r"[0-9]+(,[0-9]+)*", values["DEMO_SEEDS"]):
         refuse(f"DEMO_SEEDS={values['DEMO_SEEDS']}: not a list of seeds; "
                          f"allowed: whole numbers separated by commas (default {DEFAULTS['DEMO_SEEDS']})")
