@@ -3,10 +3,12 @@ built through fairseq's parser on the tests' small data, every parameter moved o
 value (norms off 1, LoRA's B off 0) and saved as fairseq-train saves a legacy model; and one
 export per checkpoint, cached for the session."""
 import os
+import subprocess
+import sys
 
 import torch
 
-from helpers import REPO, TEST_DATA, build, ende_data_bin, wikitext_data_bin
+from helpers import REPO, TEST_DATA, build, ende_data_bin, run_cli, wikitext_data_bin
 
 WIDTHS = ("--{side}-embed-dim", "32", "--{side}-ffn-embed-dim", "48", "--{side}-layers", "2",
           "--{side}-attention-heads", "4")
@@ -55,6 +57,60 @@ def tiny_checkpoint(folder, arch, argv, lm, seed=0):
 
 _EXPORTS = {}
 
+# the start of a script run with -I in a fresh interpreter: fairseq and slim_fairseq cannot be
+# imported there, so what it finds is computed by the exported folder's own code alone
+WITHOUT_FAIRSEQ = r'''
+import importlib.abc, json, sys
+
+
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("fairseq", "fairseq_cli", "slim_fairseq", "slim_fairseq_lab"):
+            raise ImportError(f"{name} is blocked in this process")
+        return None
+
+
+sys.meta_path.insert(0, Blocked())
+for name in ("fairseq", "slim_fairseq"):
+    try:
+        __import__(name)
+    except ImportError:
+        pass
+    else:
+        raise SystemExit(f"{name} could be imported")
+'''
+
+
+def run_without_fairseq(folder, script, job, *args):
+    """What ``script`` (it starts with :data:`WITHOUT_FAIRSEQ`) saves to ``sys.argv[2]``, run
+    offline in a fresh interpreter on ``job`` (saved to ``sys.argv[1]``), ``args`` after them."""
+    torch.save(job, folder / "job.pt")
+    path = folder / "transformers_side.py"
+    path.write_text(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+               HF_MODULES_CACHE=str(folder / "hf_modules"))
+    proc = subprocess.run([sys.executable, "-I", str(path), str(folder / "job.pt"),
+                           str(folder / "found.pt"), *map(str, args)], capture_output=True,
+                          text=True, timeout=600, env=env, cwd=str(folder))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(folder / "found.pt")
+
+
+def trained(folder, name, arch, lm, argv=()):
+    """The last checkpoint of a tiny ``arch`` trained 4 updates by fairseq-train."""
+    save = folder / name
+    task = (["--task", "language_modeling", "--tokens-per-sample", "64", "--sample-break-mode",
+             "none"] if lm else ["--task", "translation", "--source-lang", "en",
+                                 "--target-lang", "de"])
+    run_cli("fairseq-train", [
+        data_of(lm), *task, "--user-dir", os.path.join(REPO, "slim_fairseq"), "--arch", arch,
+        *(TINY_LM if lm else TINY_MT), *argv, "--optimizer", "adam", "--lr", "0.003",
+        "--max-update", "4", "--max-tokens", "512", "--cpu", "--seed", "3", "--save-dir",
+        str(save), "--disable-validation", "--no-epoch-checkpoints", "--num-workers", "0",
+        "--log-format", "none"])
+    return str(save / "checkpoint_last.pt")
+
 
 def exported(folder, arch, argv, lm, **options):
     """``(checkpoint, ExportResult)`` of a tiny model, exported once per session."""
@@ -68,5 +124,6 @@ def exported(folder, arch, argv, lm, **options):
     return _EXPORTS[key]
 
 
-__all__ = ["REPO", "TINY_LM", "TINY_MT", "codes", "data_of", "exported", "perturb_",
-           "save_checkpoint", "tiny_checkpoint", "tokenizer_options"]
+__all__ = ["REPO", "TINY_LM", "TINY_MT", "WITHOUT_FAIRSEQ", "codes", "data_of", "exported",
+           "perturb_", "run_without_fairseq", "save_checkpoint", "tiny_checkpoint",
+           "tokenizer_options", "trained"]

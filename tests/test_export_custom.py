@@ -11,20 +11,18 @@ import ast
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from helpers import BIN, REPO, run_cli, wikitext_data_bin
-from hf_export_fixtures import data_of, tiny_checkpoint
+from helpers import BIN, wikitext_data_bin
+from hf_export_fixtures import (WITHOUT_FAIRSEQ, data_of, run_without_fairseq, tiny_checkpoint,
+                                trained)
 from test_export_hf import _fairseq, _pad_right, _samples
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 TOLERANCE = 1e-5
 PROG = "slim-fairseq-export-hf"
-TINY = ["--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "48", "--decoder-layers", "2",
-        "--decoder-attention-heads", "4"]
 # one of each family, trained by fairseq-train
 TRAINED = {"skipless": "skipless_lm", "anthe": "anthe_lm_gpt2_small"}
 # built and moved off their initial values: the reduced parallel skipless form (no W_Q, no P)
@@ -44,27 +42,7 @@ PROMPTS = [6, 9]
 # scores the forced ``</s>`` that transformers does not, so only the ending may differ
 BEAM_LENGTH = 30
 
-# run with -I in a fresh interpreter: fairseq and slim_fairseq cannot be imported there
-TRANSFORMERS_SIDE = r'''
-import importlib.abc, json, sys
-
-
-class Blocked(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("fairseq", "fairseq_cli", "slim_fairseq", "slim_fairseq_lab"):
-            raise ImportError(f"{name} is blocked in this process")
-        return None
-
-
-sys.meta_path.insert(0, Blocked())
-for name in ("fairseq", "slim_fairseq"):
-    try:
-        __import__(name)
-    except ImportError:
-        pass
-    else:
-        raise SystemExit(f"{name} could be imported")
-
+TRANSFORMERS_SIDE = WITHOUT_FAIRSEQ + r'''
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -119,17 +97,7 @@ def exports(folder):
     """``{name: (checkpoint, ExportResult)}``: :data:`TRAINED`, each trained 4 updates by
     fairseq-train, and :data:`BUILT`."""
     from slim_fairseq.export_hf import export
-    paths = {}
-    for name, arch in TRAINED.items():
-        save = folder / name
-        run_cli("fairseq-train", [
-            wikitext_data_bin(), "--task", "language_modeling", "--tokens-per-sample", "64",
-            "--sample-break-mode", "none", "--user-dir", os.path.join(REPO, "slim_fairseq"),
-            "--arch", arch, *TINY, "--optimizer", "adam", "--lr", "0.003", "--max-update", "4",
-            "--max-tokens", "512", "--cpu", "--seed", "3", "--save-dir", str(save),
-            "--disable-validation", "--no-epoch-checkpoints", "--num-workers", "0",
-            "--log-format", "none"])
-        paths[name] = str(save / "checkpoint_last.pt")
+    paths = {name: trained(folder, name, arch, True) for name, arch in TRAINED.items()}
     for name, (arch, argv) in BUILT.items():
         paths[name] = tiny_checkpoint(folder, arch, argv, True)
     return {name: (path, export(path, wikitext_data_bin(), str(folder / f"{name}-hf"),
@@ -173,17 +141,7 @@ def sides(folder, exports):
     job = {name: dict(out_dir=result.out_dir, batches=fairseq[name]["batches"],
                       prompts=fairseq[name]["prompts"])
            for name, (_, result) in exports.items()}
-    torch.save(job, folder / "job.pt")
-    script = folder / "transformers_side.py"
-    script.write_text(TRANSFORMERS_SIDE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
-               HF_MODULES_CACHE=str(folder / "hf_modules"))
-    proc = subprocess.run([sys.executable, "-I", str(script), str(folder / "job.pt"),
-                           str(folder / "found.pt"), str(BEAM_LENGTH)], capture_output=True,
-                          text=True, timeout=600, env=env, cwd=str(folder))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    found = torch.load(folder / "found.pt")
+    found = run_without_fairseq(folder, TRANSFORMERS_SIDE, job, BEAM_LENGTH)
     return {name: (fairseq[name], found[name]) for name in exports}
 
 

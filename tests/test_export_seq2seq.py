@@ -11,15 +11,12 @@ the cache equal to the full pass, and greedy and beam-5 search equal to fairseq'
 SequenceGenerator for 10 tokens, with and without the cache."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from helpers import REPO, ende_data_bin, run_cli
-from hf_export_fixtures import TINY_MT, codes, tiny_checkpoint
-from test_export_custom import TRANSFORMERS_SIDE as _LM_SIDE
+from helpers import ende_data_bin
+from hf_export_fixtures import WITHOUT_FAIRSEQ, codes, run_without_fairseq, tiny_checkpoint, trained
 from test_export_hf import _fairseq, _pad_right, _samples
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -47,9 +44,7 @@ LENGTHS = {"unpadded": [9, 9], "padded": [9, 5], "padded_right": [5, 9]}
 PROMPTS = [9, 12]
 MAX_LEN_B = 10  # fairseq-generate's --max-len-b of the decoding compared
 
-# the blocking preamble of the language models' side (fairseq cannot be imported there)
-BLOCK = _LM_SIDE.split("import torch\n", 1)[0]
-TRANSFORMERS_SIDE = BLOCK + r'''
+TRANSFORMERS_SIDE = WITHOUT_FAIRSEQ + r'''
 import torch
 from transformers import (AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor,
                           LogitsProcessorList)
@@ -122,16 +117,7 @@ def exports(folder):
     """``{name: (checkpoint, ExportResult)}``: :data:`TRAINED`, each trained 4 updates by
     fairseq-train, and :data:`BUILT`."""
     from slim_fairseq.export_hf import export
-    paths = {}
-    for name, arch in TRAINED.items():
-        save = folder / name
-        run_cli("fairseq-train", [
-            ende_data_bin(), "--task", "translation", "--source-lang", "en", "--target-lang",
-            "de", "--user-dir", os.path.join(REPO, "slim_fairseq"), "--arch", arch, *TINY_MT,
-            "--optimizer", "adam", "--lr", "0.003", "--max-update", "4", "--max-tokens", "512",
-            "--cpu", "--seed", "3", "--save-dir", str(save), "--disable-validation",
-            "--no-epoch-checkpoints", "--num-workers", "0", "--log-format", "none"])
-        paths[name] = str(save / "checkpoint_last.pt")
+    paths = {name: trained(folder, name, arch, False) for name, arch in TRAINED.items()}
     for name, (arch, argv) in BUILT.items():
         paths[name] = tiny_checkpoint(folder, arch, argv, False)
     return {name: (path, export(path, ende_data_bin(), str(folder / f"{name}-hf"), sentences=4,
@@ -180,17 +166,7 @@ def sides(folder, exports):
     job = {name: dict(out_dir=result.out_dir, batches=fairseq[name]["batches"],
                       prompts=fairseq[name]["prompts"], max_len_b=MAX_LEN_B)
            for name, (_, result) in exports.items()}
-    torch.save(job, folder / "job.pt")
-    script = folder / "transformers_side.py"
-    script.write_text(TRANSFORMERS_SIDE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
-               HF_MODULES_CACHE=str(folder / "hf_modules"))
-    proc = subprocess.run([sys.executable, "-I", str(script), str(folder / "job.pt"),
-                           str(folder / "found.pt")], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=str(folder))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    found = torch.load(folder / "found.pt")
+    found = run_without_fairseq(folder, TRANSFORMERS_SIDE, job)
     return {name: (fairseq[name], found[name]) for name in exports}
 
 
