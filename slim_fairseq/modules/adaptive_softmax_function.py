@@ -1,5 +1,5 @@
 """The log-probabilities of fairseq's adaptive softmax (``fairseq.modules.AdaptiveSoftmax``,
-"Efficient softmax approximation for GPUs", arXiv:1609.04309) over the whole vocabulary:
+Grave et al., "Efficient softmax approximation for GPUs") over the whole vocabulary:
 
     head = log_softmax(head(h))                  (the first cutoff's words, then one per cluster)
     log p(w) = head[w]                           for w in the first cutoff
