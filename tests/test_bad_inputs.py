@@ -905,16 +905,17 @@ EXPORT_HF = [
     ("slim_lm", True, ["--hsoftpos-levels", "2", "--no-decoder-normalize-before"], {},
      "--decoder-normalize-before: the exported Anthe block (custom code) is pre-norm; allowed: "
      "--decoder-normalize-before", ("slim_lm", ["--hsoftpos-levels", "2"])),
-    ("slim_lm", True, ["--safe-embed-dim", "16"], {},
-     "--safe-embed-dim=16: SAFE's factorised embeddings (an attention inside the embedding) are "
-     "in no transformers class; allowed: --safe-embed-dim 0", ("slim_lm", [])),
+    ("slim_lm", True, ["--safe-embed-dim", "16", "--decoder-learned-pos"], {},
+     "--decoder-learned-pos: the exported Anthe block (custom code) has sinusoidal positions or "
+     "none; allowed: no --decoder-learned-pos", ("slim_lm", ["--safe-embed-dim", "16"])),
     ("slim_lm", True, ["--output-bias"], {},
      "--output-bias: no class here has a bias on the vocabulary projection; allowed: no "
      "--output-bias", ("slim_lm", [])),
     ("slim_lm", True, ["--adaptive-input", "--adaptive-input-cutoff", "100,400",
-                       "--adaptive-input-factor", "2"], {},
-     "--adaptive-input: an adaptive input (one table per frequency band) is in no class here; "
-     "allowed: one token table (no --adaptive-input)", ("slim_lm", [])),
+                       "--adaptive-input-factor", "2", "--no-decoder-normalize-before"], {},
+     "--decoder-normalize-before: the exported Anthe block (custom code) is pre-norm; allowed: "
+     "--decoder-normalize-before", ("slim_lm", ["--adaptive-input", "--adaptive-input-cutoff",
+                                                "100,400", "--adaptive-input-factor", "2"])),
     # every option in the way, at once
     ("skipless_lm", True, ["--hsoftpos-levels", "2", "--activation-fn", "tanh"], {},
      "--hsoftpos-levels=2, --activation-fn=tanh: 2 options are in the way: --hsoftpos-levels=2: "
@@ -922,11 +923,11 @@ EXPORT_HF = [
      "--activation-fn=tanh: the exported skipless block (custom code) takes relu|gelu|silu; "
      "allowed: a model trained with all of --hsoftpos-levels 0, and --activation-fn "
      "relu|gelu|silu", ("skipless_lm", [])),
-    ("slim_lm", True, ["--sandwich", "--decoder-layers", "3", "--sandwich-dim", "64"], {},
-     "--sandwich-dim=64: a sandwich middle of another shape than the decoder's layers (64 where "
-     "they have 32) fits no class, whose layers are all alike; allowed: --sandwich-dim 0 "
-     "--sandwich-ffn-dim 0 --sandwich-heads 4 (the middle at the model's shape, its layers "
-     "copied)", ("slim_lm", ["--sandwich", "--decoder-layers", "3", "--sandwich-heads", "4"])),
+    ("slim_lm", True, ["--sandwich", "--decoder-layers", "3", "--sandwich-dim", "64",
+                       "--activation-fn", "tanh"], {},
+     "--activation-fn=tanh: the exported Anthe block (custom code) takes relu|gelu|silu; "
+     "allowed: --activation-fn relu|gelu|silu",
+     ("slim_lm", ["--sandwich", "--decoder-layers", "3", "--sandwich-dim", "64"])),
     # the advice names every part of the block that is missing, not only the first
     ("slim_lm", True, ["--norm", "rmsnorm"], {},
      "--ffn-glu: Llama's layout, the one class with RMSNorm, RoPE or a GLU, needs all of --norm "

@@ -217,7 +217,9 @@ COMPOSITION_CALLS = {
     # the Subformer: SAFE's file, a sandwich's width changes (a linear layer and a norm)
     "safe_embedding", "safe_logits", "SlimProjection", "SlimProjectedAttention", "linear",
     "layer_norm", "to_model", "to_middle", "to_middle_norm", "attention", "up", "down", "len",
-    "AttributeError"}
+    "AttributeError",
+    # an adaptive softmax's head and clusters, and its file
+    "Sequential", "adaptive_log_probs"}
 
 
 def test_anthe_leaves_with_its_gate_hsoftpos_glu_and_output_bias(exports):
@@ -240,7 +242,7 @@ def test_exported_maths_is_the_plugins_own_files(name, exports):
     plugin = {os.path.basename(p): p for p in custom.module_files()}
     assert set(plugin) == {"rope.py", "shaped_attention.py", "skipless_block.py",
                            "glu_function.py", "gate_function.py", "hsoftpos_function.py",
-                           "safe_function.py"}
+                           "safe_function.py", "adaptive_softmax_function.py"}
     written = {n for n in os.listdir(out_dir) if n.endswith(".py")}
     assert written == set(plugin) | {"modeling_slim.py", "configuration_slim.py"}
     for name, path in plugin.items():  # byte for byte the files the fairseq model runs

@@ -43,6 +43,9 @@ def write(out_dir, name, src, layout, result, tokenizer_kind, counts, flags, wor
              "fairseq-train model options: `" + " ".join(flags) + "`", ""]
     if src.densified:
         lines += ["Its Tensor Chains were materialised into dense weights before the export.", ""]
+    if getattr(src.args, "adaptive_input", False):
+        lines += ["Its adaptive input (a table and a projection per frequency band) was written "
+                  "as the one table it computes.", ""]
     lines += ["## Parameters", "",
               f"- fairseq: {counts['fairseq']:,}"
               + (" (with Tensor Chains)" if counts.get("dense") else "")]

@@ -43,7 +43,7 @@ def _other_middle(src):
     args = src.args
     if not getattr(args, "sandwich", False):
         return False
-    for side in SIDES:
+    for side in ("decoder",) if src.lm else SIDES:
         width = getattr(args, f"{side}_embed_dim")
         middle_dim, middle_heads = SandwichOptions.from_args(args).middle(width)
         if (middle_dim, args.sandwich_ffn_dim or getattr(args, f"{side}_ffn_embed_dim"),
@@ -169,12 +169,33 @@ def _middle(src, side, stack, out, dst, shape):
         cross, SandwichCrossAttention) or cross.to_middle_norm is not None)
 
 
-def _side(src, reader, side, out):
-    """The config values of ``side`` (its stack mapped into ``out``)."""
+def _dense_adaptive_input(reader, holder):
+    """fairseq's adaptive input (one table and projection per frequency band) as the one table
+    it computes: row w is the band's projection of w's embedding (every parameter read)."""
+    import torch
+    prefix = holder.table[:-len("weight")]
+    for name in list(reader.params):
+        if name.startswith(prefix):
+            reader.take(name)
+    table = reader.module(prefix[:-1])
+    with torch.no_grad():
+        return table(torch.arange(table.cutoff[-1])[None])[0].float()
+
+
+def _is_adaptive_input(reader, holder):
+    from fairseq.modules import AdaptiveInput
+    return holder is not None and isinstance(reader.module(holder.table[:-len(".weight")]),
+                                             AdaptiveInput)
+
+
+def _side(src, reader, side, out, dst=None):
+    """The config values of ``side`` (its stack mapped into ``out`` under ``dst``, by default
+    ``model.<side>``; a language model's has no cross-attention)."""
     model, args = src.model, src.args
     stack = getattr(model, side)
     kind, embed = _embedding(src, side)
-    prefix, dst = f"{side}.embed_tokens.", f"model.{side}"
+    prefix, dst = f"{side}.embed_tokens.", dst or f"model.{side}"
+    cross = side == "decoder" and not src.lm
     width = getattr(args, f"{side}_embed_dim")
     values = dict(hsoftpos_levels=0, hsoftpos_token_dim=0, hsoftpos_slots=0, safe=None)
     if kind == "safe":
@@ -199,13 +220,17 @@ def _side(src, reader, side, out):
         table, scale, positions, pad = (holder.table, holder.scale, holder.positions,
                                         holder.padding_idx)
         token_width = width
-    out[f"{dst}.embed_tokens.table.weight"] = reader.take(table)
+    if kind == "standard" and _is_adaptive_input(reader, holder):  # a transformation
+        out[f"{dst}.embed_tokens.table.weight"] = _dense_adaptive_input(reader, holder)
+    else:
+        out[f"{dst}.embed_tokens.table.weight"] = reader.take(table)
+    values["table"] = table
     rows = 0
     if positions == "sinusoidal":
         rows = stack.max_positions() + pad + 1
         out[f"{dst}.embed_tokens.positions.weight"] = sinusoid_table(rows, token_width, pad)
     bias = {}
-    norms = ("self_attn_layer_norm",) + (("encoder_attn_layer_norm",) if side == "decoder"
+    norms = ("self_attn_layer_norm",) + (("encoder_attn_layer_norm",) if cross
                                          else ()) + ("final_layer_norm",)
     from slim_fairseq.modules.sandwich import SandwichBoundaryLayer
     for i, layer in enumerate(stack.layers):
@@ -217,7 +242,7 @@ def _side(src, reader, side, out):
             layer, src_layer = layer.layer, f"{src_layer}.layer"
         _attention(reader, f"{src_layer}.self_attn", f"{dst_layer}.self_attn", layer.self_attn,
                    out, bias)
-        if side == "decoder":
+        if cross:
             _cross(reader, f"{src_layer}.encoder_attn", f"{dst_layer}.encoder_attn",
                    layer.encoder_attn, out, bias)
         names = (("fc1.w1", "w1"), ("fc1.w3", "w3"), ("fc2", "fc2")) if args.ffn_glu else (
@@ -256,6 +281,8 @@ def build(src, reader):
     out = {}
     encoder = _side(src, reader, "encoder", out)
     decoder = _side(src, reader, "decoder", out)
+    for side in (encoder, decoder):
+        del side["table"]
     from slim_fairseq.modules.safe import SAFEOutputProjection
     projection = src.model.decoder.output_projection
     safe_output, output_bias = "none", False

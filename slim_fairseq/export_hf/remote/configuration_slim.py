@@ -22,7 +22,10 @@ class SlimConfig(PretrainedConfig):
     no SAFE), ``safe_output`` "linear" or "mlp": the decoder's output through it. ``sandwich``:
     the values of the middle layers (None: all layers alike); ``projected``: they have another
     width than the model, reached by up and down projections, and attend to the encoder through
-    projections at the model's width (``cross_norm``: closed by a LayerNorm)."""
+    projections at the model's width (``cross_norm``: closed by a LayerNorm).
+    ``adaptive_softmax``: a language model's output as fairseq's adaptive softmax (None: one
+    projection): ``head_words`` words in the head, ``tails`` the (width, words) of each
+    cluster."""
 
     model_type = "slim_fairseq"
 
@@ -36,7 +39,7 @@ class SlimConfig(PretrainedConfig):
                  hsoftpos_levels=0, hsoftpos_token_dim=0, hsoftpos_slots=0,
                  tie_word_embeddings=False, use_cache=True, pad_token_id=1, bos_token_id=2,
                  eos_token_id=2, cross_attention_gate="none", encoder=None, safe=None,
-                 safe_output="none", sandwich=None, **kwargs):
+                 safe_output="none", sandwich=None, adaptive_softmax=None, **kwargs):
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -70,6 +73,7 @@ class SlimConfig(PretrainedConfig):
         self.safe = safe
         self.safe_output = safe_output
         self.sandwich = sandwich
+        self.adaptive_softmax = adaptive_softmax
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, tie_word_embeddings=tie_word_embeddings,
                          **kwargs)

@@ -5,7 +5,8 @@ transformers cache. Each technique's maths is the plugin's own module file, copi
 beside this one by the export (``rope.py``: RoPE; ``shaped_attention.py``: shaped attention;
 ``skipless_block.py``: the skipless block's output from its branches; ``glu_function.py``: the
 GLU; ``gate_function.py``: Anthe's gated pre-attention; ``hsoftpos_function.py``: H-SoftPOS;
-``safe_function.py``: SAFE's embedding and output),
+``safe_function.py``: SAFE's embedding and output; ``adaptive_softmax_function.py``: the
+log-probabilities of an adaptive softmax),
 the very files the fairseq model runs. A translation model
 (:class:`SlimForConditionalGeneration`) composes the same blocks into an encoder and a decoder
 whose layers attend to it.
@@ -19,6 +20,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, Seq2SeqLMOutput
 
+from .adaptive_softmax_function import adaptive_log_probs
 from .configuration_slim import SlimConfig
 from .gate_function import gated, gated_inputs
 from .glu_function import glu
@@ -410,14 +412,34 @@ class SlimModel(SlimStack, SlimPreTrainedModel):
 
 class SlimForCausalLM(SlimPreTrainedModel, GenerationMixin):
     """The language model: :class:`SlimModel` and the output projection (with its bias when
-    the fairseq model has one)."""
+    the fairseq model has one; SAFE's output through its token table; or an adaptive softmax,
+    whose log-probabilities are returned as the logits: their softmax is the same
+    distribution)."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.table.weight"}
 
     def __init__(self, config):
         super().__init__(config)
         self.model = SlimModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.output_bias)
+        self.output_proj = self.output_activation = self.lm_tails = None
+        adaptive = getattr(config, "adaptive_softmax", None)
+        if config.safe_output != "none":  # SAFE's output: W h + b, then the token table
+            width = config.safe["hidden_size"]
+            self.output_proj = nn.Linear(config.hidden_size, width)
+            self.lm_head = nn.Linear(width, config.vocab_size, bias=False)
+            self.output_activation = (ACTIVATIONS[config.hidden_act]
+                                      if config.safe_output == "mlp" else None)
+        elif adaptive:  # the head (frequent words, then one entry per cluster), each cluster's
+            # projection and table
+            self.lm_head = nn.Linear(config.hidden_size,
+                                     adaptive["head_words"] + len(adaptive["tails"]), bias=False)
+            self.lm_tails = nn.ModuleList(
+                nn.Sequential(nn.Linear(config.hidden_size, width, bias=False),
+                              nn.Linear(width, size, bias=False))
+                for width, size in adaptive["tails"])
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size,
+                                     bias=config.output_bias)
         self.post_init()
 
     @classmethod
@@ -442,12 +464,19 @@ class SlimForCausalLM(SlimPreTrainedModel, GenerationMixin):
         cache = cache if cache is not None else past_key_values
         if use_cache is None:
             use_cache = getattr(self.config, "use_cache", True)
-        if use_cache and cache is None:
-            cache = SlimCache(config=self.config)
+        if use_cache and cache is None:  # (SAFE's attention keeps a layer after the blocks)
+            cache = SlimCache(config=None if self.config.safe else self.config)
         if not use_cache:
             cache = None
         hidden = self.model(input_ids, attention_mask=attention_mask, cache=cache)
-        logits = self.lm_head(hidden)
+        if self.output_proj is not None:
+            logits = safe_logits(hidden, self.output_proj, self.lm_head.weight,
+                                 self.output_activation)
+        elif self.lm_tails is not None:  # log-probabilities
+            logits = adaptive_log_probs(hidden, self.lm_head, self.lm_tails,
+                                        self.config.adaptive_softmax["head_words"])
+        else:
+            logits = self.lm_head(hidden)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
