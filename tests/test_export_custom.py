@@ -1,12 +1,14 @@
-"""Export as transformers custom code (slim_fairseq/export_hf/custom.py, docs/EXPORT.md): a tiny
-skipless language model and a tiny ``anthe_lm_gpt2_small`` trained by fairseq-train, the
-reduced parallel skipless form and an Anthe LM of another gate are exported, then loaded by
-``AutoModelForCausalLM`` with
+"""Language models as transformers custom code (slim_fairseq/export_hf/custom.py,
+docs/EXPORT.md): a tiny skipless language model, ``anthe_lm_gpt2_small`` and
+``subformer_lm_wiki103_83m`` (adaptive input and softmax, a wider middle) trained by
+fairseq-train, the reduced parallel skipless form, an Anthe LM of another gate and a
+``slim_lm`` with SAFE and a middle of another shape are exported, then loaded by ``AutoModelForCausalLM`` with
 ``trust_remote_code=True`` in a separate process in which ``fairseq`` and ``slim_fairseq``
 cannot be imported (offline): fairseq's log-probabilities within 1e-5 on an unpadded and a
 right-padded batch, fairseq's greedy output for 10 tokens and its beam-5 output from ``</s>``,
-the cache equal to the full pass and greedy search alike with and without it. The technique maths in OUT_DIR is the plugin's
-own files, byte for byte, and the modeling file computes none of it."""
+the cache equal to the full pass and greedy search alike with and without it. The technique
+maths in OUT_DIR is the plugin's own files, byte for byte, and the modeling file computes none
+of it; the adaptive softmax's file is held to fairseq's ``AdaptiveSoftmax.get_log_prob``."""
 import ast
 import json
 import os
@@ -15,16 +17,22 @@ import subprocess
 import pytest
 import torch
 
-from helpers import BIN, wikitext_data_bin
-from hf_export_fixtures import (WITHOUT_FAIRSEQ, data_of, run_without_fairseq, tiny_checkpoint,
-                                trained)
+from helpers import BIN, build, wikitext_data_bin
+from hf_export_fixtures import (TINY_LM, WITHOUT_FAIRSEQ, data_of, run_without_fairseq,
+                                tiny_checkpoint, trained)
 from test_export_hf import _fairseq, _pad_right, _samples
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 TOLERANCE = 1e-5
 PROG = "slim-fairseq-export-hf"
+# the dictionary of the tests' data-bin has 2,000 types: the Subformer presets' proportions of it
+CUTOFFS = ["--adaptive-input-cutoff", "149,448", "--adaptive-softmax-cutoff", "149,448",
+           "--criterion", "adaptive_loss"]
 # one of each family, trained by fairseq-train
-TRAINED = {"skipless": "skipless_lm", "anthe": "anthe_lm_gpt2_small"}
+TRAINED = {"skipless": ("skipless_lm", []), "anthe": ("anthe_lm_gpt2_small", []),
+           # the Subformer: adaptive input (written as the one table it computes), a tied
+           # adaptive softmax and a middle twice as wide
+           "subformer_lm": ("subformer_lm_wiki103_83m", ["--decoder-layers", "3", *CUTOFFS])}
 # built and moved off their initial values: the reduced parallel skipless form (no W_Q, no P)
 # with grouped key/value heads, the branch scale 0.5 and a GLU; another gate with three
 # H-SoftPOS levels, RoPE and grouped key/value heads
@@ -32,7 +40,11 @@ BUILT = {"skipless_reduced": ("skipless_lm_parallel_noqp",
                               ["--kv-heads", "2", "--ffn-glu", "--activation-fn", "gelu"]),
          "anthe_qgk": ("slim_lm", ["--self-attn-gate", "qgk", "--hsoftpos-levels", "3",
                                    "--rope-theta", "10000", "--no-token-positional-embeddings",
-                                   "--kv-heads", "2"])}
+                                   "--kv-heads", "2"]),
+         # SAFE and a middle of another width, FFN width and heads
+         "safe_sandwich": ("slim_lm", ["--safe-embed-dim", "16", "--sandwich", "--decoder-layers",
+                                       "3", "--sandwich-dim", "48", "--sandwich-ffn-dim", "80",
+                                       "--sandwich-heads", "2"])}
 NAMES = [*TRAINED, *BUILT]
 LENGTHS = {"unpadded": [12, 12], "padded": [12, 5]}
 PROMPTS = [6, 9]
@@ -97,7 +109,8 @@ def exports(folder):
     """``{name: (checkpoint, ExportResult)}``: :data:`TRAINED`, each trained 4 updates by
     fairseq-train, and :data:`BUILT`."""
     from slim_fairseq.export_hf import export
-    paths = {name: trained(folder, name, arch, True) for name, arch in TRAINED.items()}
+    paths = {name: trained(folder, name, arch, True, argv)
+             for name, (arch, argv) in TRAINED.items()}
     for name, (arch, argv) in BUILT.items():
         paths[name] = tiny_checkpoint(folder, arch, argv, True)
     return {name: (path, export(path, wikitext_data_bin(), str(folder / f"{name}-hf"),
@@ -315,3 +328,43 @@ def test_what_the_custom_code_does_not_compute_is_refused_in_one_line(folder):
         "code) takes relu|gelu|silu; allowed: a model trained with all of --self-attn-gate "
         "none, and --activation-fn relu|gelu|silu")
     assert not out.exists() and not [n for n in os.listdir(folder) if ".partial-" in n]
+
+
+def test_subformer_lm_leaves_with_its_middle_safe_and_adaptive_softmax(exports):
+    configs = {}
+    for name, (_, result) in exports.items():
+        with open(os.path.join(result.out_dir, "config.json")) as f:
+            configs[name] = json.load(f)
+    subformer, safe = configs["subformer_lm"], configs["safe_sandwich"]
+    assert subformer["adaptive_softmax"]["head_words"] == 149
+    assert [size for _, size in subformer["adaptive_softmax"]["tails"]] == [299, 2000 - 448]
+    assert subformer["sandwich"]["projected"] and subformer["sandwich"]["hidden_size"] == 64
+    assert subformer["safe"] is None and subformer["hidden_size"] == 32
+    assert safe["safe"]["hidden_size"] == 16 and safe["safe_output"] == "linear"
+    assert safe["adaptive_softmax"] is None
+    assert (safe["sandwich"]["hidden_size"], safe["sandwich"]["intermediate_size"],
+            safe["sandwich"]["num_attention_heads"]) == (48, 80, 2)
+    assert "adaptive_softmax_function.py" in os.listdir(exports["subformer_lm"][1].out_dir)
+    with open(os.path.join(exports["subformer_lm"][1].out_dir, "README.md")) as f:
+        assert "adaptive input (a table and a projection per frequency band) was written" in f.read()
+
+
+@torch.no_grad()
+def test_adaptive_softmax_function_is_fairseqs():
+    """The file the export copies gives what fairseq's own module gives (the preset's tied
+    adaptive softmax, at its factor and at another)."""
+    from slim_fairseq.modules.adaptive_softmax_function import adaptive_log_probs
+    for argv in ([*CUTOFFS], [*CUTOFFS, "--adaptive-input-factor", "2",
+                              "--adaptive-softmax-factor", "2"]):
+        _, _, model = build("subformer_lm_wiki103_83m", TINY_LM + ["--decoder-layers", "3"]
+                            + argv, True)
+        module = model.decoder.adaptive_softmax.eval()
+        torch.manual_seed(0)
+        for p in module.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        features = torch.randn(2, 5, module.input_dim)
+        expected = module.get_log_prob(features, None)
+        found = adaptive_log_probs(features, module.head, module.tail, module.cutoff[0])
+        assert found.shape == expected.shape == (2, 5, 2000)
+        assert (found - expected).abs().max().item() <= 1e-6
+        assert abs(found.exp().sum(-1) - 1).max().item() <= 1e-5

@@ -1,8 +1,8 @@
 """Translation models as transformers custom code (``SlimForConditionalGeneration``,
-slim_fairseq/export_hf/seq2seq.py, docs/EXPORT.md): a tiny ``anthe_base`` trained by
-fairseq-train (gates in self- and cross-attention, H-SoftPOS, GLU, output bias, Tensor Chains
-materialised), and built and moved off their initial values a pre-norm ``anthe_base_nopatt``,
-a ``subformer_base`` (SAFE, a wider sandwich middle) and a combination of both families are
+slim_fairseq/export_hf/seq2seq.py, docs/EXPORT.md): a tiny ``anthe_base`` (gates in self- and
+cross-attention, H-SoftPOS, GLU, output bias, Tensor Chains materialised) and a
+``subformer_base`` (SAFE, a wider sandwich middle) trained by fairseq-train, and built and moved
+off their initial values a pre-norm ``anthe_base_nopatt`` and a combination of both families are
 exported, then loaded by ``AutoModelForSeq2SeqLM`` with ``trust_remote_code=True`` in a process
 in which ``fairseq`` and ``slim_fairseq`` cannot be imported (offline): fairseq's
 log-probabilities within 1e-5 on an unpadded and two padded batches (sources left-padded as
@@ -22,16 +22,16 @@ from test_export_hf import _fairseq, _pad_right, _samples
 os.environ["HF_HUB_OFFLINE"] = "1"
 TOLERANCE = 1e-5
 CLASS = "SlimForConditionalGeneration"
-# trained by fairseq-train
-TRAINED = {"anthe_base": "anthe_base"}
-# built and moved off their initial values: identity projections, pre-norm, another gate; a
-# Subformer (SAFE on both sides and out, a wider middle of another FFN width and heads); and a
+# trained by fairseq-train: Anthe, and a Subformer (SAFE on both sides and out, a wider middle
+# of another FFN width and heads)
+TRAINED = {"anthe_base": ("anthe_base", []),
+           "subformer": ("subformer_base", ["--encoder-layers", "3", "--decoder-layers", "4"])}
+# built and moved off their initial values: identity projections, pre-norm, another gate; and a
 # combination: a pre-norm Subformer with SAFE's MLP output, a middle of its own width without
 # the cross-attention's closing norm, Anthe's gates, a GELU GLU and RoPE
 BUILT = {"anthe_nopatt_prenorm": ("anthe_base_nopatt", [
     "--encoder-normalize-before", "--decoder-normalize-before", "--self-attn-gate", "vgk",
     "--cross-attn-gate", "vgk"]),
-    "subformer": ("subformer_base", ["--encoder-layers", "3", "--decoder-layers", "4"]),
     "subformer_gated_rope": ("subformer_base", [
         "--encoder-layers", "3", "--decoder-layers", "3", "--encoder-normalize-before",
         "--decoder-normalize-before", "--safe-output", "mlp", "--sandwich-cross-norm", "none",
@@ -117,7 +117,8 @@ def exports(folder):
     """``{name: (checkpoint, ExportResult)}``: :data:`TRAINED`, each trained 4 updates by
     fairseq-train, and :data:`BUILT`."""
     from slim_fairseq.export_hf import export
-    paths = {name: trained(folder, name, arch, False) for name, arch in TRAINED.items()}
+    paths = {name: trained(folder, name, arch, False, argv)
+             for name, (arch, argv) in TRAINED.items()}
     for name, (arch, argv) in BUILT.items():
         paths[name] = tiny_checkpoint(folder, arch, argv, False)
     return {name: (path, export(path, ende_data_bin(), str(folder / f"{name}-hf"), sentences=4,
