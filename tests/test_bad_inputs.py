@@ -899,23 +899,25 @@ def test_every_refusal_of_the_recipes_is_one_line_naming_what_is_allowed():
 # the model that the line's "allowed" describes: it must export)
 EXPORT_HF = [
     # Anthe's gates and H-SoftPOS leave a language model as custom code, which has no more
-    ("slim_lm", True, ["--self-attn-gate", "qgv", "--decoder-learned-pos"], {},
-     "--decoder-learned-pos: the exported Anthe block (custom code) has sinusoidal positions or "
-     "none; allowed: no --decoder-learned-pos", ("slim_lm", ["--self-attn-gate", "qgv"])),
-    ("slim_lm", True, ["--hsoftpos-levels", "2", "--no-decoder-normalize-before"], {},
-     "--decoder-normalize-before: the exported Anthe block (custom code) is pre-norm; allowed: "
-     "--decoder-normalize-before", ("slim_lm", ["--hsoftpos-levels", "2"])),
-    ("slim_lm", True, ["--safe-embed-dim", "16", "--decoder-learned-pos"], {},
-     "--decoder-learned-pos: the exported Anthe block (custom code) has sinusoidal positions or "
-     "none; allowed: no --decoder-learned-pos", ("slim_lm", ["--safe-embed-dim", "16"])),
+    ("slim_lm", True, ["--self-attn-gate", "qgv", "--scale-attn"], {},
+     "--scale-attn: the exported Anthe block (custom code) has no NormFormer scales; allowed: "
+     "no --scale-attn", ("slim_lm", ["--self-attn-gate", "qgv", "--decoder-learned-pos"])),
+    ("slim_lm", True, ["--hsoftpos-levels", "2", "--no-decoder-final-norm"], {},
+     "--no-decoder-final-norm: the exported Anthe block (custom code) normalises the last "
+     "layer's output; allowed: the final norm (no --no-decoder-final-norm)",
+     ("slim_lm", ["--hsoftpos-levels", "2", "--no-decoder-normalize-before"])),
+    ("slim_lm", True, ["--safe-embed-dim", "16", "--scale-fc"], {},
+     "--scale-fc: the exported Anthe block (custom code) has no NormFormer scales; allowed: no "
+     "--scale-fc", ("slim_lm", ["--safe-embed-dim", "16", "--decoder-learned-pos"])),
     ("slim_lm", True, ["--output-bias"], {},
      "--output-bias: no class here has a bias on the vocabulary projection; allowed: no "
      "--output-bias", ("slim_lm", [])),
     ("slim_lm", True, ["--adaptive-input", "--adaptive-input-cutoff", "100,400",
-                       "--adaptive-input-factor", "2", "--no-decoder-normalize-before"], {},
-     "--decoder-normalize-before: the exported Anthe block (custom code) is pre-norm; allowed: "
-     "--decoder-normalize-before", ("slim_lm", ["--adaptive-input", "--adaptive-input-cutoff",
-                                                "100,400", "--adaptive-input-factor", "2"])),
+                       "--adaptive-input-factor", "2", "--scale-resids"], {},
+     "--scale-resids: the exported Anthe block (custom code) has no NormFormer scales; allowed: "
+     "no --scale-resids", ("slim_lm", ["--adaptive-input", "--adaptive-input-cutoff",
+                                       "100,400", "--adaptive-input-factor", "2",
+                                       "--no-decoder-normalize-before"])),
     # every option in the way, at once
     ("skipless_lm", True, ["--hsoftpos-levels", "2", "--activation-fn", "tanh"], {},
      "--hsoftpos-levels=2, --activation-fn=tanh: 2 options are in the way: --hsoftpos-levels=2: "
@@ -949,9 +951,9 @@ EXPORT_HF = [
      "(FSMT)",
      ("slim_transformer", ["--encoder-normalize-before", "--decoder-normalize-before",
                            "--share-all-embeddings"])),
-    ("slim_transformer", False, ["--norm", "rmsnorm"], {},
-     "--norm=rmsnorm: no sequence-to-sequence class here (FSMT, M2M100, the custom code) has "
-     "RMSNorm; allowed: --norm layernorm", ("slim_transformer", [])),
+    ("slim_transformer", False, ["--norm", "rmsnorm", "--activation-fn", "tanh"], {},
+     "--activation-fn=tanh: the exported translation model (custom code) takes relu|gelu|silu; "
+     "allowed: --activation-fn relu|gelu|silu", ("slim_transformer", ["--norm", "rmsnorm"])),
 ]
 
 

@@ -32,7 +32,8 @@ CUTOFFS = ["--adaptive-input-cutoff", "149,448", "--adaptive-softmax-cutoff", "1
 TRAINED = {"skipless": ("skipless_lm", []), "anthe": ("anthe_lm_gpt2_small", []),
            # the Subformer: adaptive input (written as the one table it computes), a tied
            # adaptive softmax and a middle twice as wide
-           "subformer_lm": ("subformer_lm_wiki103_83m", ["--decoder-layers", "3", *CUTOFFS])}
+           "subformer_lm": ("subformer_lm_wiki103_83m", ["--decoder-layers", "3", *CUTOFFS,
+                                                         "--ddp-backend", "legacy_ddp"])}
 # built and moved off their initial values: the reduced parallel skipless form (no W_Q, no P)
 # with grouped key/value heads, the branch scale 0.5 and a GLU; another gate with three
 # H-SoftPOS levels, RoPE and grouped key/value heads
@@ -44,7 +45,12 @@ BUILT = {"skipless_reduced": ("skipless_lm_parallel_noqp",
          # SAFE and a middle of another width, FFN width and heads
          "safe_sandwich": ("slim_lm", ["--safe-embed-dim", "16", "--sandwich", "--decoder-layers",
                                        "3", "--sandwich-dim", "48", "--sandwich-ffn-dim", "80",
-                                       "--sandwich-heads", "2"])}
+                                       "--sandwich-heads", "2"]),
+         # RMSNorm in pre-norm blocks; and post-norm RMSNorm blocks with learned positions
+         "anthe_rmsnorm": ("slim_lm", ["--self-attn-gate", "qgv", "--norm", "rmsnorm"]),
+         "anthe_postnorm_learned": ("slim_lm", ["--hsoftpos-levels", "2", "--norm", "rmsnorm",
+                                                "--no-decoder-normalize-before",
+                                                "--decoder-learned-pos"])}
 NAMES = [*TRAINED, *BUILT]
 LENGTHS = {"unpadded": [12, 12], "padded": [12, 5]}
 PROMPTS = [6, 9]
@@ -232,7 +238,9 @@ COMPOSITION_CALLS = {
     "layer_norm", "to_model", "to_middle", "to_middle_norm", "attention", "up", "down", "len",
     "AttributeError",
     # an adaptive softmax's head and clusters, and its file
-    "Sequential", "adaptive_log_probs"}
+    "Sequential", "adaptive_log_probs",
+    # the blocks' norm: LayerNorm, or the plugin's RMSNorm
+    "block_norm", "RMSNorm"}
 
 
 def test_anthe_leaves_with_its_gate_hsoftpos_glu_and_output_bias(exports):
@@ -246,6 +254,13 @@ def test_anthe_leaves_with_its_gate_hsoftpos_glu_and_output_bias(exports):
         config = json.load(f)
     assert config["attention_gate"] == "qgk" and config["hsoftpos_levels"] == 3
     assert config["rope_theta"] == 10000 and config["positions"] == "none"
+    with open(os.path.join(exports["anthe_rmsnorm"][1].out_dir, "config.json")) as f:
+        config = json.load(f)
+    assert config["norm"] == "rmsnorm" and config["block"] == "pre-norm"
+    with open(os.path.join(exports["anthe_postnorm_learned"][1].out_dir, "config.json")) as f:
+        config = json.load(f)
+    assert config["norm"] == "rmsnorm" and config["block"] == "post-norm"
+    assert config["positions"] == "learned" and config["hsoftpos_levels"] == 2
 
 
 @pytest.mark.parametrize("name", ["skipless", "anthe"])
@@ -255,7 +270,7 @@ def test_exported_maths_is_the_plugins_own_files(name, exports):
     plugin = {os.path.basename(p): p for p in custom.module_files()}
     assert set(plugin) == {"rope.py", "shaped_attention.py", "skipless_block.py",
                            "glu_function.py", "gate_function.py", "hsoftpos_function.py",
-                           "safe_function.py", "adaptive_softmax_function.py"}
+                           "safe_function.py", "adaptive_softmax_function.py", "rmsnorm.py"}
     written = {n for n in os.listdir(out_dir) if n.endswith(".py")}
     assert written == set(plugin) | {"modeling_slim.py", "configuration_slim.py"}
     for name, path in plugin.items():  # byte for byte the files the fairseq model runs

@@ -21,8 +21,8 @@ def test_anthe_translation_model_names_what_its_custom_code_lacks_at_once(folder
     """The command a user runs: an ``anthe_base`` leaves as custom code, and what that code
     does not compute is named in one line (with what no class holds), exit 2, nothing
     written."""
-    path = tiny_checkpoint(folder, "anthe_base", ["--layernorm-embedding", "--encoder-learned-pos",
-                                                  "--norm", "rmsnorm"], False)
+    path = tiny_checkpoint(folder, "anthe_base", ["--cross-self-attention",
+                                                  "--decoder-output-dim", "16"], False)
     out = folder / "anthe-hf"
     argv = [path, data_of(False), out, "--tokenizer", "moses", "--bpe", "subword_nmt",
             "--bpe-codes", tokenizer_options(False)["bpe_codes"]]
@@ -33,11 +33,11 @@ def test_anthe_translation_model_names_what_its_custom_code_lacks_at_once(folder
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     custom = "the exported translation model (custom code)"
     assert err[-1] == (
-        f"{PROG}: error: --layernorm-embedding, --norm=rmsnorm, --encoder-learned-pos: 3 options "
-        "are in the way: --layernorm-embedding: no class here normalises the embedding before "
-        f"the first layer; --norm=rmsnorm: {custom} has LayerNorm; --encoder-learned-pos: "
-        f"{custom} has sinusoidal positions or none; allowed: a model trained with all of no "
-        "--layernorm-embedding, and --norm layernorm, and no --encoder-learned-pos")
+        f"{PROG}: error: --cross-self-attention, --decoder-input-dim/--decoder-output-dim: 2 "
+        "options are in the way: --cross-self-attention: no class here attends to source and "
+        "target in one attention; --decoder-input-dim/--decoder-output-dim: "
+        f"{custom} has no projections between the embedding and the layers; allowed: a model "
+        "trained with all of no --cross-self-attention, and both equal to --decoder-embed-dim")
     assert not out.exists()
     assert not [n for n in os.listdir(folder) if ".partial-" in n]
 
@@ -72,19 +72,18 @@ def test_anthe_language_model_names_what_its_custom_code_lacks_at_once(folder):
     named in one line, and its advice, all of it applied, exports."""
     from slim_fairseq.export_hf import export
     from slim_fairseq.option_errors import OptionError
-    argv = ["--self-attn-gate", "qgv", "--output-bias",
-            "--decoder-learned-pos", "--decoder-input-dim", "16"]
+    argv = ["--self-attn-gate", "qgv", "--output-bias", "--decoder-input-dim", "16",
+            "--scale-attn"]
     path = tiny_checkpoint(folder, "slim_lm", argv, True)
     out = folder / "anthe-lm-hf"
     with pytest.raises(OptionError) as caught:
         export(path, data_of(True), str(out))
     assert str(caught.value) == (
-        "--decoder-learned-pos, --decoder-input-dim/--decoder-output-dim: 2 options are in the "
-        "way: --decoder-learned-pos: the exported Anthe block (custom code) has sinusoidal "
-        "positions or none; --decoder-input-dim/--decoder-output-dim: the exported Anthe block "
-        "(custom code) has no projections between the embedding and the layers; allowed: a "
-        "model trained with all of no --decoder-learned-pos, and both equal to "
-        "--decoder-embed-dim")
+        "--decoder-input-dim/--decoder-output-dim, --scale-attn: 2 options are in the way: "
+        "--decoder-input-dim/--decoder-output-dim: the exported Anthe block (custom code) has no "
+        "projections between the embedding and the layers; --scale-attn: the exported Anthe "
+        "block (custom code) has no NormFormer scales; allowed: a model trained with all of "
+        "both equal to --decoder-embed-dim, and no --scale-attn")
     assert not out.exists()
     fixed = tiny_checkpoint(folder, "slim_lm", ["--self-attn-gate", "qgv", "--output-bias"], True)
     result = export(fixed, data_of(True), str(out), sentences=2)

@@ -37,7 +37,11 @@ BUILT = {"anthe_nopatt_prenorm": ("anthe_base_nopatt", [
         "--decoder-normalize-before", "--safe-output", "mlp", "--sandwich-cross-norm", "none",
         "--sandwich-dim", "48", "--sandwich-heads", "2", "--self-attn-gate", "qgk",
         "--cross-attn-gate", "vgk", "--ffn-glu", "--activation-fn", "gelu", "--rope-theta",
-        "10000", "--no-token-positional-embeddings"])}
+        "10000", "--no-token-positional-embeddings"]),
+    # RMSNorm, a pre-norm encoder and a post-norm decoder; learned positions on both sides
+    "anthe_rmsnorm_mixed": ("anthe_base", ["--norm", "rmsnorm", "--encoder-normalize-before"]),
+    "anthe_learned_pos": ("anthe_base", ["--encoder-learned-pos", "--decoder-learned-pos",
+                                         "--decoder-normalize-before"])}
 NAMES = [*TRAINED, *BUILT]
 # sources padded as fairseq collates them (left) and as transformers' tokenizers do (right)
 LENGTHS = {"unpadded": [9, 9], "padded": [9, 5], "padded_right": [5, 9]}
@@ -225,6 +229,18 @@ def test_subformer_leaves_with_safe_and_its_middle(exports):
         config = json.load(f)
     assert config["safe_output"] == "mlp" and not config["sandwich"]["cross_norm"]
     assert config["sandwich"]["num_attention_heads"] == 2 and config["rope_theta"] == 10000
+
+
+def test_rmsnorm_and_learned_positions_leave_as_such(exports):
+    with open(os.path.join(exports["anthe_rmsnorm_mixed"][1].out_dir, "config.json")) as f:
+        config = json.load(f)
+    assert config["norm"] == "rmsnorm" and config["rms_norm_eps"] == 1e-6
+    assert config["block"] == "post-norm" and config["encoder"]["block"] == "pre-norm"
+    assert "rmsnorm.py" in os.listdir(exports["anthe_rmsnorm_mixed"][1].out_dir)
+    with open(os.path.join(exports["anthe_learned_pos"][1].out_dir, "config.json")) as f:
+        config = json.load(f)
+    assert config["positions"] == "learned" and "positions" not in config["encoder"]
+    assert config["norm"] == "layernorm" and config["block"] == "pre-norm"
 
 
 def test_a_sandwich_at_the_models_shape_stays_a_stock_class(tmp_path):

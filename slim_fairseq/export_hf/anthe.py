@@ -1,7 +1,7 @@
-"""``SlimForCausalLM`` (transformers custom code, :mod:`.custom`) from a pre-norm ``slim_lm``
-with Anthe's techniques (arXiv:2305.10991; docs/TECHNIQUES.md#anthe): gated pre-attention,
-identity projections (``--no-patt``), H-SoftPOS, a GLU or dense MLP, a bias on the output
-projection; or with the Subformer's (arXiv:2101.00234; docs/TECHNIQUES.md#subformer): SAFE and
+"""``SlimForCausalLM`` (transformers custom code, :mod:`.custom`) from a ``slim_lm`` (pre-norm
+or post-norm, LayerNorm or RMSNorm, sinusoidal, learned or no positions) with Anthe's
+techniques (arXiv:2305.10991; docs/TECHNIQUES.md#anthe): gated pre-attention, identity
+projections (``--no-patt``), H-SoftPOS, a GLU or dense MLP, a bias on the output projection; or with the Subformer's (arXiv:2101.00234; docs/TECHNIQUES.md#subformer): SAFE and
 its output, a sandwich middle of another width, FFN width or heads; or with fairseq's adaptive
 input (written as the one table it computes) and adaptive softmax. Tensor Chains are
 materialised first, as for every layout. The ``anthe_lm*`` and ``subformer_lm_*`` presets are
@@ -9,9 +9,9 @@ such models.
 
 No stock class has these, so the model leaves as custom code whose maths is the plugin's own
 files (``gate_function.py``, ``hsoftpos_function.py``, ``glu_function.py``, ``rope.py``,
-``safe_function.py``, ``adaptive_softmax_function.py``); the stack is mapped as a translation
-model's decoder is (:func:`.seq2seq._side`). :func:`check` is an allow-list: whatever else the
-model has is refused by name.
+``safe_function.py``, ``adaptive_softmax_function.py``, ``rmsnorm.py``); the stack is mapped
+as a translation model's decoder is (:func:`.seq2seq._side`). :func:`check` is an allow-list:
+whatever else the model has is refused by name.
 """
 from slim_fairseq.export_hf.layers import no_projections, other_activation, same_parameter
 from slim_fairseq.export_hf.source import input_embedding
@@ -48,35 +48,18 @@ def _embedding(src):
     return _embedding(src, "decoder")
 
 
-def _positions(module):
-    from fairseq.modules import SinusoidalPositionalEmbedding
-    positions = module.embed_positions
-    return ("none" if positions is None else "sinusoidal"
-            if isinstance(positions, SinusoidalPositionalEmbedding) else "learned")
-
-
 def check(src):
     """A one-line refusal for each thing the exported Anthe model does not compute."""
     args, decoder = src.args, src.model.decoder
-    kind, embed = _embedding(src)
-    if not args.decoder_normalize_before:
-        yield option_error("--decoder-normalize-before", None, f"{WHAT} is pre-norm",
-                           "--decoder-normalize-before")
-    if args.norm != "layernorm":
-        yield option_error("--norm", args.norm, f"{WHAT} has LayerNorm", "--norm layernorm")
+    kind, _ = _embedding(src)
     if decoder.layer_norm is None and args.decoder_normalize_before:  # (post-norm has none)
         yield option_error("--no-decoder-final-norm", None, f"{WHAT} normalises the last "
                            "layer's output", "the final norm (no --no-decoder-final-norm)")
     if (args.activation_fn or "relu") not in ACTIVATIONS:
         yield other_activation(args.activation_fn, WHAT, ACTIVATIONS)
     standard = input_embedding(src.model, "decoder")
-    if kind != "standard" or standard is not None:
-        positions = _positions(embed) if kind != "standard" else standard.positions
-        if positions == "learned":
-            yield option_error("--decoder-learned-pos", None, f"{WHAT} has sinusoidal "
-                               "positions or none", "no --decoder-learned-pos")
-        if kind == "standard" and standard.project_in:
-            yield no_projections(WHAT)
+    if kind == "standard" and standard is not None and standard.project_in:
+        yield no_projections(WHAT)
     if decoder.project_out_dim is not None:
         yield no_projections(WHAT)
     for flag, name in (("--scale-attn", "attn_ln"), ("--scale-heads", "c_attn"),

@@ -12,12 +12,12 @@ import os
 import shutil
 
 from slim_fairseq.modules import (adaptive_softmax_function, gate_function, glu_function,
-                                  hsoftpos_function, rope, safe_function, shaped_attention,
-                                  skipless_block)
+                                  hsoftpos_function, rmsnorm, rope, safe_function,
+                                  shaped_attention, skipless_block)
 
 # the plugin's module files that ``modeling_slim.py`` imports: plain torch, copied byte for byte
 MODULES = (rope, shaped_attention, skipless_block, glu_function, gate_function, hsoftpos_function,
-           safe_function, adaptive_softmax_function)
+           safe_function, adaptive_softmax_function, rmsnorm)
 REMOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote")
 CODE_FILES = ("configuration_slim.py", "modeling_slim.py")
 CONFIG_CLASS = "configuration_slim.SlimConfig"

@@ -3,14 +3,16 @@ model that no stock class computes: Anthe's gates in self- and cross-attention, 
 either side, identity projections (``--no-patt``), a GLU, RoPE, a bias on the output projection
 (arXiv:2305.10991; docs/TECHNIQUES.md#anthe); the Subformer's SAFE on both sides and a sandwich
 middle of another width, FFN width or heads (arXiv:2101.00234; docs/TECHNIQUES.md#subformer);
-post-norm or pre-norm per side. Tensor Chains are materialised first, as for every layout. The
+post-norm or pre-norm per side; RMSNorm (which FSMT and M2M100 lack) and fairseq's learned
+positions. Tensor Chains are materialised first, as for every layout. The
 ``anthe_base*``, ``anthe_ablation_b*``, ``subformer_*`` and ``sandwich_*`` presets are such
 models (a sandwich at the model's own shape without SAFE stays FSMT or M2M100).
 
 The maths is the plugin's own files (:data:`.custom.MODULES`); :func:`check` is an allow-list:
 whatever else the model has is refused by name.
 """
-from slim_fairseq.export_hf.layers import attention_shape, no_projections, other_activation
+from slim_fairseq.export_hf.layers import (LAYER_NORM_EPS, attention_shape, no_projections,
+                                          other_activation)
 from slim_fairseq.export_hf.source import input_embedding, sinusoid_table
 from slim_fairseq.option_errors import option_error
 
@@ -34,7 +36,8 @@ def applies(src):
         or bool(getattr(args, "hsoftpos_levels", 0)) or bool(getattr(args, "no_patt", False))
         or bool(getattr(args, "output_bias", False)) or bool(getattr(args, "ffn_glu", False))
         or bool(float(getattr(args, "rope_theta", 0) or 0))
-        or bool(getattr(args, "safe_embed_dim", 0)) or _other_middle(src))
+        or bool(getattr(args, "safe_embed_dim", 0)) or args.norm == "rmsnorm"
+        or _other_middle(src))
 
 
 def _other_middle(src):
@@ -72,22 +75,14 @@ def _positions(module):
 def check(src):
     """A one-line refusal for each thing the exported translation model does not compute."""
     args = src.args
-    if args.norm != "layernorm":
-        yield option_error("--norm", args.norm, f"{WHAT} has LayerNorm", "--norm layernorm")
     if (args.activation_fn or "relu") not in ACTIVATIONS:
         yield other_activation(args.activation_fn, WHAT, ACTIVATIONS)
     for side in SIDES:
         stack = getattr(src.model, side)
-        kind, embed = _embedding(src, side)
         if getattr(args, f"{side}_normalize_before") and stack.layer_norm is None:
             yield option_error(f"--no-{side}-final-norm", None, f"{WHAT} normalises the last "
                                "layer's output", f"the final norm (no --no-{side}-final-norm)")
         standard = input_embedding(src.model, side)
-        positions = _positions(embed) if kind != "standard" else (
-            standard.positions if standard is not None else "none")
-        if positions == "learned":
-            yield option_error(f"--{side}-learned-pos", None, f"{WHAT} has sinusoidal "
-                               "positions or none", f"no --{side}-learned-pos")
         if standard is not None and standard.project_in:
             yield no_projections(WHAT)
     if src.model.decoder.project_out_dim is not None:
@@ -121,6 +116,23 @@ def _norm(reader, src_name, dst_name, out):
     weight, bias, eps = reader.norm(src_name)
     out[f"{dst_name}.weight"], out[f"{dst_name}.bias"] = weight, bias
     return eps
+
+
+def _block_norm(reader, src_name, dst_name, out):
+    """A block's norm or the final norm (LayerNorm, or RMSNorm: a weight only); its eps."""
+    weight, bias, eps = reader.norm(src_name)
+    out[f"{dst_name}.weight"] = weight
+    if bias is not None:
+        out[f"{dst_name}.bias"] = bias
+    return eps
+
+
+def _norm_values(args, eps):
+    """The config values of the blocks' norms of ``eps``: RMSNorm's (``--norm rmsnorm``; SAFE's
+    and a sandwich's LayerNorms keep fairseq's eps) or LayerNorm's."""
+    if args.norm == "rmsnorm":
+        return dict(norm="rmsnorm", rms_norm_eps=eps, norm_eps=LAYER_NORM_EPS)
+    return dict(norm="layernorm", norm_eps=eps)
 
 
 def _safe(reader, embed, prefix, dst, out):
@@ -229,6 +241,11 @@ def _side(src, reader, side, out, dst=None):
     if positions == "sinusoidal":
         rows = stack.max_positions() + pad + 1
         out[f"{dst}.embed_tokens.positions.weight"] = sinusoid_table(rows, token_width, pad)
+    elif positions == "learned":  # fairseq's table, read at its rows (padding_idx + 1 + p)
+        learned = (holder.positions_table if kind == "standard"
+                   else f"{prefix}embed_positions.weight")
+        out[f"{dst}.embed_tokens.positions.weight"] = reader.take(learned)
+        rows = out[f"{dst}.embed_tokens.positions.weight"].size(0)
     bias = {}
     norms = ("self_attn_layer_norm",) + (("encoder_attn_layer_norm",) if cross
                                          else ()) + ("final_layer_norm",)
@@ -254,12 +271,10 @@ def _side(src, reader, side, out, dst=None):
             if b is not None:
                 out[f"{dst_layer}.mlp.{target}.bias"] = b
         for norm in norms:
-            weight, b, eps = reader.norm(f"{src_layer}.{norm}")
-            out[f"{dst_layer}.{norm}.weight"], out[f"{dst_layer}.{norm}.bias"] = weight, b
+            eps = _block_norm(reader, f"{src_layer}.{norm}", f"{dst_layer}.{norm}", out)
     pre_norm = bool(getattr(args, f"{side}_normalize_before"))
     if pre_norm:
-        weight, b, _ = reader.norm(f"{side}.layer_norm")
-        out[f"{dst}.norm.weight"], out[f"{dst}.norm.bias"] = weight, b
+        _block_norm(reader, f"{side}.layer_norm", f"{dst}.norm", out)
     heads, kv_heads, head_dim = attention_shape(stack.layers[0].self_attn)
     values.update(
         vocab_size=out[f"{dst}.embed_tokens.table.weight"].size(0), hidden_size=width,
@@ -269,7 +284,7 @@ def _side(src, reader, side, out, dst=None):
             stack.max_positions()), block="pre-norm" if pre_norm else "post-norm",
         embed_scale=float(scale), positions=positions, position_rows=rows,
         attention_bias=bias.get("attention", False), mlp_bias=bias.get("mlp", False),
-        norm_eps=eps)
+        **_norm_values(args, eps))
     values["sandwich"] = _middle(src, side, stack, out, dst, values)
     return values
 

@@ -215,10 +215,6 @@ def _choose(src, refusals):
             return xglm
         refusals.each(opt.check, src)
         return opt
-    if args.norm == "rmsnorm":  # (RoPE and a GLU leave as custom code, :mod:`.seq2seq`)
-        refusals.add(option_error("--norm", args.norm, "no sequence-to-sequence class here "
-                                  "(FSMT, M2M100, the custom code) has RMSNorm",
-                                  "--norm layernorm"))
     refusals.run(_no_grouped_heads, src, "a sequence-to-sequence model (FSMT, M2M100)",
                  "encoder", "decoder")
     if bool(args.encoder_normalize_before) != bool(args.decoder_normalize_before):

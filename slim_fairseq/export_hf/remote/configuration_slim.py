@@ -9,10 +9,13 @@ class SlimConfig(PretrainedConfig):
     serial or parallel, ``mlp_branch_scale``, ``removed_projection`` the attention input
     without a projection, ``attention_out_proj`` whether P is kept); ``glu``: the MLP is a GLU
     (``hidden_act`` its gate's activation). ``block`` "pre-norm": fairseq's pre-norm block
-    (LayerNorm of ``norm_eps``, residuals, a final norm) with Anthe's ``attention_gate``;
-    ``rope_theta`` 0: no RoPE. ``positions`` "sinusoidal": fairseq's table (``position_rows``
-    rows, written by the export) added to the scaled tokens; ``hsoftpos_levels`` > 0: H-SoftPOS
-    on a token table ``hsoftpos_token_dim`` wide with slots ``hsoftpos_slots`` wide.
+    (residuals, a final norm), "post-norm" fairseq's post-norm block, with Anthe's
+    ``attention_gate``; their norms are ``norm`` "layernorm" (of ``norm_eps``, also the eps of
+    SAFE's and a sandwich's LayerNorms) or "rmsnorm" (of ``rms_norm_eps``); ``rope_theta`` 0: no
+    RoPE. ``positions`` "sinusoidal" or "learned": fairseq's table (``position_rows`` rows: its
+    sinusoids written by the export, or its learned table) added to the scaled tokens;
+    ``hsoftpos_levels`` > 0: H-SoftPOS on a token table ``hsoftpos_token_dim`` wide with slots
+    ``hsoftpos_slots`` wide.
 
     A translation model (``is_encoder_decoder``): the values above are its decoder's, the
     decoder layers attend to the encoder with ``cross_attention_gate``; ``encoder`` holds the
@@ -35,7 +38,8 @@ class SlimConfig(PretrainedConfig):
                  rope_theta=10000.0, block="skipless", skipless_layout="serial",
                  mlp_branch_scale=1.0, removed_projection=None, attention_out_proj=True,
                  attention_bias=False, mlp_bias=False, embed_scale=1.0, output_bias=False,
-                 attention_gate="none", norm_eps=1e-5, positions="none", position_rows=0,
+                 attention_gate="none", norm_eps=1e-5, norm="layernorm", rms_norm_eps=1e-6,
+                 positions="none", position_rows=0,
                  hsoftpos_levels=0, hsoftpos_token_dim=0, hsoftpos_slots=0,
                  tie_word_embeddings=False, use_cache=True, pad_token_id=1, bos_token_id=2,
                  eos_token_id=2, cross_attention_gate="none", encoder=None, safe=None,
@@ -63,6 +67,8 @@ class SlimConfig(PretrainedConfig):
         self.use_cache = use_cache
         self.attention_gate = attention_gate
         self.norm_eps = norm_eps
+        self.norm = norm
+        self.rms_norm_eps = rms_norm_eps
         self.positions = positions
         self.position_rows = position_rows
         self.hsoftpos_levels = hsoftpos_levels

@@ -6,7 +6,7 @@ beside this one by the export (``rope.py``: RoPE; ``shaped_attention.py``: shape
 ``skipless_block.py``: the skipless block's output from its branches; ``glu_function.py``: the
 GLU; ``gate_function.py``: Anthe's gated pre-attention; ``hsoftpos_function.py``: H-SoftPOS;
 ``safe_function.py``: SAFE's embedding and output; ``adaptive_softmax_function.py``: the
-log-probabilities of an adaptive softmax),
+log-probabilities of an adaptive softmax; ``rmsnorm.py``: RMSNorm),
 the very files the fairseq model runs. A translation model
 (:class:`SlimForConditionalGeneration`) composes the same blocks into an encoder and a decoder
 whose layers attend to it.
@@ -25,6 +25,7 @@ from .configuration_slim import SlimConfig
 from .gate_function import gated, gated_inputs
 from .glu_function import glu
 from .hsoftpos_function import KERNEL_SIZE, hsoftpos_levels, level_dilations
+from .rmsnorm import RMSNorm
 from .rope import RotaryEmbedding
 from .safe_function import safe_embedding, safe_logits
 from .shaped_attention import shaped_mixing
@@ -41,6 +42,14 @@ def padding_mask(attention_mask):
     if attention_mask is None or bool(attention_mask.all()):
         return None
     return attention_mask.eq(0)
+
+
+def block_norm(config, width):
+    """The norm of the blocks and the final norm: ``config.norm`` "rmsnorm" (the plugin's file)
+    or "layernorm"."""
+    if config.norm == "rmsnorm":
+        return RMSNorm(width, eps=config.rms_norm_eps)
+    return nn.LayerNorm(width, eps=config.norm_eps)
 
 
 class SideConfig:
@@ -224,16 +233,15 @@ class SlimBlock(nn.Module):
             self.mlp_branch_scale = config.mlp_branch_scale
         else:
             self.post_norm = config.block == "post-norm"
-            self.self_attn_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+            self.self_attn_layer_norm = block_norm(config, config.hidden_size)
             if memory_width and model_config is not None:  # a sandwich middle of another width
                 self.encoder_attn = SlimProjectedAttention(model_config, config, layer_idx,
                                                            memory_width)
             elif memory_width:
                 self.encoder_attn = SlimAttention(config, layer_idx, memory_width=memory_width)
             if memory_width:
-                self.encoder_attn_layer_norm = nn.LayerNorm(config.hidden_size,
-                                                            eps=config.norm_eps)
-            self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+                self.encoder_attn_layer_norm = block_norm(config, config.hidden_size)
+            self.final_layer_norm = block_norm(config, config.hidden_size)
 
     def _residual(self, x, norm, branch, *args):
         if self.post_norm:
@@ -283,8 +291,9 @@ class SlimProjectedAttention(nn.Module):
 
 
 class SlimEmbedding(nn.Module):
-    """The token table times ``embed_scale``, plus fairseq's sinusoidal positions (a table the
-    export writes), then H-SoftPOS's levels from its plugin file if the model has them."""
+    """The token table times ``embed_scale``, plus fairseq's positions (its sinusoids as a table
+    the export writes, or its learned table), then H-SoftPOS's levels from its plugin file if
+    the model has them."""
 
     def __init__(self, config, count_tokens=False):
         super().__init__()
@@ -297,7 +306,7 @@ class SlimEmbedding(nn.Module):
                  if self.safe else config.hidden_size)
         self.table = nn.Embedding(config.vocab_size, width, self.pad)
         self.positions = (nn.Embedding(config.position_rows, width)
-                          if config.positions == "sinusoidal" else None)
+                          if config.positions in ("sinusoidal", "learned") else None)
         if self.levels:
             slots = config.hsoftpos_slots
             self.dilations = level_dilations(self.levels)
@@ -368,8 +377,8 @@ class SlimStack:
         if projected:  # a sandwich middle of another width: projections into it and out
             self.up = SlimProjection(config.hidden_size, middle.hidden_size, config.norm_eps)
             self.down = SlimProjection(middle.hidden_size, config.hidden_size, config.norm_eps)
-        self.norm = (nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
-                     if config.block == "pre-norm" else None)
+        self.norm = (block_norm(config, config.hidden_size) if config.block == "pre-norm"
+                     else None)
         self.levels = config.hsoftpos_levels
 
     def run_stack(self, input_ids, attention_mask=None, cache=None, memory=None,
