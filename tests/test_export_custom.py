@@ -50,7 +50,10 @@ BUILT = {"skipless_reduced": ("skipless_lm_parallel_noqp",
          "anthe_rmsnorm": ("slim_lm", ["--self-attn-gate", "qgv", "--norm", "rmsnorm"]),
          "anthe_postnorm_learned": ("slim_lm", ["--hsoftpos-levels", "2", "--norm", "rmsnorm",
                                                 "--no-decoder-normalize-before",
-                                                "--decoder-learned-pos"])}
+                                                "--decoder-learned-pos"]),
+         # a LayerNorm on the embedding's output
+         "anthe_layernorm_embedding": ("slim_lm", ["--self-attn-gate", "kgv",
+                                                   "--layernorm-embedding"])}
 NAMES = [*TRAINED, *BUILT]
 LENGTHS = {"unpadded": [12, 12], "padded": [12, 5]}
 PROMPTS = [6, 9]
@@ -240,7 +243,7 @@ COMPOSITION_CALLS = {
     # an adaptive softmax's head and clusters, and its file
     "Sequential", "adaptive_log_probs",
     # the blocks' norm: LayerNorm, or the plugin's RMSNorm
-    "block_norm", "RMSNorm"}
+    "block_norm", "RMSNorm", "layernorm_embedding"}
 
 
 def test_anthe_leaves_with_its_gate_hsoftpos_glu_and_output_bias(exports):
@@ -261,6 +264,8 @@ def test_anthe_leaves_with_its_gate_hsoftpos_glu_and_output_bias(exports):
         config = json.load(f)
     assert config["norm"] == "rmsnorm" and config["block"] == "post-norm"
     assert config["positions"] == "learned" and config["hsoftpos_levels"] == 2
+    with open(os.path.join(exports["anthe_layernorm_embedding"][1].out_dir, "config.json")) as f:
+        assert json.load(f)["layernorm_embedding"]
 
 
 @pytest.mark.parametrize("name", ["skipless", "anthe"])

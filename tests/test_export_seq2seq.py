@@ -41,7 +41,9 @@ BUILT = {"anthe_nopatt_prenorm": ("anthe_base_nopatt", [
     # RMSNorm, a pre-norm encoder and a post-norm decoder; learned positions on both sides
     "anthe_rmsnorm_mixed": ("anthe_base", ["--norm", "rmsnorm", "--encoder-normalize-before"]),
     "anthe_learned_pos": ("anthe_base", ["--encoder-learned-pos", "--decoder-learned-pos",
-                                         "--decoder-normalize-before"])}
+                                         "--decoder-normalize-before"]),
+    # a LayerNorm on each side's embedding output
+    "anthe_layernorm_embedding": ("anthe_base", ["--layernorm-embedding"])}
 NAMES = [*TRAINED, *BUILT]
 # sources padded as fairseq collates them (left) and as transformers' tokenizers do (right)
 LENGTHS = {"unpadded": [9, 9], "padded": [9, 5], "padded_right": [5, 9]}
@@ -231,7 +233,7 @@ def test_subformer_leaves_with_safe_and_its_middle(exports):
     assert config["sandwich"]["num_attention_heads"] == 2 and config["rope_theta"] == 10000
 
 
-def test_rmsnorm_and_learned_positions_leave_as_such(exports):
+def test_rmsnorm_learned_positions_and_an_embedding_norm_leave_as_such(exports):
     with open(os.path.join(exports["anthe_rmsnorm_mixed"][1].out_dir, "config.json")) as f:
         config = json.load(f)
     assert config["norm"] == "rmsnorm" and config["rms_norm_eps"] == 1e-6
@@ -241,6 +243,9 @@ def test_rmsnorm_and_learned_positions_leave_as_such(exports):
         config = json.load(f)
     assert config["positions"] == "learned" and "positions" not in config["encoder"]
     assert config["norm"] == "layernorm" and config["block"] == "pre-norm"
+    with open(os.path.join(exports["anthe_layernorm_embedding"][1].out_dir, "config.json")) as f:
+        config = json.load(f)
+    assert config["layernorm_embedding"] and "layernorm_embedding" not in config["encoder"]
 
 
 def test_a_sandwich_at_the_models_shape_stays_a_stock_class(tmp_path):

@@ -1,9 +1,10 @@
 """``SlimForCausalLM`` (transformers custom code, :mod:`.custom`) from a ``slim_lm`` (pre-norm
-or post-norm, LayerNorm or RMSNorm, sinusoidal, learned or no positions) with Anthe's
-techniques (arXiv:2305.10991; docs/TECHNIQUES.md#anthe): gated pre-attention, identity
-projections (``--no-patt``), H-SoftPOS, a GLU or dense MLP, a bias on the output projection; or with the Subformer's (arXiv:2101.00234; docs/TECHNIQUES.md#subformer): SAFE and
-its output, a sandwich middle of another width, FFN width or heads; or with fairseq's adaptive
-input (written as the one table it computes) and adaptive softmax. Tensor Chains are
+or post-norm, LayerNorm or RMSNorm, sinusoidal, learned or no positions, a LayerNorm on the
+embedding) with Anthe's techniques (arXiv:2305.10991; docs/TECHNIQUES.md#anthe): gated
+pre-attention, identity projections (``--no-patt``), H-SoftPOS, a GLU or dense MLP, a bias on
+the output projection; or with the Subformer's (arXiv:2101.00234; docs/TECHNIQUES.md#subformer):
+SAFE and its output, a sandwich middle of another width, FFN width or heads; or with fairseq's
+adaptive input (written as the one table it computes) and adaptive softmax. Tensor Chains are
 materialised first, as for every layout. The ``anthe_lm*`` and ``subformer_lm_*`` presets are
 such models.
 
@@ -22,7 +23,7 @@ AUTO = "AutoModelForCausalLM"
 CUSTOM = True
 # the options of the list of what no stock class holds that this layout computes
 COMPUTES = ("self_attn_gate", "hsoftpos_levels", "output_bias", "no_patt", "safe_embed_dim",
-            "sandwich", "adaptive_input", "adaptive_softmax_cutoff")
+            "sandwich", "adaptive_input", "adaptive_softmax_cutoff", "layernorm_embedding")
 ACTIVATIONS = ("relu", "gelu", "silu")
 WHAT = "the exported Anthe block (custom code)"
 

@@ -4,7 +4,7 @@ either side, identity projections (``--no-patt``), a GLU, RoPE, a bias on the ou
 (arXiv:2305.10991; docs/TECHNIQUES.md#anthe); the Subformer's SAFE on both sides and a sandwich
 middle of another width, FFN width or heads (arXiv:2101.00234; docs/TECHNIQUES.md#subformer);
 post-norm or pre-norm per side; RMSNorm (which FSMT and M2M100 lack) and fairseq's learned
-positions. Tensor Chains are materialised first, as for every layout. The
+positions, ``--layernorm-embedding``. Tensor Chains are materialised first, as for every layout. The
 ``anthe_base*``, ``anthe_ablation_b*``, ``subformer_*`` and ``sandwich_*`` presets are such
 models (a sandwich at the model's own shape without SAFE stays FSMT or M2M100).
 
@@ -21,7 +21,7 @@ AUTO = "AutoModelForSeq2SeqLM"
 CUSTOM = True
 # the options of the list of what no stock class holds that this layout computes
 COMPUTES = ("self_attn_gate", "cross_attn_gate", "hsoftpos_levels", "output_bias", "no_patt",
-            "safe_embed_dim", "sandwich")
+            "safe_embed_dim", "sandwich", "layernorm_embedding")
 ACTIVATIONS = ("relu", "gelu", "silu")
 WHAT = "the exported translation model (custom code)"
 SIDES = ("encoder", "decoder")
@@ -37,7 +37,7 @@ def applies(src):
         or bool(getattr(args, "output_bias", False)) or bool(getattr(args, "ffn_glu", False))
         or bool(float(getattr(args, "rope_theta", 0) or 0))
         or bool(getattr(args, "safe_embed_dim", 0)) or args.norm == "rmsnorm"
-        or _other_middle(src))
+        or bool(getattr(args, "layernorm_embedding", False)) or _other_middle(src))
 
 
 def _other_middle(src):
@@ -246,6 +246,9 @@ def _side(src, reader, side, out, dst=None):
                    else f"{prefix}embed_positions.weight")
         out[f"{dst}.embed_tokens.positions.weight"] = reader.take(learned)
         rows = out[f"{dst}.embed_tokens.positions.weight"].size(0)
+    values["layernorm_embedding"] = reader.has(f"{side}.layernorm_embedding.weight")
+    if values["layernorm_embedding"]:  # fairseq's LayerNorm on the embedding's output
+        _norm(reader, f"{side}.layernorm_embedding", f"{dst}.layernorm_embedding", out)
     bias = {}
     norms = ("self_attn_layer_norm",) + (("encoder_attn_layer_norm",) if cross
                                          else ()) + ("final_layer_norm",)

@@ -14,6 +14,7 @@ class SlimConfig(PretrainedConfig):
     SAFE's and a sandwich's LayerNorms) or "rmsnorm" (of ``rms_norm_eps``); ``rope_theta`` 0: no
     RoPE. ``positions`` "sinusoidal" or "learned": fairseq's table (``position_rows`` rows: its
     sinusoids written by the export, or its learned table) added to the scaled tokens;
+    ``layernorm_embedding``: a LayerNorm (of ``norm_eps``) on the embedding's output;
     ``hsoftpos_levels`` > 0: H-SoftPOS on a token table ``hsoftpos_token_dim`` wide with slots
     ``hsoftpos_slots`` wide.
 
@@ -39,7 +40,7 @@ class SlimConfig(PretrainedConfig):
                  mlp_branch_scale=1.0, removed_projection=None, attention_out_proj=True,
                  attention_bias=False, mlp_bias=False, embed_scale=1.0, output_bias=False,
                  attention_gate="none", norm_eps=1e-5, norm="layernorm", rms_norm_eps=1e-6,
-                 positions="none", position_rows=0,
+                 positions="none", position_rows=0, layernorm_embedding=False,
                  hsoftpos_levels=0, hsoftpos_token_dim=0, hsoftpos_slots=0,
                  tie_word_embeddings=False, use_cache=True, pad_token_id=1, bos_token_id=2,
                  eos_token_id=2, cross_attention_gate="none", encoder=None, safe=None,
@@ -71,6 +72,7 @@ class SlimConfig(PretrainedConfig):
         self.rms_norm_eps = rms_norm_eps
         self.positions = positions
         self.position_rows = position_rows
+        self.layernorm_embedding = layernorm_embedding
         self.hsoftpos_levels = hsoftpos_levels
         self.hsoftpos_token_dim = hsoftpos_token_dim
         self.hsoftpos_slots = hsoftpos_slots

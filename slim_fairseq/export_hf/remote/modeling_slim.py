@@ -360,8 +360,9 @@ class SlimPreTrainedModel(PreTrainedModel):
 
 
 class SlimStack:
-    """The embedding, the blocks and the final norm (pre-norm blocks only) of a language model
-    or of a translation model's encoder or decoder."""
+    """The embedding (normalised by a LayerNorm with ``layernorm_embedding``), the blocks and
+    the final norm (pre-norm blocks only) of a language model or of a translation model's
+    encoder or decoder."""
 
     def build_stack(self, config, causal=True, memory_width=0):
         self.embed_tokens = SlimEmbedding(config, count_tokens=not causal)
@@ -379,6 +380,8 @@ class SlimStack:
             self.down = SlimProjection(middle.hidden_size, config.hidden_size, config.norm_eps)
         self.norm = (block_norm(config, config.hidden_size) if config.block == "pre-norm"
                      else None)
+        self.layernorm_embedding = (nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+                                    if config.layernorm_embedding else None)
         self.levels = config.hsoftpos_levels
 
     def run_stack(self, input_ids, attention_mask=None, cache=None, memory=None,
@@ -390,6 +393,8 @@ class SlimStack:
                 cache.histories = {}
             histories = cache.histories
         x = self.embed_tokens(input_ids, past, histories, cache)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
         key_padding_mask = padding_mask(attention_mask)  # (B, cached + new): True at padding
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
