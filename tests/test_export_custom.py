@@ -1,9 +1,10 @@
 """Language models as transformers custom code (slim_fairseq/export_hf/custom.py,
 docs/EXPORT.md): a tiny skipless language model, ``anthe_lm_gpt2_small`` and
 ``subformer_lm_wiki103_83m`` (adaptive input and softmax, a wider middle) trained by
-fairseq-train, the reduced parallel skipless form, an Anthe LM of another gate and a
-``slim_lm`` with SAFE and a middle of another shape are exported, then loaded by ``AutoModelForCausalLM`` with
-``trust_remote_code=True`` in a separate process in which ``fairseq`` and ``slim_fairseq``
+fairseq-train, the reduced parallel skipless form, an Anthe LM of another gate, a ``slim_lm``
+with SAFE and a middle of another shape, and Anthe LMs with RMSNorm (pre- and post-norm),
+learned positions and ``--layernorm-embedding`` are exported, then loaded by
+``AutoModelForCausalLM`` with ``trust_remote_code=True`` in a separate process in which ``fairseq`` and ``slim_fairseq``
 cannot be imported (offline): fairseq's log-probabilities within 1e-5 on an unpadded and a
 right-padded batch, fairseq's greedy output for 10 tokens and its beam-5 output from ``</s>``,
 the cache equal to the full pass and greedy search alike with and without it. The technique

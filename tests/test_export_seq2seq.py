@@ -2,7 +2,8 @@
 slim_fairseq/export_hf/seq2seq.py, docs/EXPORT.md): a tiny ``anthe_base`` (gates in self- and
 cross-attention, H-SoftPOS, GLU, output bias, Tensor Chains materialised) and a
 ``subformer_base`` (SAFE, a wider sandwich middle) trained by fairseq-train, and built and moved
-off their initial values a pre-norm ``anthe_base_nopatt`` and a combination of both families are
+off their initial values a pre-norm ``anthe_base_nopatt``, a combination of both families and
+``anthe_base`` models with RMSNorm, learned positions and ``--layernorm-embedding`` are
 exported, then loaded by ``AutoModelForSeq2SeqLM`` with ``trust_remote_code=True`` in a process
 in which ``fairseq`` and ``slim_fairseq`` cannot be imported (offline): fairseq's
 log-probabilities within 1e-5 on an unpadded and two padded batches (sources left-padded as
