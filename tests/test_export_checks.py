@@ -198,26 +198,20 @@ def test_interrupt_says_one_line_and_leaves_out_dir_as_found(folder, lm_checkpoi
 
 
 def test_interrupt_as_the_work_folder_is_made_leaves_none(folder, lm_checkpoint, monkeypatch):
-    """A Ctrl-C that comes while the export makes its work folder: the folder is removed, not
-    left beside OUT_DIR (the signal is held until the export knows the folder)."""
-    import tempfile
-
+    """A Ctrl-C that comes the moment the export has made its work folder: the folder is
+    removed, not left beside OUT_DIR (the export names it before making it)."""
     from slim_fairseq.export_hf import export
-    made = []
+    made, mkdir = [], os.mkdir
 
-    def mkdtemp_then_sigint(*args, **kwargs):
-        made.append(tempfile_mkdtemp(*args, **kwargs))
-        os.kill(os.getpid(), signal.SIGINT)
-        return made[-1]
+    def mkdir_then_interrupt(path, *args, **kwargs):
+        mkdir(path, *args, **kwargs)
+        if ".partial-" in os.path.basename(path):
+            made.append(path)
+            raise KeyboardInterrupt
 
-    tempfile_mkdtemp = tempfile.mkdtemp
-    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_then_sigint)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            export(lm_checkpoint, wikitext_data_bin(), str(folder / "held-hf"), sentences=2)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    monkeypatch.setattr(os, "mkdir", mkdir_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        export(lm_checkpoint, wikitext_data_bin(), str(folder / "held-hf"), sentences=2)
     assert made and not os.path.exists(made[0]) and not _partial(folder)
 
 

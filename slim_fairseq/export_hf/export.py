@@ -6,13 +6,11 @@ folder is written next to OUT_DIR under a temporary name, checked (:mod:`.check`
 renamed to OUT_DIR. Any failure removes the temporary folder: OUT_DIR is never left half
 written, and an existing OUT_DIR is replaced only with ``force``.
 """
-import contextlib
 import dataclasses
 import logging
 import os
+import secrets
 import shutil
-import signal
-import tempfile
 
 
 from slim_fairseq import compression
@@ -154,10 +152,10 @@ def export(checkpoint, data, out_dir, bpe=None, bpe_codes=None, sentencepiece_mo
     say(f"{src.arch} -> {layout.CLASS}, tokenizer: {kind}")
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
-    work = None
+    # named before it is made, so that a Ctrl-C from the moment it exists removes it
+    work = os.path.join(parent, f".{os.path.basename(out)}.partial-{secrets.token_hex(4)}")
     try:
-        with _interrupts_held():  # a Ctrl-C now comes once ``work`` is known, and removes it
-            work = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.partial-", dir=parent)
+        os.mkdir(work, 0o700)
         _quiet_transformers()
         reader = source.Reader(src.model)
         config, weights = layout.build(src, reader)
@@ -186,27 +184,12 @@ def export(checkpoint, data, out_dir, bpe=None, bpe_codes=None, sentencepiece_mo
                    words)
         _move_into_place(work, out)
     except BaseException:
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
         raise
     say(f"wrote {out}: {layout.CLASS}, {counts['fairseq']:,} parameters in fairseq, "
         f"{counts['export']:,} in the export")
     return ExportResult(out_dir=out, hf_class=layout.CLASS, tokenizer=kind, gap=result.gap,
                         counts=counts, tokenizer_check=words)
-
-
-@contextlib.contextmanager
-def _interrupts_held():
-    """Hold SIGINT (Ctrl-C) back while the block runs; one that came meanwhile is raised as
-    ``KeyboardInterrupt`` right after it (where the signal mask cannot be set, it runs as is)."""
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _umask():
