@@ -60,8 +60,8 @@ class SideConfig:
         self._base, self._values = config, dict(values or {})
 
     def __getattr__(self, name):  # (only for names not set above)
-        if name in ("_base", "_values"):
-            raise AttributeError(name)
+        if name in ("_base", "_values"):  # (before __init__ set them: copy, pickle)
+            raise AttributeError(f"{name}: not set yet; allowed: a SideConfig made by __init__")
         return self._values[name] if name in self._values else getattr(self._base, name)
 
 
