@@ -282,15 +282,15 @@ def test_the_export_refuses_a_technique_it_does_not_know(examples, tmp_path):
     from hf_export_fixtures import data_of, tiny_checkpoint
     from slim_fairseq.export_hf import export
     from slim_fairseq.option_errors import OptionError
-    path = tiny_checkpoint(tmp_path, "slim_lm", ["--attn-output-gate", "--output-bias"], True)
+    path = tiny_checkpoint(tmp_path, "slim_lm", ["--attn-output-gate", "--scale-attn"], True)
     with pytest.raises(OptionError) as caught:
         export(path, data_of(True), str(tmp_path / "hf"))
     assert str(caught.value) == (
-        "--attn-output-gate, --output-bias: 2 options are in the way: --attn-output-gate: a "
+        "--attn-output-gate, --scale-attn: 2 options are in the way: --attn-output-gate: a "
         "technique registered outside the plugin (attention_output_gate.OutputGateOptions), "
-        "which no layout of the export declares it computes; --output-bias: no class here has a "
-        "bias on the vocabulary projection; allowed: a model trained with all of no "
-        "--attn-output-gate, and no --output-bias")
+        "which no layout of the export declares it computes; --scale-attn: NormFormer's scales "
+        "are in no class here; allowed: a model trained with all of no --attn-output-gate, and "
+        "no --scale-attn")
     assert not (tmp_path / "hf").exists()
 
 

@@ -909,9 +909,10 @@ EXPORT_HF = [
     ("slim_lm", True, ["--safe-embed-dim", "16", "--scale-fc"], {},
      "--scale-fc: the exported Anthe block (custom code) has no NormFormer scales; allowed: no "
      "--scale-fc", ("slim_lm", ["--safe-embed-dim", "16", "--decoder-learned-pos"])),
-    ("slim_lm", True, ["--output-bias"], {},
-     "--output-bias: no class here has a bias on the vocabulary projection; allowed: no "
-     "--output-bias", ("slim_lm", [])),
+    # a model no stock class holds goes the shorter way, to the custom code
+    ("slim_lm", True, ["--output-bias", "--scale-attn"], {},
+     "--scale-attn: the exported Anthe block (custom code) has no NormFormer scales; allowed: "
+     "no --scale-attn", ("slim_lm", ["--output-bias"])),
     ("slim_lm", True, ["--adaptive-input", "--adaptive-input-cutoff", "100,400",
                        "--adaptive-input-factor", "2", "--scale-resids"], {},
      "--scale-resids: the exported Anthe block (custom code) has no NormFormer scales; allowed: "
@@ -930,27 +931,18 @@ EXPORT_HF = [
      "--activation-fn=tanh: the exported Anthe block (custom code) takes relu|gelu|silu; "
      "allowed: --activation-fn relu|gelu|silu",
      ("slim_lm", ["--sandwich", "--decoder-layers", "3", "--sandwich-dim", "64"])),
-    # the advice names every part of the block that is missing, not only the first
-    ("slim_lm", True, ["--norm", "rmsnorm"], {},
-     "--ffn-glu: Llama's layout, the one class with RMSNorm, RoPE or a GLU, needs all of --norm "
-     "rmsnorm --decoder-normalize-before --ffn-glu --rope-theta 10000 "
-     "--no-token-positional-embeddings (the STLM block); allowed: --ffn-glu --rope-theta 10000 "
-     "--no-token-positional-embeddings",
-     ("slim_lm", ["--norm", "rmsnorm", "--ffn-glu", "--rope-theta", "10000",
-                  "--no-token-positional-embeddings"])),
-    ("slim_lm", True, ["--kv-heads", "2"], {},
-     "--kv-heads=2: a LayerNorm language model (XGLM, OPT) has as many key/value heads as query "
-     "heads; allowed: --kv-heads 0", ("slim_lm", [])),
+    ("slim_lm", True, ["--kv-heads", "2", "--scale-fc"], {},
+     "--scale-fc: the exported Anthe block (custom code) has no NormFormer scales; allowed: no "
+     "--scale-fc", ("slim_lm", ["--kv-heads", "2"])),
     ("slim_lm", True, [], {"bpe": "subword_nmt", "tokenizer_name": "moses", "bpe_codes": "{codes}"},
      "--bpe=subword_nmt: FSMT's tokenizer (Moses, subword-nmt) ends a text with </s> where a "
      "language model starts with it; allowed: --bpe gpt2|sentencepiece, or none (whitespace "
      "words)", ("slim_lm", [])),
-    ("slim_transformer", False, ["--encoder-normalize-before", "--decoder-normalize-before"], {},
-     "--share-all-embeddings: missing: M2M100, the pre-norm class, has one table for encoder, "
-     "decoder and output; allowed: --share-all-embeddings (a joined dictionary), or post-norm "
-     "(FSMT)",
-     ("slim_transformer", ["--encoder-normalize-before", "--decoder-normalize-before",
-                           "--share-all-embeddings"])),
+    ("slim_transformer", False, ["--encoder-normalize-before", "--decoder-normalize-before",
+                                 "--cross-self-attention"], {},
+     "--cross-self-attention: no class here attends to source and target in one attention; "
+     "allowed: no --cross-self-attention",
+     ("slim_transformer", ["--encoder-normalize-before", "--decoder-normalize-before"])),
     ("slim_transformer", False, ["--norm", "rmsnorm", "--activation-fn", "tanh"], {},
      "--activation-fn=tanh: the exported translation model (custom code) takes relu|gelu|silu; "
      "allowed: --activation-fn relu|gelu|silu", ("slim_transformer", ["--norm", "rmsnorm"])),

@@ -458,11 +458,11 @@ def test_console_script_refuses_in_one_line(folder, capsys):
     assert script and script[0].value == "slim_fairseq.export_hf.cli:main"
     assert load_script("export_hf").main is cli.main
     assert os.path.exists(os.path.join(BIN, "slim-fairseq-export-hf"))
-    path = tiny_checkpoint(folder, "slim_lm", ["--output-bias"], True)
+    path = tiny_checkpoint(folder, "slim_lm", ["--scale-attn"], True)
     out = folder / "refused-hf"
     assert cli.main([path, data_of(True), str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("slim-fairseq-export-hf: error: --output-bias: ")
+    assert err[-1].startswith("slim-fairseq-export-hf: error: --scale-attn: ")
     assert "Traceback" not in "\n".join(err) and not out.exists()
     path = tiny_checkpoint(folder, "slim_lm", [], True)
     assert cli.main([path, data_of(True), str(out), "--check-sentences", "2"]) == 0

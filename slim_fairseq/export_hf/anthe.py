@@ -14,7 +14,8 @@ files (``gate_function.py``, ``hsoftpos_function.py``, ``glu_function.py``, ``ro
 as a translation model's decoder is (:func:`.seq2seq._side`). :func:`check` is an allow-list:
 whatever else the model has is refused by name.
 """
-from slim_fairseq.export_hf.layers import no_projections, other_activation, same_parameter
+from slim_fairseq.export_hf.layers import (no_projections, normformer_scales, other_activation,
+                                           same_parameter)
 from slim_fairseq.export_hf.source import input_embedding
 from slim_fairseq.option_errors import option_error
 
@@ -63,10 +64,7 @@ def check(src):
         yield no_projections(WHAT)
     if decoder.project_out_dim is not None:
         yield no_projections(WHAT)
-    for flag, name in (("--scale-attn", "attn_ln"), ("--scale-heads", "c_attn"),
-                       ("--scale-fc", "ffn_layernorm"), ("--scale-resids", "w_resid")):
-        if getattr(decoder.layers[0], name, None) is not None:
-            yield option_error(flag, None, f"{WHAT} has no NormFormer scales", f"no {flag}")
+    yield from normformer_scales(decoder, f"{WHAT} has no NormFormer scales")
 
 
 def _weight(module):

@@ -18,6 +18,19 @@ def no_projections(what):
                         "both equal to --decoder-embed-dim")
 
 
+# NormFormer's scales: fairseq's flag and the module of a decoder layer that has it
+NORMFORMER = (("--scale-attn", "attn_ln"), ("--scale-heads", "c_attn"),
+              ("--scale-fc", "ffn_layernorm"), ("--scale-resids", "w_resid"))
+
+
+def normformer_scales(decoder, problem):
+    """A refusal, saying ``problem``, for each of NormFormer's scales that ``decoder``'s layers
+    have."""
+    for flag, name in NORMFORMER:
+        if getattr(decoder.layers[0], name, None) is not None:
+            yield option_error(flag, None, problem, f"no {flag}")
+
+
 def other_activation(value, what, allowed):
     """The refusal of ``--activation-fn value``, which ``what`` computes with none of
     ``allowed``."""

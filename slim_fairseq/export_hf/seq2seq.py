@@ -12,7 +12,7 @@ The maths is the plugin's own files (:data:`.custom.MODULES`); :func:`check` is 
 whatever else the model has is refused by name.
 """
 from slim_fairseq.export_hf.layers import (LAYER_NORM_EPS, attention_shape, no_projections,
-                                          other_activation)
+                                           normformer_scales, other_activation)
 from slim_fairseq.export_hf.source import input_embedding, sinusoid_table
 from slim_fairseq.option_errors import option_error
 
@@ -87,10 +87,7 @@ def check(src):
             yield no_projections(WHAT)
     if src.model.decoder.project_out_dim is not None:
         yield no_projections(WHAT)
-    for flag, name in (("--scale-attn", "attn_ln"), ("--scale-heads", "c_attn"),
-                       ("--scale-fc", "ffn_layernorm"), ("--scale-resids", "w_resid")):
-        if getattr(src.model.decoder.layers[0], name, None) is not None:
-            yield option_error(flag, None, f"{WHAT} has no NormFormer scales", f"no {flag}")
+    yield from normformer_scales(src.model.decoder, f"{WHAT} has no NormFormer scales")
 
 
 def _attention(reader, src_name, dst_name, module, out, bias):

@@ -13,6 +13,7 @@ Anthe's or the Subformer's techniques leave as custom code (:mod:`.skipless`, :m
 from slim_fairseq import options as vocabulary
 from slim_fairseq.models import slim_options
 from slim_fairseq.models.slim_options import SandwichOptions
+from slim_fairseq.export_hf.layers import normformer_scales
 from slim_fairseq.option_errors import OptionError, option_error, refusal
 
 # (option, whether it is on, what no class has, what to train with instead)
@@ -187,12 +188,32 @@ def check_no_class(src, refusals=None, computed=()):
 def choose(src):
     """The layout module (:mod:`.llama`, :mod:`.xglm`, :mod:`.opt`, :mod:`.fsmt`,
     :mod:`.m2m100`, or the custom code of :mod:`.skipless`, :mod:`.anthe`, :mod:`.seq2seq`)
-    that holds
-    ``src``, or one line refusing every option in the way."""
+    that holds ``src``, or one line refusing every option in the way. A model that no stock
+    class holds goes to the custom code where that computes it."""
+    from slim_fairseq.export_hf import anthe, seq2seq, skipless
     refusals = Refusals()
     layout = _choose(src, refusals)
+    if refusals.found and layout not in (skipless, anthe, seq2seq):
+        custom, in_the_way = _custom_code_for(src)
+        if not in_the_way.found:
+            return custom
+        if len(in_the_way.found) < len(refusals.found):
+            refusals = in_the_way  # the shorter way to a model that exports
     refusals.raise_all()
     return layout
+
+
+def _custom_code_for(src):
+    """``(custom code, its refusals)`` for a model that no stock class holds: :mod:`.anthe` for
+    a language model, :mod:`.seq2seq` for a translation model, which computes it when it
+    refuses nothing."""
+    from slim_fairseq.export_hf import anthe, seq2seq
+    custom = anthe if src.lm else seq2seq
+    refusals = Refusals()
+    check_known_techniques(src, refusals)
+    check_no_class(src, refusals, computed=custom.COMPUTES)
+    refusals.each(custom.check, src)
+    return custom, refusals
 
 
 def _choose(src, refusals):
@@ -204,6 +225,8 @@ def _choose(src, refusals):
             refusals.each(custom.check, src)
             return custom
     check_no_class(src, refusals)
+    refusals.each(lambda src: normformer_scales(
+        src.model.decoder, "NormFormer's scales are in no class here"), src)
     args = src.args
     if src.lm:
         if args.norm == "rmsnorm" or float(args.rope_theta or 0) or args.ffn_glu:
