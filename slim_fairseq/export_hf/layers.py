@@ -71,6 +71,19 @@ def copy_layer(reader, src, dst, out, cross=False):
     _layer_norm(reader, f"{src}.final_layer_norm", f"{dst}.final_layer_norm", out)
 
 
+def copy_mlp(reader, src_layer, dst_layer, glu, out):
+    """A block's MLP (``fc1``, ``fc2``; a GLU's ``fc1.w1``, ``fc1.w3``) into the custom code's
+    ``mlp`` of ``dst_layer``; whether its linears have biases."""
+    names = (("fc1.w1", "w1"), ("fc1.w3", "w3"), ("fc2", "fc2")) if glu else (
+        ("fc1", "fc1"), ("fc2", "fc2"))
+    for name, target in names:
+        weight, bias = reader.linear(f"{src_layer}.{name}")
+        out[f"{dst_layer}.mlp.{target}.weight"] = weight
+        if bias is not None:
+            out[f"{dst_layer}.mlp.{target}.bias"] = bias
+    return bias is not None
+
+
 def copy_norm(reader, src, dst, out):
     _layer_norm(reader, src, dst, out)
 

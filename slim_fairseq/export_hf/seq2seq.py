@@ -11,8 +11,9 @@ models (a sandwich at the model's own shape without SAFE stays FSMT or M2M100).
 The maths is the plugin's own files (:data:`.custom.MODULES`); :func:`check` is an allow-list:
 whatever else the model has is refused by name.
 """
-from slim_fairseq.export_hf.layers import (LAYER_NORM_EPS, attention_shape, no_projections,
-                                           normformer_scales, other_activation)
+from slim_fairseq.export_hf.layers import (LAYER_NORM_EPS, attention_shape, copy_mlp,
+                                           no_projections, normformer_scales,
+                                           other_activation)
 from slim_fairseq.export_hf.source import input_embedding, sinusoid_table
 from slim_fairseq.option_errors import option_error
 
@@ -262,14 +263,7 @@ def _side(src, reader, side, out, dst=None):
         if cross:
             _cross(reader, f"{src_layer}.encoder_attn", f"{dst_layer}.encoder_attn",
                    layer.encoder_attn, out, bias)
-        names = (("fc1.w1", "w1"), ("fc1.w3", "w3"), ("fc2", "fc2")) if args.ffn_glu else (
-            ("fc1", "fc1"), ("fc2", "fc2"))
-        for name, target in names:
-            weight, b = reader.linear(f"{src_layer}.{name}")
-            out[f"{dst_layer}.mlp.{target}.weight"] = weight
-            bias["mlp"] = b is not None
-            if b is not None:
-                out[f"{dst_layer}.mlp.{target}.bias"] = b
+        bias["mlp"] = copy_mlp(reader, src_layer, dst_layer, args.ffn_glu, out)
         for norm in norms:
             eps = _block_norm(reader, f"{src_layer}.{norm}", f"{dst_layer}.{norm}", out)
     pre_norm = bool(getattr(args, f"{side}_normalize_before"))

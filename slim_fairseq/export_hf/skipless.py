@@ -8,8 +8,8 @@ maths is the plugin's own files (:data:`.custom.MODULES`): ``rope.py``,
 ``shaped_attention.py``, ``skipless_block.py``, ``glu_function.py``.
 :func:`check` is an allow-list: whatever else the model has is refused by name.
 """
-from slim_fairseq.export_hf.layers import (attention_shape, no_projections, other_activation,
-                                           same_parameter)
+from slim_fairseq.export_hf.layers import (attention_shape, copy_mlp, no_projections,
+                                           other_activation, same_parameter)
 from slim_fairseq.export_hf.source import input_embedding
 from slim_fairseq.option_errors import option_error
 
@@ -75,14 +75,7 @@ def build(src, reader):
                 out[f"{dst}.self_attn.{target}.bias"] = b
         for name in ("alpha", "beta", "gamma"):
             out[f"{dst}.self_attn.{name}"] = reader.take(f"{src_layer}.self_attn.{name}")
-        names = (("fc1.w1", "w1"), ("fc1.w3", "w3"), ("fc2", "fc2")) if args.ffn_glu else (
-            ("fc1", "fc1"), ("fc2", "fc2"))
-        for name, target in names:
-            weight, b = reader.linear(f"{src_layer}.{name}")
-            out[f"{dst}.mlp.{target}.weight"] = weight
-            bias["mlp"] = b is not None
-            if b is not None:
-                out[f"{dst}.mlp.{target}.bias"] = b
+        bias["mlp"] = copy_mlp(reader, src_layer, dst, args.ffn_glu, out)
     attention = first.self_attn
     values = dict(
         vocab_size=out["model.embed_tokens.table.weight"].size(0),
