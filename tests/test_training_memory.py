@@ -512,3 +512,26 @@ def test_dense_glu_recomputes_nothing_on_cuda():
         plain, kept = saved_bytes(lambda: glu(x), exclude=params)
     assert recompute_recipe(plain) is None and kept > lean
     torch.testing.assert_close(plain, out)
+
+
+def test_chain_glu_that_materialises_follows_the_dense_rule():
+    """A GLU of Tensor Chains that multiply by their built weights (CUDA's choice) has the
+    hidden layer of a dense GLU and follows its rule: plain autograd on CUDA, the lean path on
+    the CPU; ``--tc-backward recompute`` still recomputes on CUDA."""
+    from slim_fairseq.modules import tensor_chain_policy
+    from slim_fairseq.modules.tc_autograd import recompute_recipe
+    torch.manual_seed(0)
+    glu = GLUProjection(64, 96, chain=ChainSpec(ratio=0.3))
+    x = torch.randn(2, 40, 64, requires_grad=True)
+    with tensor_chain_policy.assume_target("cuda", torch.float16):
+        assert not glu.w1.use_contraction(80)
+        plain = glu(x)
+        assert recompute_recipe(plain) is None
+        glu.backward_mode = "recompute"
+        lean = glu(x)
+        assert recompute_recipe(lean) is not None
+    glu.backward_mode = "auto"
+    with tensor_chain_policy.assume_target("cpu", torch.float32):
+        if not glu.w1.use_contraction(80):
+            assert recompute_recipe(glu(x)) is not None
+    torch.testing.assert_close(plain, lean)

@@ -25,7 +25,7 @@ from slim_fairseq.modules.tc_autograd import (chain_backward, forward_autocast, 
                                               refuse_double_backward, remember_autocast)
 from slim_fairseq.modules.tc_contraction import contract_input
 from slim_fairseq.modules.tensor_chain import TensorChainLinear, built_together
-from slim_fairseq.modules.tensor_chain_policy import BackwardModeMixin
+from slim_fairseq.modules.tensor_chain_policy import BackwardModeMixin, policy_for, target
 from slim_fairseq.specs import DENSE, ChainSpec
 
 
@@ -207,12 +207,25 @@ class GLUProjection(BackwardModeMixin, nn.Module):
         else:
             with built_together((self.w1, self.w3), rows, x):
                 h1, h3 = self.w1(x), self.w3(x)
-        if not recompute:  # plain autograd: keeps act(h1) and the output too, recomputes nothing
+        if not self._recompute_activation(recompute):
+            # plain autograd: keeps act(h1) and the output too, recomputes nothing
             return act(h1) * h3
         # GatedActivation keeps h1, h3 anyway: a consumer may keep them instead of the output
         return mark_recomputable(GatedActivation.apply(h1, h3, self.activation),
                                  functools.partial(gated_activation_value, self.activation),
                                  h1, h3)
+
+    def _recompute_activation(self, recompute):
+        """Whether a GLU whose linears multiply by their weights (dense, or chains that
+        materialise W) keeps only its two hidden inputs and recomputes its output in backward:
+        ``recompute`` where ``--tc-backward`` is given; for auto, the device's rule for a dense
+        GLU (``recompute_dense``), since the hidden layer is the same whether the weights are
+        parameters or built from chains (``recompute_backward`` is about the chains' own
+        contraction, which this path does not run)."""
+        if self.backward_mode != "auto":
+            return recompute
+        param = next(self.parameters(), None)
+        return param is None or policy_for(*target(param)).recompute_dense
 
     def _stack_weights(self, x):
         """Whether both linears are dense and autocast is on for ``x``'s device."""

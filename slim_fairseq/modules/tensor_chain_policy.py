@@ -34,8 +34,9 @@ class ChainPolicy:
     and saves at least ``min_saved_macs`` multiply-adds; ``row_blocks``: two-core contractions
     run over cache-sized blocks of rows; ``recompute_backward``: what ``--tc-backward auto``
     picks (True: keep only the input and the cores, recompute the intermediates);
-    ``recompute_dense``: what a dense GLU keeps (True: its two hidden inputs only, recomputing the
-    activation and its output in backward; False: plain autograd, no recomputation)."""
+    ``recompute_dense``: what a GLU keeps whose linears multiply by their weights, dense or
+    chains that materialise W (True: its two hidden inputs only, recomputing the activation and
+    its output in backward; False: plain autograd, no recomputation)."""
     small_batch_rows: int
     contract_small: float
     contract_large: float
@@ -64,7 +65,8 @@ CPU_POLICY = ChainPolicy(
 # as fast for 4.1-6.9x the peak memory; recompute stays the default for --tc-forward contract.
 # A dense GLU uses plain autograd on CUDA: an H200 step of stlm_tied fell from 0.92x to 0.62x
 # transformer_lm's speed between 8,192 and 32,768 tokens, where elementwise passes over the
-# hidden layer (its recomputation among them) grow with the batch.
+# hidden layer (its recomputation among them) grow with the batch. A GLU of chains that
+# materialise has the same hidden layer and follows the same rule (not measured apart).
 _CUDA_WHY = ("measured on an H100 (docs/gpu/h100-2026-11-27/): materialised chains trained "
              "1.06-1.81x as fast as contracted ones in fp16 and generate from W built once; no row "
              "blocks; a forced contraction recomputes in backward (store: 1.13-1.29x the speed for "
