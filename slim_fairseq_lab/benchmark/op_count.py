@@ -98,15 +98,16 @@ def _autocast_casts(event):
                and any(e.name == "aten::_to_copy" for e in child.cpu_children))
 
 
-def count_ops(fn, repeats=1):
-    """:class:`OpCount` of ``fn()`` (divided by ``repeats``, the calls ``fn`` makes)."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
+def _top_events(prof):
+    """(every aten event in time order, those called from Python or autograd's backward)."""
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     aten = [e for e in events if e.name.startswith("aten::")]
-    top = [e for e in aten if _aten_ancestor(e) is None]
-    # the autograd nodes a fused op made: sequence numbers from its own to the next op's
+    return aten, [e for e in aten if _aten_ancestor(e) is None]
+
+
+def _fused_nodes(top):
+    """{autograd sequence number: the op of :data:`FUSED_ON_CUDA` that made the node}: the
+    numbers from the op's own to the next op's."""
     fused_nodes = {}
     for i, event in enumerate(top):
         if event.name not in FUSED_ON_CUDA:
@@ -116,6 +117,16 @@ def count_ops(fn, repeats=1):
                       and e.time_range.start >= event.time_range.end), max(numbers, default=-1) + 1)
         for number in range(min(numbers, default=0), after):
             fused_nodes[number] = event
+    return fused_nodes
+
+
+def count_ops(fn, repeats=1):
+    """:class:`OpCount` of ``fn()`` (divided by ``repeats``, the calls ``fn`` makes)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    aten, top = _top_events(prof)
+    fused_nodes = _fused_nodes(top)
     count, fused_backward = 0, set()
     for event in top:
         node = _backward_node(event)
@@ -126,16 +137,69 @@ def count_ops(fn, repeats=1):
     return OpCount(len(aten) / repeats, (count + len(fused_backward)) / repeats)
 
 
+_ITEMSIZE = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8}
+
+
+def _numel(shape):
+    n = 1
+    for size in shape:
+        n *= size
+    return n
+
+
+def _fused_kernel(event):
+    """The innermost call of ``event`` (autocast's wrapper calls the op again on cast inputs)."""
+    inner = [e for e in _descendants(event) if e.name == event.name]
+    return max(inner, key=lambda e: e.time_range.start) if inner else event
+
+
+def _fused_bytes(kernel):
+    """(forward, backward) bytes the one CUDA kernel of :data:`FUSED_ON_CUDA` writes each way,
+    from the shapes and dtypes of its inputs: attention writes its output and the softmax's
+    log-sum-exp (float32, per query row), and the gradients of q, k, v; RMSNorm its output and
+    the reciprocal RMS (float32, per row), and the gradients of x and the weight."""
+    shapes, dtypes = kernel.input_shapes, kernel.input_dtypes
+    size = [_ITEMSIZE.get(d, 4) for d in dtypes]
+    if kernel.name == "aten::scaled_dot_product_attention":
+        (q, k, v), rows = shapes[:3], _numel(shapes[0][:-1])
+        forward = rows * v[-1] * size[0] + rows * 4
+        backward = sum(_numel(s) * b for s, b in zip((q, k, v), size))
+    else:  # aten::rms_norm(x, normalized_shape, weight, eps)
+        x, weight = shapes[0], shapes[2]
+        rows = _numel(x) // max(_numel(weight), 1)
+        forward = _numel(x) * size[0] + rows * 4
+        backward = _numel(x) * size[0] + _numel(weight) * size[2]
+    return forward, backward
+
+
 def count_bytes(fn):
     """Bytes the aten ops of ``fn()`` allocate: every tensor an op creates (results, and the
     temporaries of its decomposition) is memory it writes, so this is the CPU's count of the
     bytes a step writes, views and in-place updates left out (they allocate nothing), from the
-    profiler's memory records."""
+    profiler's memory records. An op of :data:`FUSED_ON_CUDA` counts as its CUDA kernel writes
+    (:func:`_fused_bytes`) rather than its CPU decomposition's temporaries (the attention
+    probabilities, under dropout), as :func:`count_ops` counts it as one op; autocast's casts
+    in front of it count as they are."""
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                 record_shapes=True) as prof:
         fn()
-    return sum(max(e.self_cpu_memory_usage, 0) for e in prof.events()
-               if e.name.startswith("aten::"))
+    aten, top = _top_events(prof)
+    fused_nodes = _fused_nodes(top)
+    replaced, total, backward_of = set(), 0, {}
+    for event in top:
+        if event.name in FUSED_ON_CUDA:
+            kernel = _fused_kernel(event)
+            forward, backward_of[id(event)] = _fused_bytes(kernel)
+            total += forward
+            replaced.update(id(e) for e in (kernel, *_descendants(kernel)))
+            continue
+        node = _backward_node(event)
+        if node is not None and node.sequence_nr in fused_nodes:
+            replaced.update(id(e) for e in (event, *_descendants(event)))
+            fused = fused_nodes[node.sequence_nr]
+            total += backward_of.pop(id(fused), 0)  # (once, at its first backward op)
+    return total + sum(max(e.self_cpu_memory_usage, 0) for e in aten if id(e) not in replaced)
 
 
 def training_bytes(model, criterion, sample, target=("cuda", torch.float16),
