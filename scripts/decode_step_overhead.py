@@ -4,9 +4,12 @@ shape, on the CPU at width 64 and batch 1 (a step bound by Python and op dispatc
 a small model's generation on a GPU), the models interleaved and each step's median reported.
 
     OMP_NUM_THREADS=1 python scripts/decode_step_overhead.py [--rounds 20] [--model ARCH ...]
+    OMP_NUM_THREADS=1 python scripts/decode_step_overhead.py --by-part [--rounds 10]
 
-prints a markdown table (µs per step, ratio against transformer_lm or transformer). The library
-is slim_fairseq_lab.benchmark.decode_overhead; docs/GPU.md holds a run's table.
+prints a markdown table (µs per step, ratio against transformer_lm or transformer); with
+--by-part, where a step's time goes (embedding, attentions, feed-forward, norms, the layers' own
+code, output projection, the rest), each model after the other. The library is
+slim_fairseq_lab.benchmark.decode_overhead; docs/GPU.md holds a run's tables.
 """
 import argparse
 
@@ -19,6 +22,8 @@ def get_parser():
                    help="a plugin architecture (repeatable); default: one of every family")
     p.add_argument("--rounds", type=int, default=20,
                    help="interleaved rounds; each decodes --steps tokens per model (default 20)")
+    p.add_argument("--by-part", action="store_true",
+                   help="time each part of a step (the modules' calls) instead of whole steps")
     shape = decode_overhead.SHAPE
     for name in ("dim", "layers", "heads", "ffn"):
         p.add_argument("--" + name, type=int, default=getattr(shape, name),
@@ -48,6 +53,10 @@ def main(argv=None):
     def build(arch, overrides, lm):
         return contract.build(arch, overrides, task_argv(lm, data))
 
+    if args.by_part:
+        result = decode_overhead.part_times(build, models, shape, rounds=args.rounds)
+        print(decode_overhead.parts_markdown(result))
+        return result
     result = decode_overhead.step_times(build, models, shape, rounds=args.rounds)
     print(decode_overhead.markdown(result))
     return result

@@ -37,3 +37,30 @@ def test_the_script_refuses_an_unknown_model_in_one_line():
     assert lines[-1].startswith("decode_step_overhead.py: --model=nope: not a plugin architecture; "
                                 "allowed: ")
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_a_step_is_split_into_parts_that_sum_to_it():
+    shape = OpShape(dim=32, layers=3, heads=4, ffn=64, batch=1, length=3, decode_steps=3)
+    built = []
+
+    def recording_build(arch, argv, lm):
+        args, task, model = build(arch, argv, lm)
+        built.append(model)
+        return args, task, model
+    result = decode_overhead.part_times(recording_build, {"anthe_base": False,
+                                                          "subformer_base": False},
+                                        shape, rounds=2)
+    assert set(result) == {"anthe_base", "subformer_base", "transformer"}
+    for arch, parts in result.items():
+        assert abs(sum(parts[p] for p in decode_overhead.PARTS) - parts["total"]) < 1e-6
+        for part in ("embedding", "self-attention", "cross-attention", "feed-forward", "norms",
+                     "output"):
+            assert parts[part] > 0, (arch, part)
+    # the sandwich's middle layers are looked into: their attentions are timed as attentions
+    assert result["subformer_base"]["self-attention"] > 0
+    table = decode_overhead.parts_markdown(result)
+    assert table.count("\n") == 1 + 3 and table.splitlines()[0].count("|") == len(
+        decode_overhead.PARTS) + 3
+    # the models are left as they were: no timer stays on a module
+    assert len(built) == 3
+    assert all("forward" not in vars(m) for model in built for m in model.modules())

@@ -23,6 +23,114 @@ from slim_fairseq_lab.benchmark.op_count import BASELINES, OpShape, op_batch, sh
 SHAPE = OpShape(dim=64, layers=3, heads=4, ffn=256, batch=1, length=32, decode_steps=32)
 
 
+#: the parts of a decoding step :func:`part_times` reports, in the order of a step
+PARTS = ("embedding", "self-attention", "cross-attention", "feed-forward", "norms", "layer rest",
+         "output", "rest")
+_EMBEDDING = ("embed_tokens", "embed_positions", "layernorm_embedding", "project_in_dim")
+_OUTPUT = ("output_projection", "project_out_dim", "adaptive_softmax")
+
+
+def _layer_part(name):
+    """The part of a module a layer holds under the attribute ``name`` (None: its own code)."""
+    if "norm" in name:
+        return "norms"
+    if name == "self_attn":
+        return "self-attention"
+    if name == "encoder_attn":
+        return "cross-attention"
+    if name in ("fc1", "fc2"):
+        return "feed-forward"
+    return None
+
+
+def _timed_modules(decoder):
+    """[(module, part, whether a layer holds it)] to time in ``decoder``: the embedding's and the
+    output's modules, the final norm, each layer ("layers", for its own code) and, inside it, the
+    outermost modules of each part (a sandwich's wrapped layer is looked into)."""
+    timed = [(getattr(decoder, name, None), "embedding", False) for name in _EMBEDDING]
+    timed += [(getattr(decoder, name, None), "output", False) for name in _OUTPUT]
+    timed.append((getattr(decoder, "layer_norm", None), "norms", False))
+    for layer in decoder.layers:
+        timed.append((layer, "layers", False))
+        stack = list(layer.named_children())
+        while stack:
+            name, child = stack.pop()
+            part = _layer_part(name)
+            if part is not None:
+                timed.append((child, part, True))
+            elif hasattr(child, "self_attn"):  # a layer inside a wrapper (a sandwich)
+                stack += child.named_children()
+    return [entry for entry in timed if isinstance(entry[0], torch.nn.Module)]
+
+
+def part_times(build, models, shape=SHAPE, rounds=5, target=("cuda", torch.float16)):
+    """{arch: {part: µs per step, "total": µs per step}} of :data:`PARTS` for ``models``
+    ({arch: is a language model}) and fairseq's baselines, built and run as :func:`step_times`
+    runs them (but one model after the other): each part is the CPU time of the thread inside
+    its modules' calls, summed over a step and averaged over ``rounds`` decodings of
+    ``shape.decode_steps`` steps; "layer rest" is the layers' own code (residuals, dropout,
+    activations and projections between modules), "rest" the decoder's code outside every
+    part. Each timed call adds the timer's own cost (about a microsecond) to its part."""
+    if target is None:
+        return _part_times(build, models, shape, rounds)
+    with tensor_chain_policy.assume_target(*target):
+        return _part_times(build, models, shape, rounds)
+
+
+def _part_times(build, models, shape, rounds):
+    wanted = dict(models)
+    for lm in set(models.values()):
+        wanted.setdefault(BASELINES[lm][0], lm)
+    result = {}
+    for arch, lm in wanted.items():
+        extra = BASELINES[lm][1] if arch == BASELINES[lm][0] else []
+        _, task, model = build(arch, shape_argv(lm, shape) + extra, lm)
+        model.eval()
+        spent = dict.fromkeys(PARTS, 0.0)
+        layers = [0.0, 0.0]  # (the layers' calls, the parts' calls inside them)
+        timed = _timed_modules(model.decoder)
+
+        def timer(forward, part, in_layer):
+            def run(*args, **kwargs):
+                start = time.thread_time()
+                try:
+                    return forward(*args, **kwargs)
+                finally:
+                    took = time.thread_time() - start
+                    if part == "layers":
+                        layers[0] += took
+                    else:
+                        spent[part] += took
+                        layers[1] += took if in_layer else 0.0
+            return run
+        with torch.no_grad():
+            run = _decoder_step(model, lm, op_batch(task, lm, shape))
+            run(shape.decode_steps)  # warm-up: first calls build caches
+            for module, part, in_layer in timed:
+                module.forward = timer(module.forward, part, in_layer)
+            try:
+                total = sum(sum(run(shape.decode_steps)) for _ in range(rounds))
+            finally:
+                for module, _, _ in timed:
+                    del module.forward
+        spent["layer rest"] = layers[0] - layers[1]
+        spent["rest"] = total - sum(spent[p] for p in PARTS if p != "rest")
+        steps = rounds * shape.decode_steps
+        result[arch] = {part: spent[part] / steps * 1e6 for part in PARTS}
+        result[arch]["total"] = total / steps * 1e6
+    return result
+
+
+def parts_markdown(result):
+    """A markdown table of :func:`part_times`: a row per model, µs per step per part."""
+    lines = ["| model | " + " | ".join(PARTS) + " | total |",
+             "|---|" + "---|" * (len(PARTS) + 1)]
+    for arch, parts in result.items():
+        lines.append(f"| {arch} | " + " | ".join(f"{parts[p]:,.0f}" for p in PARTS + ("total",))
+                     + " |")
+    return "\n".join(lines)
+
+
 def _decoder_step(model, lm, sample):
     """A function that decodes ``len`` steps from scratch and returns the time of each."""
     net_input = sample["net_input"]
