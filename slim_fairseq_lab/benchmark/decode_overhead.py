@@ -11,13 +11,15 @@ ratio is that median over the median of fairseq's model of its task. Each step i
 time of the thread (``time.thread_time``), not wall time: on a loaded machine the time spent
 waiting for a core is left out (what it does to caches is not).
 """
+import contextlib
 import statistics
 import time
 
 import torch
 
 from slim_fairseq.modules import tensor_chain_policy
-from slim_fairseq_lab.benchmark.op_count import BASELINES, OpShape, op_batch, shape_argv
+from slim_fairseq_lab.benchmark.op_count import (BASELINES, OpShape, build_at, op_batch,
+                                                  with_baselines)
 
 #: the shape of the measurement: width 64, 3 layers (the fewest a sandwich takes), 4 heads, FFN 256, batch 1
 SHAPE = OpShape(dim=64, layers=3, heads=4, ffn=256, batch=1, length=32, decode_steps=32)
@@ -71,20 +73,15 @@ def part_times(build, models, shape=SHAPE, rounds=5, target=("cuda", torch.float
     ``shape.decode_steps`` steps; "layer rest" is the layers' own code (residuals, dropout,
     activations and projections between modules), "rest" the decoder's code outside every
     part. Each timed call adds the timer's own cost (about a microsecond) to its part."""
-    if target is None:
-        return _part_times(build, models, shape, rounds)
-    with tensor_chain_policy.assume_target(*target):
+    with _choosing_as_on(target):
         return _part_times(build, models, shape, rounds)
 
 
 def _part_times(build, models, shape, rounds):
-    wanted = dict(models)
-    for lm in set(models.values()):
-        wanted.setdefault(BASELINES[lm][0], lm)
+    wanted = with_baselines(models)
     result = {}
     for arch, lm in wanted.items():
-        extra = BASELINES[lm][1] if arch == BASELINES[lm][0] else []
-        _, task, model = build(arch, shape_argv(lm, shape) + extra, lm)
+        _, task, model = build_at(build, arch, lm, shape)
         model.eval()
         spent = dict.fromkeys(PARTS, 0.0)
         layers = [0.0, 0.0]  # (the layers' calls, the parts' calls inside them)
@@ -158,20 +155,21 @@ def step_times(build, models, shape=SHAPE, rounds=20, target=("cuda", torch.floa
     timed on the CPU in eval mode without gradients, interleaved over ``rounds`` rounds; Tensor
     Chains choose as on ``target`` (as :func:`~.op_count.step_op_counts`: W built once and
     multiplied by, as on CUDA; None: as on the CPU)."""
-    if target is None:
+    with _choosing_as_on(target):
         return _step_times(build, models, shape, rounds)
-    with tensor_chain_policy.assume_target(*target):
-        return _step_times(build, models, shape, rounds)
+
+
+def _choosing_as_on(target):
+    """Tensor Chains choose as on ``target`` (device type, dtype) inside; None: as where
+    they run."""
+    return contextlib.nullcontext() if target is None else tensor_chain_policy.assume_target(*target)
 
 
 def _step_times(build, models, shape, rounds):
-    wanted = dict(models)
-    for lm in set(models.values()):
-        wanted.setdefault(BASELINES[lm][0], lm)
+    wanted = with_baselines(models)
     runners = {}
     for arch, lm in wanted.items():
-        extra = BASELINES[lm][1] if arch == BASELINES[lm][0] else []
-        _, task, model = build(arch, shape_argv(lm, shape) + extra, lm)
+        _, task, model = build_at(build, arch, lm, shape)
         model.eval()
         with torch.no_grad():
             runners[arch] = _decoder_step(model, lm, op_batch(task, lm, shape))

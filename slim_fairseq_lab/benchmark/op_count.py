@@ -226,13 +226,10 @@ def compare_bytes(build, models, shape=OpShape(), autocast=torch.float16):
     """{arch: (bytes per training step, ratio against fairseq's model of the same task)} for
     ``models`` ({arch: is a language model}) and the baselines, built as :func:`compare`
     builds them."""
-    wanted = dict(models)
-    for lm in set(models.values()):
-        wanted.setdefault(BASELINES[lm][0], lm)
+    wanted = with_baselines(models)
     written = {}
     for arch, lm in wanted.items():
-        extra = BASELINES[lm][1] if arch == BASELINES[lm][0] else []
-        args, task, model = build(arch, shape_argv(lm, shape) + extra, lm)
+        args, task, model = build_at(build, arch, lm, shape)
         written[arch] = training_bytes(model, task.build_criterion(args),
                                        op_batch(task, lm, shape), autocast=autocast)
     return {arch: (written[arch], written[arch] / written[BASELINES[lm][0]])
@@ -328,18 +325,30 @@ FAMILIES = {"stlm_tied": True, "skipless_lm": True, "slim_lm": True, "anthe_lm_g
 BASELINES = {True: ("transformer_lm", ["--decoder-normalize-before"]), False: ("transformer", [])}
 
 
+def with_baselines(models):
+    """``models`` ({arch: is a language model}) and fairseq's model of each task among them."""
+    wanted = dict(models)
+    for lm in set(models.values()):
+        wanted.setdefault(BASELINES[lm][0], lm)
+    return wanted
+
+
+def build_at(build, arch, lm, shape):
+    """``build(arch, argv, lm) -> (args, task, model)`` at ``shape``, with the flags that make a
+    baseline pre-norm where it is one."""
+    extra = BASELINES[lm][1] if arch == BASELINES[lm][0] else []
+    return build(arch, shape_argv(lm, shape) + extra, lm)
+
+
 def compare(build, models, shape=OpShape(), autocast=None):
     """{arch: {"train": OpCount, "decode": OpCount, "ratio_train": OpCount, "ratio_decode":
     OpCount}} for ``models`` ({arch: is a language model}) and fairseq's baselines, each model
     built at ``shape`` by ``build(arch, overrides, lm) -> (args, task, model)``; ratios are
     against the baseline of the same task; ``autocast``: as :func:`step_op_counts`."""
     counts = {}
-    wanted = dict(models)
-    for lm in set(models.values()):
-        wanted.setdefault(BASELINES[lm][0], lm)
+    wanted = with_baselines(models)
     for arch, lm in wanted.items():
-        extra = BASELINES[lm][1] if arch == BASELINES[lm][0] else []
-        args, task, model = build(arch, shape_argv(lm, shape) + extra, lm)
+        args, task, model = build_at(build, arch, lm, shape)
         counts[arch] = step_op_counts(model, task.build_criterion(args), op_batch(task, lm, shape),
                                       lm, shape, autocast=autocast)
     for arch, lm in wanted.items():
