@@ -239,6 +239,7 @@ COMPOSITION_CALLS = {
     "new_full", "masked_fill",
     # the Subformer: SAFE's file, a sandwich's width changes (a linear layer and a norm)
     "safe_embedding", "safe_logits", "SlimProjection", "SlimProjectedAttention", "linear",
+    "build_output", "output_logits",
     "layer_norm", "to_model", "to_middle", "to_middle_norm", "attention", "up", "down", "len",
     "AttributeError",
     # an adaptive softmax's head and clusters, and its file

@@ -359,6 +359,44 @@ class SlimPreTrainedModel(PreTrainedModel):
         """The weights come from the fairseq checkpoint; a fresh model gets torch's defaults."""
 
 
+class SlimOutput:
+    """The output projection of a language model or a translation model."""
+
+    def build_output(self, config):
+        """The output projection: SAFE's ``W h + b`` then the token table (``safe_output``),
+        adaptive softmax (a head of the frequent words and one entry per cluster, then each
+        cluster's projection and table), or one linear (with its bias with ``output_bias``)."""
+        self.output_proj = self.output_activation = self.lm_tails = None
+        adaptive = getattr(config, "adaptive_softmax", None)
+        if config.safe_output != "none":
+            width = config.safe["hidden_size"]
+            self.output_proj = nn.Linear(config.hidden_size, width)
+            self.lm_head = nn.Linear(width, config.vocab_size, bias=False)
+            self.output_activation = (ACTIVATIONS[config.hidden_act]
+                                      if config.safe_output == "mlp" else None)
+        elif adaptive:
+            self.lm_head = nn.Linear(config.hidden_size,
+                                     adaptive["head_words"] + len(adaptive["tails"]), bias=False)
+            self.lm_tails = nn.ModuleList(
+                nn.Sequential(nn.Linear(config.hidden_size, width, bias=False),
+                              nn.Linear(width, size, bias=False))
+                for width, size in adaptive["tails"])
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size,
+                                     bias=config.output_bias)
+
+    def output_logits(self, hidden):
+        """The logits of :meth:`build_output`'s projection (adaptive softmax: log-probabilities,
+        whose softmax is the same distribution)."""
+        if self.output_proj is not None:
+            return safe_logits(hidden, self.output_proj, self.lm_head.weight,
+                               self.output_activation)
+        if self.lm_tails is not None:
+            return adaptive_log_probs(hidden, self.lm_head, self.lm_tails,
+                                      self.config.adaptive_softmax["head_words"])
+        return self.lm_head(hidden)
+
+
 class SlimStack:
     """The embedding (normalised by a LayerNorm with ``layernorm_embedding``), the blocks and
     the final norm (pre-norm blocks only) of a language model or of a translation model's
@@ -424,7 +462,7 @@ class SlimModel(SlimStack, SlimPreTrainedModel):
         return self.run_stack(input_ids, attention_mask, cache)
 
 
-class SlimForCausalLM(SlimPreTrainedModel, GenerationMixin):
+class SlimForCausalLM(SlimOutput, SlimPreTrainedModel, GenerationMixin):
     """The language model: :class:`SlimModel` and the output projection (with its bias when
     the fairseq model has one; SAFE's output through its token table; or an adaptive softmax,
     whose log-probabilities are returned as the logits: their softmax is the same
@@ -435,25 +473,7 @@ class SlimForCausalLM(SlimPreTrainedModel, GenerationMixin):
     def __init__(self, config):
         super().__init__(config)
         self.model = SlimModel(config)
-        self.output_proj = self.output_activation = self.lm_tails = None
-        adaptive = getattr(config, "adaptive_softmax", None)
-        if config.safe_output != "none":  # SAFE's output: W h + b, then the token table
-            width = config.safe["hidden_size"]
-            self.output_proj = nn.Linear(config.hidden_size, width)
-            self.lm_head = nn.Linear(width, config.vocab_size, bias=False)
-            self.output_activation = (ACTIVATIONS[config.hidden_act]
-                                      if config.safe_output == "mlp" else None)
-        elif adaptive:  # the head (frequent words, then one entry per cluster), each cluster's
-            # projection and table
-            self.lm_head = nn.Linear(config.hidden_size,
-                                     adaptive["head_words"] + len(adaptive["tails"]), bias=False)
-            self.lm_tails = nn.ModuleList(
-                nn.Sequential(nn.Linear(config.hidden_size, width, bias=False),
-                              nn.Linear(width, size, bias=False))
-                for width, size in adaptive["tails"])
-        else:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size,
-                                     bias=config.output_bias)
+        self.build_output(config)
         self.post_init()
 
     @classmethod
@@ -483,14 +503,7 @@ class SlimForCausalLM(SlimPreTrainedModel, GenerationMixin):
         if not use_cache:
             cache = None
         hidden = self.model(input_ids, attention_mask=attention_mask, cache=cache)
-        if self.output_proj is not None:
-            logits = safe_logits(hidden, self.output_proj, self.lm_head.weight,
-                                 self.output_activation)
-        elif self.lm_tails is not None:  # log-probabilities
-            logits = adaptive_log_probs(hidden, self.lm_head, self.lm_tails,
-                                        self.config.adaptive_softmax["head_words"])
-        else:
-            logits = self.lm_head(hidden)
+        logits = self.output_logits(hidden)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
@@ -529,7 +542,7 @@ class SlimEncoderDecoder(nn.Module):
         self.decoder = SlimDecoder(config, encoder_config.hidden_size)
 
 
-class SlimForConditionalGeneration(SlimPreTrainedModel, GenerationMixin):
+class SlimForConditionalGeneration(SlimOutput, SlimPreTrainedModel, GenerationMixin):
     """The translation model: :class:`SlimEncoder`, :class:`SlimDecoder` and the output
     projection (with its bias when the fairseq model has one). The cache is transformers'
     :class:`EncoderDecoderCache`: a :class:`SlimCache` for the decoder's self-attention and
@@ -540,16 +553,7 @@ class SlimForConditionalGeneration(SlimPreTrainedModel, GenerationMixin):
     def __init__(self, config):
         super().__init__(config)
         self.model = SlimEncoderDecoder(config)
-        self.output_proj = None
-        if config.safe_output != "none":  # SAFE's output: W h + b, then the token table
-            width = config.safe["hidden_size"]
-            self.output_proj = nn.Linear(config.hidden_size, width)
-            self.lm_head = nn.Linear(width, config.vocab_size, bias=False)
-            self.output_activation = (ACTIVATIONS[config.hidden_act]
-                                      if config.safe_output == "mlp" else None)
-        else:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size,
-                                     bias=config.output_bias)
+        self.build_output(config)
         self.post_init()
 
     @classmethod
@@ -594,11 +598,7 @@ class SlimForConditionalGeneration(SlimPreTrainedModel, GenerationMixin):
         memory = encoder_outputs[0]
         hidden = self.model.decoder(decoder_input_ids, decoder_attention_mask, cache, memory,
                                     padding_mask(attention_mask))
-        if self.output_proj is None:
-            logits = self.lm_head(hidden)
-        else:
-            logits = safe_logits(hidden, self.output_proj, self.lm_head.weight,
-                                 self.output_activation)
+        logits = self.output_logits(hidden)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
