@@ -900,22 +900,22 @@ def test_every_refusal_of_the_recipes_is_one_line_naming_what_is_allowed():
 EXPORT_HF = [
     # Anthe's gates and H-SoftPOS leave a language model as custom code, which has no more
     ("slim_lm", True, ["--self-attn-gate", "qgv", "--scale-attn"], {},
-     "--scale-attn: the exported Anthe block (custom code) has no NormFormer scales; allowed: "
+     "--scale-attn: the exported language model (custom code) has no NormFormer scales; allowed: "
      "no --scale-attn", ("slim_lm", ["--self-attn-gate", "qgv", "--decoder-learned-pos"])),
     ("slim_lm", True, ["--hsoftpos-levels", "2", "--no-decoder-final-norm"], {},
-     "--no-decoder-final-norm: the exported Anthe block (custom code) normalises the last "
+     "--no-decoder-final-norm: the exported language model (custom code) normalises the last "
      "layer's output; allowed: the final norm (no --no-decoder-final-norm)",
      ("slim_lm", ["--hsoftpos-levels", "2", "--no-decoder-normalize-before"])),
     ("slim_lm", True, ["--safe-embed-dim", "16", "--scale-fc"], {},
-     "--scale-fc: the exported Anthe block (custom code) has no NormFormer scales; allowed: no "
+     "--scale-fc: the exported language model (custom code) has no NormFormer scales; allowed: no "
      "--scale-fc", ("slim_lm", ["--safe-embed-dim", "16", "--decoder-learned-pos"])),
     # a model no stock class holds goes the shorter way, to the custom code
     ("slim_lm", True, ["--output-bias", "--scale-attn"], {},
-     "--scale-attn: the exported Anthe block (custom code) has no NormFormer scales; allowed: "
+     "--scale-attn: the exported language model (custom code) has no NormFormer scales; allowed: "
      "no --scale-attn", ("slim_lm", ["--output-bias"])),
     ("slim_lm", True, ["--adaptive-input", "--adaptive-input-cutoff", "100,400",
                        "--adaptive-input-factor", "2", "--scale-resids"], {},
-     "--scale-resids: the exported Anthe block (custom code) has no NormFormer scales; allowed: "
+     "--scale-resids: the exported language model (custom code) has no NormFormer scales; allowed: "
      "no --scale-resids", ("slim_lm", ["--adaptive-input", "--adaptive-input-cutoff",
                                        "100,400", "--adaptive-input-factor", "2",
                                        "--no-decoder-normalize-before"])),
@@ -928,11 +928,11 @@ EXPORT_HF = [
      "relu|gelu|silu", ("skipless_lm", [])),
     ("slim_lm", True, ["--sandwich", "--decoder-layers", "3", "--sandwich-dim", "64",
                        "--activation-fn", "tanh"], {},
-     "--activation-fn=tanh: the exported Anthe block (custom code) takes relu|gelu|silu; "
+     "--activation-fn=tanh: the exported language model (custom code) takes relu|gelu|silu; "
      "allowed: --activation-fn relu|gelu|silu",
      ("slim_lm", ["--sandwich", "--decoder-layers", "3", "--sandwich-dim", "64"])),
     ("slim_lm", True, ["--kv-heads", "2", "--scale-fc"], {},
-     "--scale-fc: the exported Anthe block (custom code) has no NormFormer scales; allowed: no "
+     "--scale-fc: the exported language model (custom code) has no NormFormer scales; allowed: no "
      "--scale-fc", ("slim_lm", ["--kv-heads", "2"])),
     ("slim_lm", True, [], {"bpe": "subword_nmt", "tokenizer_name": "moses", "bpe_codes": "{codes}"},
      "--bpe=subword_nmt: FSMT's tokenizer (Moses, subword-nmt) ends a text with </s> where a "

@@ -54,8 +54,8 @@ def test_language_model_takes_the_shorter_way_to_an_export(folder):
     with pytest.raises(OptionError) as caught:
         export(path, data_of(True), str(out))
     assert str(caught.value) == (
-        "--decoder-input-dim/--decoder-output-dim: the exported Anthe block (custom code) has no "
-        "projections between the embedding and the layers; allowed: both equal to "
+        "--decoder-input-dim/--decoder-output-dim: the exported language model (custom code) has "
+        "no projections between the embedding and the layers; allowed: both equal to "
         "--decoder-embed-dim")
     assert not out.exists()
     fixed = tiny_checkpoint(folder, "slim_lm", argv[:3], True)
@@ -76,9 +76,9 @@ def test_anthe_language_model_names_what_its_custom_code_lacks_at_once(folder):
         export(path, data_of(True), str(out))
     assert str(caught.value) == (
         "--decoder-input-dim/--decoder-output-dim, --scale-attn: 2 options are in the way: "
-        "--decoder-input-dim/--decoder-output-dim: the exported Anthe block (custom code) has no "
-        "projections between the embedding and the layers; --scale-attn: the exported Anthe "
-        "block (custom code) has no NormFormer scales; allowed: a model trained with all of "
+        "--decoder-input-dim/--decoder-output-dim: the exported language model (custom code) has "
+        "no projections between the embedding and the layers; --scale-attn: the exported language "
+        "model (custom code) has no NormFormer scales; allowed: a model trained with all of "
         "both equal to --decoder-embed-dim, and no --scale-attn")
     assert not out.exists()
     fixed = tiny_checkpoint(folder, "slim_lm", ["--self-attn-gate", "qgv", "--output-bias"], True)

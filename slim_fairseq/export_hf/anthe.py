@@ -26,7 +26,7 @@ CUSTOM = True
 COMPUTES = ("self_attn_gate", "hsoftpos_levels", "output_bias", "no_patt", "safe_embed_dim",
             "sandwich", "adaptive_input", "adaptive_softmax_cutoff", "layernorm_embedding")
 ACTIVATIONS = ("relu", "gelu", "silu")
-WHAT = "the exported Anthe block (custom code)"
+WHAT = "the exported language model (custom code)"
 
 
 def applies(src):
