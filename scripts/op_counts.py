@@ -6,11 +6,13 @@ the CPU: the count that stands for kernel launches in docs/GPU.md and tests/test
 
     python scripts/op_counts.py --model stlm_tied --model skipless_lm --model anthe_base
     python scripts/op_counts.py --autocast fp16    # the counts tests/test_op_counts.py holds
+    python scripts/op_counts.py --bytes --autocast fp16 --model anthe_base --batch 64 --length 128
 
 prints a markdown table: ops of one step called from Python or autograd (``top``; torch's
 F.rms_norm counted as the one kernel it is on CUDA), all ops the profiler lists (``all``), and
-both against ``transformer_lm`` (pre-norm) or ``transformer``. The library is
-slim_fairseq_lab.benchmark.op_count.
+both against ``transformer_lm`` (pre-norm) or ``transformer``; with ``--bytes``, the bytes one
+training step writes instead (what tests/test_bytes_written.py holds at the default shape). The
+library is slim_fairseq_lab.benchmark.op_count.
 """
 import argparse
 import sys
@@ -28,6 +30,9 @@ def get_parser():
     p.add_argument("--autocast", choices=sorted(AUTOCAST), default=None,
                    help="count the training step's forward and loss under the CPU's autocast to "
                         "this dtype (default: off, fp32)")
+    p.add_argument("--bytes", action="store_true",
+                   help="print the bytes one training step writes (fused attention and RMSNorm "
+                        "as their CUDA kernels write) instead of op counts")
     defaults = op_count.OpShape()
     for name in ("dim", "layers", "heads", "ffn", "batch", "length", "decode_steps"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name),
@@ -55,6 +60,10 @@ def main(argv=None):
         return contract.build(arch, overrides, task_argv(lm, data))
 
     autocast = getattr(torch, AUTOCAST[args.autocast]) if args.autocast else None
+    if args.bytes:
+        written = op_count.compare_bytes(build, models, shape, autocast=autocast)
+        print(op_count.bytes_markdown(written, models))
+        return written
     counts = op_count.compare(build, models, shape, autocast=autocast)
     print(op_count.markdown(counts, models))
     return counts

@@ -358,6 +358,18 @@ def compare(build, models, shape=OpShape(), autocast=None):
     return counts
 
 
+def bytes_markdown(written, models):
+    """A markdown table of :func:`compare_bytes`: per model, MB written per training step and
+    the ratio against its baseline."""
+    lines = ["| model | against | MB per training step | × baseline |", "|---|---|---|---|"]
+    baselines = [BASELINES[lm][0] for lm in sorted(set(models.values()))]
+    for arch in baselines + [a for a in models if a not in baselines]:
+        got, ratio = written[arch]
+        base = BASELINES[models.get(arch, arch == "transformer_lm")][0]
+        lines.append(f"| {arch} | {base} | {got / 1e6:,.1f} | {ratio:.2f} |")
+    return "\n".join(lines)
+
+
 def markdown(counts, models):
     """A markdown table of :func:`compare`'s counts: per model, ops per training and decoding
     step (top-level and all) and the ratios against its baseline."""
