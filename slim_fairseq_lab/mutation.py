@@ -122,7 +122,7 @@ MUTATIONS = (
        "gate_values = torch.sigmoid(project(target, inputs[source]))",
        REF + "test_the_six_gates"),
     _m("gate-dropped-in-training", "gates", "dropped term", "gated_attention.py",
-       "xg = (x * gate).reshape(-1, w.shape[0])", "xg = x.reshape(-1, w.shape[0])",
+       "return F.linear(x * gate, w.t(), bias)", "return F.linear(x, w.t(), bias)",
        REF + "test_the_six_gates"),
     # H-SoftPOS (Anthe)
     _m("softpos-axis", "H-SoftPOS", "wrong axis", "hsoftpos_function.py",

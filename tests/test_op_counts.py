@@ -26,8 +26,8 @@ COUNTS = {
     "stlm_tied": (391, 95.25),                 # STLM block: RMSNorm, RoPE, GQA, SwiGLU
     "skipless_lm": (461, 103.25),              # shaped attention, no residual, no norm
     "slim_lm": (561, 116.5),                   # every option off: fairseq's pre-norm LM
-    "anthe_lm_gpt2_small": (612, 105.375),     # Anthe as a language model
-    "anthe_base": (1448, 175.75),              # gates, GLU, H-SoftPOS, Tensor Chains
+    "anthe_lm_gpt2_small": (591, 105.375),     # Anthe as a language model
+    "anthe_base": (1406, 175.75),              # gates, GLU, H-SoftPOS, Tensor Chains
     "subformer_base": (1537, 175.625),         # SAFE and a wider sandwich
     "slim_transformer": (1522, 206.375),       # every option off: fairseq's transformer
     "transformer_lm": (565, 116.5),            # fairseq's, pre-norm

@@ -535,3 +535,39 @@ def test_chain_glu_that_materialises_follows_the_dense_rule():
         if not glu.w1.use_contraction(80):
             assert recompute_recipe(glu(x)) is not None
     torch.testing.assert_close(plain, lean)
+
+
+@pytest.mark.parametrize("module", ["gated self-attention", "chain GLU"])
+def test_an_input_read_by_several_products_is_cast_once_under_autocast(module):
+    """Under autocast a gated self-attention's input (read by W_A, W_C, the gate's product and
+    as A itself) and a chain GLU's input (read by w1 and w3) are cast to the compute dtype
+    once, not once per product; their gradients meet in that dtype and are cast back once."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from slim_fairseq.modules import tensor_chain_policy
+    from slim_fairseq.modules.attention import SlimMultiheadAttention
+    from slim_fairseq.specs import AttentionSpec
+    torch.manual_seed(0)
+    if module == "chain GLU":
+        layer = GLUProjection(64, 96, chain=ChainSpec(ratio=0.3))
+        x = torch.randn(2, 40, 64, requires_grad=True)
+        run = lambda: layer(x)  # noqa: E731
+    else:
+        layer = SlimMultiheadAttention(64, 4, self_attention=True, spec=AttentionSpec(
+            gate="qgv", chain=ChainSpec(ratio=0.3)))
+        x = torch.randn(40, 2, 64, requires_grad=True)
+        run = lambda: layer(x, x, x, need_weights=False)[0]  # noqa: E731
+
+    class Casts(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].shape == x.shape \
+                    and args[0].dtype == torch.float32:
+                Casts.count += 1
+            return func(*args, **(kwargs or {}))
+    with tensor_chain_policy.assume_target("cuda", torch.float16):
+        with torch.autocast("cpu", torch.float16), Casts():
+            out = run()
+        assert Casts.count == 1
+        out.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.float32

@@ -39,6 +39,7 @@ from slim_fairseq.modules.gate_function import gated_inputs
 from slim_fairseq.modules.gated_attention import gated_projection
 from slim_fairseq.modules.rope import RotaryEmbedding
 from slim_fairseq.modules.shaped_attention import shaped_mixing
+from slim_fairseq.modules.tc_autograd import in_autocast_dtype
 from slim_fairseq.modules.tensor_chain import TensorChainLinear, built_together
 from slim_fairseq.specs import PLAIN_ATTENTION, AttentionSpec
 
@@ -292,9 +293,10 @@ class SlimMultiheadAttention(nn.Module):
             if static_kv and "prev_key" in saved:
                 key = value = None
         if self.self_attention:
-            # one contiguous input (the first layer gets a transposed view), shared by every
-            # projection and the gate, instead of one copy per projection
-            key = value = query = query.contiguous()
+            # one contiguous input (the first layer gets a transposed view) in autocast's
+            # dtype, shared by every projection and the gate, instead of one copy and one cast
+            # per projection
+            key = value = query = in_autocast_dtype(query.contiguous())
         elif self.encoder_decoder_attention and key is not None:
             if self.beam_size > 1 and bsz == key.size(1):
                 # the encoder output is repeated per beam: keep one copy per sentence

@@ -12,9 +12,10 @@ projection. The attention module that applies the gates is
 """
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from slim_fairseq.modules.gate_function import gated
-from slim_fairseq.modules.tc_autograd import (forward_autocast, refuse_double_backward,
+from slim_fairseq.modules.tc_autograd import (as_dtype, forward_autocast, refuse_double_backward,
                                               remember_autocast)
 from slim_fairseq.modules.tensor_chain import TensorChainLinear
 
@@ -32,34 +33,35 @@ SAME_UNDER_NO_PATT = {"kgv": "qgv", "kgq": "vgq", "qgk": "vgk"}
 class GatedLinear(torch.autograd.Function):
     """``(x * gate) @ w + bias`` (``w`` [in, out]) keeping ``x`` and ``gate`` (which the gate and
     the other projections keep anyway), not their product; the product is recomputed for the
-    weight gradient. Same results as autograd through ``addmm``."""
+    weight gradient. As few ops each way as :class:`~.tc_autograd.MaterialisedLinear`: no
+    reshapes, the weight's gradient one ``tensordot`` over the leading dimensions, no casts of
+    tensors already in their dtype. Same results as autograd through ``addmm``."""
 
     @staticmethod
     def forward(ctx, x, gate, w, bias):
         remember_autocast(ctx, x)
         ctx.save_for_backward(x, gate, w)
         ctx.bias_dtype = None if bias is None else bias.dtype
-        xg = (x * gate).reshape(-1, w.shape[0])
-        y = torch.addmm(bias, xg, w) if bias is not None else xg @ w
-        return y.reshape(*x.shape[:-1], w.shape[1])
+        return F.linear(x * gate, w.t(), bias)
 
     @staticmethod
     def backward(ctx, grad):
         refuse_double_backward("gated attention projection")
         x, gate, w = ctx.saved_tensors
-        grad2d = grad.reshape(-1, w.shape[1])
+        needs = ctx.needs_input_grad
+        lead = tuple(range(grad.dim() - 1))
         grad_x = grad_gate = grad_w = grad_bias = None
         with forward_autocast(ctx):
-            if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-                grad_xg = (grad2d @ w.t()).reshape(x.shape)
-                if ctx.needs_input_grad[0]:
-                    grad_x = (grad_xg * gate).to(x.dtype)
-                if ctx.needs_input_grad[1]:
-                    grad_gate = (grad_xg * x).to(gate.dtype)
-            if ctx.needs_input_grad[2]:
-                grad_w = ((x * gate).reshape(-1, w.shape[0]).t() @ grad2d).to(w.dtype)
-        if ctx.bias_dtype is not None and ctx.needs_input_grad[3]:
-            grad_bias = grad2d.sum(0).to(ctx.bias_dtype)
+            if needs[0] or needs[1]:
+                grad_xg = torch.matmul(grad, w.t())
+                if needs[0]:
+                    grad_x = as_dtype(grad_xg * gate, x.dtype)
+                if needs[1]:
+                    grad_gate = as_dtype(grad_xg * x, gate.dtype)
+            if needs[2]:
+                grad_w = as_dtype(torch.tensordot(x * gate, grad, dims=(lead, lead)), w.dtype)
+        if ctx.bias_dtype is not None and needs[3]:
+            grad_bias = as_dtype(grad.sum(lead), ctx.bias_dtype)
         return grad_x, grad_gate, grad_w, grad_bias
 
 

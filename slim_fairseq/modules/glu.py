@@ -20,7 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from slim_fairseq.modules.glu_function import GLU_ACTIVATIONS, glu  # noqa: F401 (re-exported)
-from slim_fairseq.modules.tc_autograd import (chain_backward, forward_autocast, linear_input_of,
+from slim_fairseq.modules.tc_autograd import (chain_backward, forward_autocast, in_autocast_dtype,
+                                              linear_input_of,
                                               mark_recomputable, recompute_recipe,
                                               refuse_double_backward, remember_autocast)
 from slim_fairseq.modules.tc_contraction import contract_input
@@ -205,6 +206,7 @@ class GLUProjection(BackwardModeMixin, nn.Module):
             bias = None if self.w1.bias is None else torch.cat([self.w1.bias, self.w3.bias])
             h1, h3 = F.linear(x, weight, bias).chunk(2, dim=-1)
         else:
+            x = in_autocast_dtype(x)  # (one cast for both linears)
             with built_together((self.w1, self.w3), rows, x):
                 h1, h3 = self.w1(x), self.w3(x)
         if not self._recompute_activation(recompute):

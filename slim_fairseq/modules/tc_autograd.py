@@ -29,6 +29,16 @@ def _autocast_state(device_type):
     return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 
 
+def in_autocast_dtype(x):
+    """``x`` in autocast's dtype where autocast is on for its device (itself otherwise): one
+    cast for all the products that read ``x`` instead of one each, whose gradients then meet in
+    that dtype and are cast back once."""
+    enabled, dtype = _autocast_state(x.device.type)
+    if not enabled or x.dtype == dtype or not x.is_floating_point():
+        return x
+    return x.to(dtype)
+
+
 class ChainContraction(torch.autograd.Function):
     """``x2d @ W`` for the chain ``cores`` (first [a1, b, c1], middle [a, b, b, c], last
     [an, b, cn]) saving only ``x2d`` and the cores."""
@@ -251,14 +261,14 @@ class RecomputedInputLinear(torch.autograd.Function):
                 grad_x = torch.matmul(grad_out, w)
             if needs[1]:
                 x = ctx.recompute(*inputs).reshape(ctx.x_shape)
-                grad_w = _cast(torch.tensordot(grad_out, x, dims=(lead, lead)), w.dtype)
+                grad_w = as_dtype(torch.tensordot(grad_out, x, dims=(lead, lead)), w.dtype)
                 del x
         if bias is not None and needs[2]:
-            grad_bias = _cast(grad_out.sum(lead), bias.dtype)
+            grad_bias = as_dtype(grad_out.sum(lead), bias.dtype)
         return (grad_x, grad_w, grad_bias, None, None, *([None] * len(inputs)))
 
 
-def _cast(tensor, dtype):
+def as_dtype(tensor, dtype):
     """``tensor`` in ``dtype`` (itself when it is already)."""
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
@@ -298,7 +308,7 @@ class MaterialisedLinear(torch.autograd.Function):
                 grad_w = torch.tensordot(grad, x, dims=(lead, lead))
         if needs[2] and ctx.dtypes[1] is not None:
             grad_bias = grad.sum(lead)
-        return tuple(g if g is None else _cast(g, t)
+        return tuple(g if g is None else as_dtype(g, t)
                      for g, t in zip((grad_x, grad_w, grad_bias), (x.dtype, w.dtype, ctx.dtypes[1])))
 
 
