@@ -77,12 +77,17 @@ def part_times(build, models, shape=SHAPE, rounds=5, target=("cuda", torch.float
         return _part_times(build, models, shape, rounds)
 
 
-def _part_times(build, models, shape, rounds):
-    wanted = with_baselines(models)
-    result = {}
-    for arch, lm in wanted.items():
+def _eval_models(build, models, shape):
+    """(arch, whether a language model, task, model in eval mode) for ``models`` and their
+    baselines, each built at ``shape``."""
+    for arch, lm in with_baselines(models).items():
         _, task, model = build_at(build, arch, lm, shape)
-        model.eval()
+        yield arch, lm, task, model.eval()
+
+
+def _part_times(build, models, shape, rounds):
+    result = {}
+    for arch, lm, task, model in _eval_models(build, models, shape):
         spent = dict.fromkeys(PARTS, 0.0)
         layers = [0.0, 0.0]  # (the layers' calls, the parts' calls inside them)
         timed = _timed_modules(model.decoder)
@@ -168,9 +173,7 @@ def _choosing_as_on(target):
 def _step_times(build, models, shape, rounds):
     wanted = with_baselines(models)
     runners = {}
-    for arch, lm in wanted.items():
-        _, task, model = build_at(build, arch, lm, shape)
-        model.eval()
+    for arch, lm, task, model in _eval_models(build, models, shape):
         with torch.no_grad():
             runners[arch] = _decoder_step(model, lm, op_batch(task, lm, shape))
             runners[arch](shape.decode_steps)  # warm-up: first calls build caches
