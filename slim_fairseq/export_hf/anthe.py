@@ -107,27 +107,19 @@ def _adaptive_softmax(reader, module, out):
 
 def build(src, reader):
     """``(config values, state dict)`` of the :class:`SlimForCausalLM` of ``src``."""
-    from slim_fairseq.export_hf.seq2seq import _linear, _side
-    from slim_fairseq.modules.safe import SAFEOutputProjection
+    from slim_fairseq.export_hf.seq2seq import _output, _side
     model, args = src.model, src.args
     decoder = model.decoder
     out = {}
     values = _side(src, reader, "decoder", out, dst="model")
     table_name = values.pop("table")
-    projection = decoder.output_projection
-    safe_output, output_bias, adaptive, tied = "none", False, None, False
+    safe_output, output_bias, adaptive = "none", False, None
     if getattr(decoder, "adaptive_softmax", None) is not None:
         adaptive = _adaptive_softmax(reader, decoder.adaptive_softmax, out)
-    elif isinstance(projection, SAFEOutputProjection):  # E(W h + b), E the token table
-        _linear(reader, "decoder.output_projection.proj", "output_proj", out)
-        out["lm_head.weight"] = reader.take("decoder.output_projection.table.weight")
-        safe_output = "linear" if projection.activation_fn is None else "mlp"
     else:
-        tied = same_parameter(model, table_name, "decoder.output_projection.weight")
-        out["lm_head.weight"] = reader.take("decoder.output_projection.weight")
-        output_bias = reader.has("decoder.output_projection.bias")
-        if output_bias:
-            out["lm_head.bias"] = reader.take("decoder.output_projection.bias")
+        safe_output, output_bias = _output(src, reader, out)
+    tied = safe_output == "none" and adaptive is None and same_parameter(
+        model, table_name, "decoder.output_projection.weight")
     values.update(
         glu=bool(args.ffn_glu), hidden_act=args.activation_fn or "relu",
         rope_theta=float(args.rope_theta or 0),

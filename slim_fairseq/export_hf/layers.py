@@ -71,17 +71,33 @@ def copy_layer(reader, src, dst, out, cross=False):
     _layer_norm(reader, f"{src}.final_layer_norm", f"{dst}.final_layer_norm", out)
 
 
+def copy_linear(reader, src, dst, out):
+    """A linear layer into the custom code (its bias only if it has one); whether it has one."""
+    weight, bias = reader.linear(src)
+    out[f"{dst}.weight"] = weight
+    if bias is not None:
+        out[f"{dst}.bias"] = bias
+    return bias is not None
+
+
+def copy_attention(reader, src, dst, module, out, bias):
+    """An attention's projections into the custom code's ``q_proj``, ``k_proj``, ``v_proj``,
+    ``o_proj`` (an identity projection, ``--no-patt``, or a removed one has none); whether they
+    have biases into ``bias["attention"]``."""
+    for name, target in (("q_proj", "q_proj"), ("k_proj", "k_proj"), ("v_proj", "v_proj"),
+                         ("out_proj", "o_proj")):
+        if getattr(module, name, None) is not None:
+            bias["attention"] = copy_linear(reader, f"{src}.{name}", f"{dst}.{target}", out)
+
+
 def copy_mlp(reader, src_layer, dst_layer, glu, out):
     """A block's MLP (``fc1``, ``fc2``; a GLU's ``fc1.w1``, ``fc1.w3``) into the custom code's
     ``mlp`` of ``dst_layer``; whether its linears have biases."""
     names = (("fc1.w1", "w1"), ("fc1.w3", "w3"), ("fc2", "fc2")) if glu else (
         ("fc1", "fc1"), ("fc2", "fc2"))
     for name, target in names:
-        weight, bias = reader.linear(f"{src_layer}.{name}")
-        out[f"{dst_layer}.mlp.{target}.weight"] = weight
-        if bias is not None:
-            out[f"{dst_layer}.mlp.{target}.bias"] = bias
-    return bias is not None
+        has_bias = copy_linear(reader, f"{src_layer}.{name}", f"{dst_layer}.mlp.{target}", out)
+    return has_bias
 
 
 def copy_norm(reader, src, dst, out):

@@ -11,9 +11,9 @@ models (a sandwich at the model's own shape without SAFE stays FSMT or M2M100).
 The maths is the plugin's own files (:data:`.custom.MODULES`); :func:`check` is an allow-list:
 whatever else the model has is refused by name.
 """
-from slim_fairseq.export_hf.layers import (LAYER_NORM_EPS, attention_shape, copy_mlp,
-                                           no_projections, normformer_scales,
-                                           other_activation)
+from slim_fairseq.export_hf.layers import (LAYER_NORM_EPS, attention_shape, copy_attention,
+                                           copy_linear, copy_mlp, no_projections,
+                                           normformer_scales, other_activation)
 from slim_fairseq.export_hf.source import input_embedding, sinusoid_table
 from slim_fairseq.option_errors import option_error
 
@@ -91,33 +91,8 @@ def check(src):
     yield from normformer_scales(src.model.decoder, f"{WHAT} has no NormFormer scales")
 
 
-def _attention(reader, src_name, dst_name, module, out, bias):
-    for name, target in (("q_proj", "q_proj"), ("k_proj", "k_proj"), ("v_proj", "v_proj"),
-                         ("out_proj", "o_proj")):
-        if getattr(module, name, None) is None:  # an identity projection (--no-patt)
-            continue
-        weight, b = reader.linear(f"{src_name}.{name}")
-        out[f"{dst_name}.{target}.weight"] = weight
-        bias["attention"] = b is not None
-        if b is not None:
-            out[f"{dst_name}.{target}.bias"] = b
-
-
-def _linear(reader, src_name, dst_name, out):
-    weight, bias = reader.linear(src_name)
-    out[f"{dst_name}.weight"] = weight
-    if bias is not None:
-        out[f"{dst_name}.bias"] = bias
-
-
 def _norm(reader, src_name, dst_name, out):
-    weight, bias, eps = reader.norm(src_name)
-    out[f"{dst_name}.weight"], out[f"{dst_name}.bias"] = weight, bias
-    return eps
-
-
-def _block_norm(reader, src_name, dst_name, out):
-    """A block's norm or the final norm (LayerNorm, or RMSNorm: a weight only); its eps."""
+    """A norm into ``out`` (LayerNorm, or RMSNorm: a weight only); its eps."""
     weight, bias, eps = reader.norm(src_name)
     out[f"{dst_name}.weight"] = weight
     if bias is not None:
@@ -135,9 +110,9 @@ def _norm_values(args, eps):
 
 def _safe(reader, embed, prefix, dst, out):
     """SAFE's input side into ``out``; the shape of its attention."""
-    _attention(reader, f"{prefix}self_attn", f"{dst}.self_attn", embed.self_attn, out, {})
+    copy_attention(reader, f"{prefix}self_attn", f"{dst}.self_attn", embed.self_attn, out, {})
     for name in ("fc1", "fc2"):
-        _linear(reader, f"{prefix}{name}", f"{dst}.{name}", out)
+        copy_linear(reader, f"{prefix}{name}", f"{dst}.{name}", out)
     for name in ("self_attn_layer_norm", "output_layer_norm"):
         _norm(reader, f"{prefix}{name}", f"{dst}.{name}", out)
     heads, kv_heads, head_dim = attention_shape(embed.self_attn)
@@ -151,12 +126,12 @@ def _cross(reader, src_name, dst_name, module, out, bias):
     """A decoder layer's cross-attention, through a sandwich's projections if it has them."""
     from slim_fairseq.modules.sandwich import SandwichCrossAttention
     if not isinstance(module, SandwichCrossAttention):
-        return _attention(reader, src_name, dst_name, module, out, bias)
-    _linear(reader, f"{src_name}.to_model", f"{dst_name}.to_model.linear", out)
+        return copy_attention(reader, src_name, dst_name, module, out, bias)
+    copy_linear(reader, f"{src_name}.to_model", f"{dst_name}.to_model.linear", out)
     _norm(reader, f"{src_name}.to_model_norm", f"{dst_name}.to_model.layer_norm", out)
-    _attention(reader, f"{src_name}.attention", f"{dst_name}.attention", module.attention, out,
-               bias)
-    _linear(reader, f"{src_name}.to_middle", f"{dst_name}.to_middle", out)
+    copy_attention(reader, f"{src_name}.attention", f"{dst_name}.attention", module.attention,
+                   out, bias)
+    copy_linear(reader, f"{src_name}.to_middle", f"{dst_name}.to_middle", out)
     if module.to_middle_norm is not None:
         _norm(reader, f"{src_name}.to_middle_norm", f"{dst_name}.to_middle_norm", out)
 
@@ -255,20 +230,20 @@ def _side(src, reader, side, out, dst=None):
         src_layer, dst_layer = f"{side}.layers.{i}", f"{dst}.layers.{i}"
         if isinstance(layer, SandwichBoundaryLayer):  # into a wider middle, or out of it
             which = "up" if i == 0 else "down"
-            _linear(reader, f"{src_layer}.projection.linear", f"{dst}.{which}.linear", out)
+            copy_linear(reader, f"{src_layer}.projection.linear", f"{dst}.{which}.linear", out)
             _norm(reader, f"{src_layer}.projection.layer_norm", f"{dst}.{which}.layer_norm", out)
             layer, src_layer = layer.layer, f"{src_layer}.layer"
-        _attention(reader, f"{src_layer}.self_attn", f"{dst_layer}.self_attn", layer.self_attn,
-                   out, bias)
+        copy_attention(reader, f"{src_layer}.self_attn", f"{dst_layer}.self_attn",
+                       layer.self_attn, out, bias)
         if cross:
             _cross(reader, f"{src_layer}.encoder_attn", f"{dst_layer}.encoder_attn",
                    layer.encoder_attn, out, bias)
         bias["mlp"] = copy_mlp(reader, src_layer, dst_layer, args.ffn_glu, out)
         for norm in norms:
-            eps = _block_norm(reader, f"{src_layer}.{norm}", f"{dst_layer}.{norm}", out)
+            eps = _norm(reader, f"{src_layer}.{norm}", f"{dst_layer}.{norm}", out)
     pre_norm = bool(getattr(args, f"{side}_normalize_before"))
     if pre_norm:
-        _block_norm(reader, f"{side}.layer_norm", f"{dst}.norm", out)
+        _norm(reader, f"{side}.layer_norm", f"{dst}.norm", out)
     heads, kv_heads, head_dim = attention_shape(stack.layers[0].self_attn)
     values.update(
         vocab_size=out[f"{dst}.embed_tokens.table.weight"].size(0), hidden_size=width,
@@ -283,6 +258,19 @@ def _side(src, reader, side, out, dst=None):
     return values
 
 
+def _output(src, reader, out):
+    """The decoder's output projection into ``out`` (SAFE's ``W h + b`` then the token table,
+    or one linear, its bias if it has one); ``(safe_output, output_bias)`` of the config."""
+    from slim_fairseq.modules.safe import SAFEOutputProjection
+    projection = src.model.decoder.output_projection
+    if isinstance(projection, SAFEOutputProjection):  # E(W h + b), E the decoder's table
+        copy_linear(reader, "decoder.output_projection.proj", "output_proj", out)
+        out["lm_head.weight"] = reader.take("decoder.output_projection.table.weight")
+        return ("linear" if projection.activation_fn is None else "mlp"), False
+    has_bias = copy_linear(reader, "decoder.output_projection", "lm_head", out)
+    return "none", has_bias
+
+
 def build(src, reader):
     """``(config values, state dict)`` of the :class:`SlimForConditionalGeneration` of
     ``src``."""
@@ -292,18 +280,7 @@ def build(src, reader):
     decoder = _side(src, reader, "decoder", out)
     for side in (encoder, decoder):
         del side["table"]
-    from slim_fairseq.modules.safe import SAFEOutputProjection
-    projection = src.model.decoder.output_projection
-    safe_output, output_bias = "none", False
-    if isinstance(projection, SAFEOutputProjection):  # E(W h + b), E the decoder's table
-        _linear(reader, "decoder.output_projection.proj", "output_proj", out)
-        out["lm_head.weight"] = reader.take("decoder.output_projection.table.weight")
-        safe_output = "linear" if projection.activation_fn is None else "mlp"
-    else:
-        out["lm_head.weight"] = reader.take("decoder.output_projection.weight")
-        output_bias = reader.has("decoder.output_projection.bias")
-        if output_bias:
-            out["lm_head.bias"] = reader.take("decoder.output_projection.bias")
+    safe_output, output_bias = _output(src, reader, out)
     values = dict(
         decoder, glu=bool(args.ffn_glu), hidden_act=args.activation_fn or "relu",
         rope_theta=float(args.rope_theta or 0),

@@ -8,8 +8,8 @@ maths is the plugin's own files (:data:`.custom.MODULES`): ``rope.py``,
 ``shaped_attention.py``, ``skipless_block.py``, ``glu_function.py``.
 :func:`check` is an allow-list: whatever else the model has is refused by name.
 """
-from slim_fairseq.export_hf.layers import (attention_shape, copy_mlp, no_projections,
-                                           other_activation, same_parameter)
+from slim_fairseq.export_hf.layers import (attention_shape, copy_attention, copy_linear, copy_mlp,
+                                           no_projections, other_activation, same_parameter)
 from slim_fairseq.export_hf.source import input_embedding
 from slim_fairseq.option_errors import option_error
 
@@ -57,22 +57,12 @@ def build(src, reader):
     out = {}
     out["model.embed_tokens.table.weight"] = reader.take(embedding.table)
     tied = same_parameter(model, embedding.table, "decoder.output_projection.weight")
-    out["lm_head.weight"] = reader.take("decoder.output_projection.weight")
-    output_bias = reader.has("decoder.output_projection.bias")
-    if output_bias:
-        out["lm_head.bias"] = reader.take("decoder.output_projection.bias")
+    output_bias = copy_linear(reader, "decoder.output_projection", "lm_head", out)
     bias = {}
     for i, layer in enumerate(decoder.layers):
         src_layer, dst = f"decoder.layers.{i}", f"model.layers.{i}"
-        for name, target in (("q_proj", "q_proj"), ("k_proj", "k_proj"), ("v_proj", "v_proj"),
-                             ("out_proj", "o_proj")):
-            if getattr(layer.self_attn, name) is None:
-                continue
-            weight, b = reader.linear(f"{src_layer}.self_attn.{name}")
-            out[f"{dst}.self_attn.{target}.weight"] = weight
-            bias["attention"] = b is not None
-            if b is not None:
-                out[f"{dst}.self_attn.{target}.bias"] = b
+        copy_attention(reader, f"{src_layer}.self_attn", f"{dst}.self_attn", layer.self_attn,
+                       out, bias)
         for name in ("alpha", "beta", "gamma"):
             out[f"{dst}.self_attn.{name}"] = reader.take(f"{src_layer}.self_attn.{name}")
         bias["mlp"] = copy_mlp(reader, src_layer, dst, args.ffn_glu, out)

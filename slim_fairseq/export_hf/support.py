@@ -211,9 +211,15 @@ def _custom_code_for(src):
     custom = anthe if src.lm else seq2seq
     refusals = Refusals()
     check_known_techniques(src, refusals)
+    _check_custom(src, custom, refusals)
+    return custom, refusals
+
+
+def _check_custom(src, custom, refusals):
+    """Into ``refusals``: what no stock class holds that the ``custom`` code does not compute
+    either, and what its own allow-list refuses."""
     check_no_class(src, refusals, computed=custom.COMPUTES)
     refusals.each(custom.check, src)
-    return custom, refusals
 
 
 def _choose(src, refusals):
@@ -221,8 +227,7 @@ def _choose(src, refusals):
     check_known_techniques(src, refusals)
     for custom in (skipless, anthe, seq2seq):  # custom code: each with its own allow-list
         if custom.applies(src):
-            check_no_class(src, refusals, computed=custom.COMPUTES)
-            refusals.each(custom.check, src)
+            _check_custom(src, custom, refusals)
             return custom
     check_no_class(src, refusals)
     refusals.each(lambda src: normformer_scales(
