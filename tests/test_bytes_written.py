@@ -58,20 +58,12 @@ def test_a_fused_op_counts_what_its_cuda_kernel_writes():
     assert count_bytes(lambda: F.rms_norm(x, (32,), w)) == x.numel() * 4 + 60 * 4
 
 
-def test_the_script_prints_the_bytes_against_the_baseline(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    from helpers import TOOL_ENV
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(
-        [sys.executable, os.path.join(root, "scripts", "op_counts.py"), "--bytes", "--autocast",
-         "fp16", "--model", "anthe_lm_gpt2_small", "--dim", "32", "--ffn", "64", "--batch", "2",
-         "--length", "4"], capture_output=True, text=True, timeout=600,
-        env=dict(TOOL_ENV, OMP_NUM_THREADS="1"), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
+def test_the_script_prints_the_bytes_against_the_baseline(capsys):
+    from helpers import load_script
+    load_script("op_counts").main(["--bytes", "--autocast", "fp16", "--model",
+                                   "anthe_lm_gpt2_small", "--dim", "32", "--ffn", "64",
+                                   "--batch", "2", "--length", "4"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert rows[0] == "| model | against | MB per training step | × baseline |"
     assert rows[1].startswith("| transformer_lm | transformer_lm | ") and rows[1].endswith(" 1.00 |")
     assert rows[2].startswith("| anthe_lm_gpt2_small | transformer_lm | ")
