@@ -531,6 +531,29 @@ def test_chain_builds_its_weight_once_for_decoding(monkeypatch):
     assert len(built) == 5 and layer._inference_weight is None
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_chain_decoding_step_reads_parameters_from_their_dicts(monkeypatch, bias):
+    """A decoding step of a chain (W kept) reads its cores and bias without nn.Module's
+    ``__getattr__`` or ParameterList's indexing, which cost more Python than its one F.linear;
+    the result is the same."""
+    torch.manual_seed(0)
+    layer = TensorChainLinear(16, 24, bond=3, bias=bias, forward_mode="materialise").eval()
+    x = torch.randn(1, 1, 16)
+    with torch.no_grad():
+        first = layer(x)  # builds W
+        slow = []
+        real_getattr, real_getitem = nn.Module.__getattr__, nn.ParameterList.__getitem__
+        monkeypatch.setattr(nn.Module, "__getattr__",
+                            lambda self, name: slow.append(name) or real_getattr(self, name))
+        monkeypatch.setattr(nn.ParameterList, "__getitem__",
+                            lambda self, idx: slow.append(idx) or real_getitem(self, idx))
+        again = layer(x)
+    assert slow == []
+    expected = x @ layer.full_weight() + (layer.bias if bias else 0)
+    torch.testing.assert_close(first, expected)
+    torch.testing.assert_close(again, first)
+
+
 def test_anthe_decoding_builds_each_chain_once(monkeypatch):
     """Generation-sized steps of an Anthe model build every Tensor-Chain weight once, not once
     per step (the policy picks the built weight on CUDA; forced here on the CPU)."""

@@ -251,27 +251,33 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         return choice
 
     def forward(self, x):
-        shape = x.shape
-        reuse = not self.training and not (torch.is_grad_enabled() and self.cores[0].requires_grad)
+        # the parameters read from their dicts: through nn.Module.__getattr__ and
+        # ParameterList's indexing they cost more than the F.linear of a decoding step
+        cores = self._modules["cores"]._parameters
+        bias = self._parameters.get("bias")
+        grad = torch.is_grad_enabled()
+        reuse = not self.training and not (grad and cores["0"].requires_grad)
         if not self._contracts(x.numel() // self.in_features, x, reuse):
-            if not torch.is_grad_enabled():
+            if not grad:
                 # one op: F.linear with W in nn.Linear's layout (a view), no reshapes around it
-                return F.linear(x, self._linear_layout(reuse), self.bias)
+                return F.linear(x, self._linear_layout(reuse), bias)
             if recompute_recipe(x) is None:
-                return MaterialisedLinear.apply(x, self._linear_layout(reuse), self.bias)
-            return linear_input_of(x, self._linear_layout(reuse), self.bias)
+                return MaterialisedLinear.apply(x, self._linear_layout(reuse), bias)
+            return linear_input_of(x, self._linear_layout(reuse), bias)
+        shape = x.shape
+        cores = list(cores.values())
         x2d = x.reshape(-1, self.in_features)
-        recompute = torch.is_grad_enabled() and self.recompute_in_backward
+        recompute = grad and self.recompute_in_backward
         if recompute:
             # keeps only x2d (or what rebuilds it) and the cores for backward
-            y = chain_contract_input_of(x, x2d, list(self.cores))
+            y = chain_contract_input_of(x, x2d, cores)
         else:  # plain autograd keeps every intermediate (or no grad: nothing to keep)
-            y = contract_input(x2d, list(self.cores))
-        if self.bias is not None:
-            y = y + self.bias
+            y = contract_input(x2d, cores)
+        if bias is not None:
+            y = y + bias
         if recompute and self.rebuildable_output:
             return mark_recomputable(y.reshape(*shape[:-1], self.out_features), chain_value,
-                                     x2d, self.bias, *self.cores)
+                                     x2d, bias, *cores)
         return y.reshape(*shape[:-1], self.out_features)
 
     def _linear_layout(self, reuse):
