@@ -18,8 +18,8 @@ import time
 import torch
 
 from slim_fairseq.modules import tensor_chain_policy
-from slim_fairseq_lab.benchmark.op_count import (BASELINES, OpShape, build_at, op_batch,
-                                                  with_baselines)
+from slim_fairseq_lab.benchmark.op_count import (BASELINES, OpShape, build_at, decoder_steps,
+                                                  op_batch, with_baselines)
 
 #: the shape of the measurement: width 64, 3 layers (the fewest a sandwich takes), 4 heads, FFN 256, batch 1
 SHAPE = OpShape(dim=64, layers=3, heads=4, ffn=256, batch=1, length=32, decode_steps=32)
@@ -134,23 +134,10 @@ def parts_markdown(result):
 
 
 def _decoder_step(model, lm, sample):
-    """A function that decodes ``len`` steps from scratch and returns the time of each."""
-    net_input = sample["net_input"]
-    tokens = net_input["src_tokens"] if lm else net_input["prev_output_tokens"]
-    extra = {}
-    if not lm:
-        extra["encoder_out"] = model.encoder(net_input["src_tokens"],
-                                             src_lengths=net_input["src_lengths"])
-
-    def run(steps):
-        times, state = [], {}
-        clock = time.thread_time  # CPU time of this thread: waiting for a core is not counted
-        for t in range(steps):
-            start = clock()
-            model.decoder(tokens[:, :t + 1], incremental_state=state, **extra)
-            times.append(clock() - start)
-        return times
-    return run
+    """A function that decodes ``steps`` tokens from scratch and returns the time of each, in
+    CPU time of this thread (waiting for a core is not counted)."""
+    run = decoder_steps(model, lm, sample)
+    return lambda steps: run(steps, clock=time.thread_time)
 
 
 def step_times(build, models, shape=SHAPE, rounds=20, target=("cuda", torch.float16)):

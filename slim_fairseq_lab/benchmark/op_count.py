@@ -297,22 +297,36 @@ def _step_op_counts(model, criterion, sample, lm, shape, autocast=None):
     counts = {"train": count_ops(train)}
     model.zero_grad(set_to_none=True)
     model.eval()
-    net_input = sample["net_input"]
-    tokens = net_input["prev_output_tokens"] if not lm else net_input["src_tokens"]
     with torch.no_grad():
-        extra = {}
-        if not lm:
-            extra["encoder_out"] = model.encoder(net_input["src_tokens"],
-                                                 src_lengths=net_input["src_lengths"])
-
-        def decode():
-            state = {}
-            for t in range(shape.decode_steps):
-                model.decoder(tokens[:, :t + 1], incremental_state=state, **extra)
-
-        decode()
-        counts["decode"] = count_ops(decode, repeats=shape.decode_steps)
+        decode = decoder_steps(model, lm, sample)
+        decode(shape.decode_steps)
+        counts["decode"] = count_ops(lambda: decode(shape.decode_steps), repeats=shape.decode_steps)
     return counts
+
+
+def decoder_steps(model, lm, sample):
+    """``run(steps, clock=None)``: ``model``'s decoder decodes the first ``steps`` tokens of
+    ``sample`` (:func:`op_batch`) one incremental step at a time from an empty incremental
+    state, the encoder output (a translation model's) computed here, once; ``run`` returns
+    each step's time by ``clock`` (e.g. ``time.thread_time``; None: nothing timed, [])."""
+    net_input = sample["net_input"]
+    tokens = net_input["src_tokens"] if lm else net_input["prev_output_tokens"]
+    extra = {}
+    if not lm:
+        extra["encoder_out"] = model.encoder(net_input["src_tokens"],
+                                             src_lengths=net_input["src_lengths"])
+
+    def run(steps, clock=None):
+        times, state = [], {}
+        for t in range(steps):
+            if clock is None:
+                model.decoder(tokens[:, :t + 1], incremental_state=state, **extra)
+                continue
+            start = clock()
+            model.decoder(tokens[:, :t + 1], incremental_state=state, **extra)
+            times.append(clock() - start)
+        return times
+    return run
 
 
 #: one model of every family of the plugin, {arch: is a language model}: what
