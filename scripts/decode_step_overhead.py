@@ -4,11 +4,13 @@ shape, on the CPU at width 64 and batch 1 (a step bound by Python and op dispatc
 a small model's generation on a GPU), the models interleaved and each step's median reported.
 
     OMP_NUM_THREADS=1 python scripts/decode_step_overhead.py [--rounds 20] [--model ARCH ...]
+    OMP_NUM_THREADS=1 python scripts/decode_step_overhead.py --split [--rounds 20]
     OMP_NUM_THREADS=1 python scripts/decode_step_overhead.py --by-part [--rounds 10]
 
 prints a markdown table (µs per step, ratio against transformer_lm or transformer); with
---by-part, where a step's time goes (embedding, attentions, feed-forward, norms, the layers' own
-code, output projection, the rest), each model after the other. The library is
+--split, also the time inside torch's functions and the Python around them, each with its
+ratio; with --by-part, where a step's time goes (embedding, attentions, feed-forward, norms,
+the layers' own code, output projection, the rest), each model after the other. The library is
 slim_fairseq_lab.benchmark.decode_overhead; docs/GPU.md holds a run's tables.
 """
 import argparse
@@ -24,6 +26,9 @@ def get_parser():
                    help="interleaved rounds; each decodes --steps tokens per model (default 20)")
     p.add_argument("--by-part", action="store_true",
                    help="time each part of a step (the modules' calls) instead of whole steps")
+    p.add_argument("--split", action="store_true",
+                   help="also split each step into the time inside torch's functions (its "
+                        "recorded calls, replayed) and the Python around them")
     shape = decode_overhead.SHAPE
     for name in ("dim", "layers", "heads", "ffn"):
         p.add_argument("--" + name, type=int, default=getattr(shape, name),
@@ -40,6 +45,9 @@ def main(argv=None):
     if args.rounds < 1 or args.steps < 1:
         raise SystemExit(f"decode_step_overhead.py: --rounds={args.rounds}, --steps={args.steps}: "
                          "nothing to time; allowed: both >= 1")
+    if args.split and args.by_part:
+        raise SystemExit("decode_step_overhead.py: --split with --by-part: --split splits whole "
+                         "steps, --by-part times parts; allowed: one of them")
     archs = args.model or list(op_count.FAMILIES)
     known = contract.plugin_archs()
     unknown = [a for a in archs if a not in known]
@@ -57,7 +65,7 @@ def main(argv=None):
         result = decode_overhead.part_times(build, models, shape, rounds=args.rounds)
         print(decode_overhead.parts_markdown(result))
         return result
-    result = decode_overhead.step_times(build, models, shape, rounds=args.rounds)
+    result = decode_overhead.step_times(build, models, shape, rounds=args.rounds, split=args.split)
     print(decode_overhead.markdown(result))
     return result
 

@@ -64,3 +64,50 @@ def test_a_step_is_split_into_parts_that_sum_to_it():
     # the models are left as they were: no timer stays on a module
     assert len(built) == 3
     assert all("forward" not in vars(m) for model in built for m in model.modules())
+
+
+def test_replaying_a_steps_recorded_torch_calls_recomputes_its_output():
+    """The split's torch time replays what a step called: the recorded calls of a decoding step,
+    run again, compute the step's output again."""
+    import torch
+    from slim_fairseq_lab.benchmark.op_count import decoder_steps, op_batch, shape_argv
+    shape = OpShape(dim=32, layers=3, heads=4, ffn=64, batch=1, length=3, decode_steps=3)
+    for arch, lm in (("anthe_base", False), ("stlm_tied", True)):
+        _, task, model = build(arch, shape_argv(lm, shape), lm)
+        model.eval()
+        with torch.no_grad():
+            run = decoder_steps(model, lm, op_batch(task, lm, shape))
+            state = {}
+            run.step(0, state)
+            run.step(1, state)
+            with decode_overhead.TorchCalls() as calls:
+                logits = run.step(2, state)[0]
+            results = decode_overhead.replay(calls.calls)
+        assert len(calls.calls) > 20, arch
+        again = [r for r in results if isinstance(r, torch.Tensor) and r.shape == logits.shape]
+        assert again and torch.equal(again[-1], logits), arch
+        assert not any(r is logits for r in again), arch  # computed anew, not the recorded tensor
+
+
+def test_a_split_step_is_timed_as_torch_calls_and_python():
+    shape = OpShape(dim=32, layers=3, heads=4, ffn=64, batch=1, length=3, decode_steps=3)
+    result = decode_overhead.step_times(build, {"anthe_base": False}, shape, rounds=2, split=True)
+    assert set(result) == {"anthe_base", "transformer"}
+    for arch, r in result.items():
+        assert r["torch_s"] > 0 and r["python_s"] > 0 and r["steps"] == 2 * 3
+        base = result[r["against"]]
+        assert abs(r["python_ratio"] - r["python_s"] / base["python_s"]) < 1e-12
+        assert abs(r["torch_ratio"] - r["torch_s"] / base["torch_s"]) < 1e-12
+    table = decode_overhead.markdown(result).splitlines()
+    assert "in torch's calls (µs)" in table[0] and "Python (µs)" in table[0]
+    assert table[1].count("---") == table[0].count("|") - 1 == 9
+    assert all(line.count("|") == table[0].count("|") for line in table)
+
+
+def test_split_with_by_part_is_refused_in_one_line():
+    import pytest
+    from helpers import load_script
+    with pytest.raises(SystemExit) as refused:
+        load_script("decode_step_overhead").main(["--split", "--by-part", "--rounds", "1"])
+    assert str(refused.value) == ("decode_step_overhead.py: --split with --by-part: --split "
+                                  "splits whole steps, --by-part times parts; allowed: one of them")

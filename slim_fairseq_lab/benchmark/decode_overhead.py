@@ -10,12 +10,18 @@ of them alike; each model's figure is the median of its per-step times over all 
 ratio is that median over the median of fairseq's model of its task. Each step is timed in CPU
 time of the thread (``time.thread_time``), not wall time: on a loaded machine the time spent
 waiting for a core is left out (what it does to caches is not).
+
+With ``split``, a step is also split into the time inside torch's functions and the Python
+around them: each step's calls of torch functions (the outermost ones, as ``__torch_function__``
+sees them: ``F.linear``, ``Tensor.view``, ``torch.cat``, a tensor's ``dtype``...) are recorded
+once with their arguments and replayed, timed, in every round; the rest of the step is Python.
 """
 import contextlib
 import statistics
 import time
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from slim_fairseq.modules import tensor_chain_policy
 from slim_fairseq_lab.benchmark.op_count import (BASELINES, OpShape, build_at, decoder_steps,
@@ -106,12 +112,13 @@ def _part_times(build, models, shape, rounds):
                         layers[1] += took if in_layer else 0.0
             return run
         with torch.no_grad():
-            run = _decoder_step(model, lm, op_batch(task, lm, shape))
-            run(shape.decode_steps)  # warm-up: first calls build caches
+            decode = decoder_steps(model, lm, op_batch(task, lm, shape))
+            decode(shape.decode_steps)  # warm-up: first calls build caches
             for module, part, in_layer in timed:
                 module.forward = timer(module.forward, part, in_layer)
             try:
-                total = sum(sum(run(shape.decode_steps)) for _ in range(rounds))
+                total = sum(sum(decode(shape.decode_steps, clock=time.thread_time))
+                            for _ in range(rounds))
             finally:
                 for module, _, _ in timed:
                     del module.forward
@@ -133,22 +140,67 @@ def parts_markdown(result):
     return "\n".join(lines)
 
 
-def _decoder_step(model, lm, sample):
-    """A function that decodes ``steps`` tokens from scratch and returns the time of each, in
-    CPU time of this thread (waiting for a core is not counted)."""
-    run = decoder_steps(model, lm, sample)
-    return lambda steps: run(steps, clock=time.thread_time)
+class TorchCalls(TorchFunctionMode):
+    """Inside, records each call of a torch function with its arguments in :attr:`calls`
+    (the outermost calls only: what a recorded function calls itself is not recorded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.calls.append((func, args, kwargs))
+        return func(*args, **kwargs)
 
 
-def step_times(build, models, shape=SHAPE, rounds=20, target=("cuda", torch.float16)):
+def replay(calls):
+    """Runs recorded ``calls`` (:class:`TorchCalls`) again; returns their results."""
+    return [func(*args, **kwargs) for func, args, kwargs in calls]
+
+
+def _recorded_steps(run, steps):
+    """The torch calls of each of ``steps`` steps of ``run`` (:func:`~.op_count.decoder_steps`),
+    decoded from an empty incremental state of their own."""
+    recorded, state = [], {}
+    for t in range(steps):
+        with TorchCalls() as calls:
+            run.step(t, state)
+        recorded.append(calls.calls)
+    return recorded
+
+
+def _replay_times(recorded):
+    """CPU time of the thread replaying each step's recorded calls. In-place calls act on the
+    recorded tensors again (a scaling, repeated, would reach subnormal floats, which x86 runs
+    slowly: flushed to zero here)."""
+    times, clock = [], time.thread_time
+    flushed = torch.set_flush_denormal(True)
+    try:
+        for calls in recorded:
+            start = clock()
+            for func, args, kwargs in calls:
+                func(*args, **kwargs)
+            times.append(clock() - start)
+    finally:
+        if flushed:
+            torch.set_flush_denormal(False)
+    return times
+
+
+def step_times(build, models, shape=SHAPE, rounds=20, target=("cuda", torch.float16),
+               split=False):
     """{arch: {"median_s": seconds per step, "ratio": against its baseline, "against": the
     baseline, "steps": steps timed}} for ``models`` ({arch: is a language model}) and fairseq's
     baselines, each built at ``shape`` by ``build(arch, overrides, lm) -> (args, task, model)``,
     timed on the CPU in eval mode without gradients, interleaved over ``rounds`` rounds; Tensor
     Chains choose as on ``target`` (as :func:`~.op_count.step_op_counts`: W built once and
-    multiplied by, as on CUDA; None: as on the CPU)."""
+    multiplied by, as on CUDA; None: as on the CPU). With ``split``, also "torch_s" (the median
+    replay of a step's recorded torch calls, timed in the same rounds), "python_s" (the median,
+    over steps, of a step's time less its replay's) and their ratios "torch_ratio" and
+    "python_ratio"."""
     with _choosing_as_on(target):
-        return _step_times(build, models, shape, rounds)
+        return _step_times(build, models, shape, rounds, split)
 
 
 def _choosing_as_on(target):
@@ -157,35 +209,55 @@ def _choosing_as_on(target):
     return contextlib.nullcontext() if target is None else tensor_chain_policy.assume_target(*target)
 
 
-def _step_times(build, models, shape, rounds):
+def _step_times(build, models, shape, rounds, split=False):
     wanted = with_baselines(models)
-    runners = {}
+    runners, recorded = {}, {}
     for arch, lm, task, model in _eval_models(build, models, shape):
         with torch.no_grad():
-            runners[arch] = _decoder_step(model, lm, op_batch(task, lm, shape))
-            runners[arch](shape.decode_steps)  # warm-up: first calls build caches
+            run = decoder_steps(model, lm, op_batch(task, lm, shape))
+            run(shape.decode_steps)  # warm-up: first calls build caches
+            runners[arch] = run
+            if split:
+                recorded[arch] = _recorded_steps(run, shape.decode_steps)
     times = {arch: [] for arch in wanted}
+    replays = {arch: [] for arch in recorded}
     order = list(wanted)
     with torch.no_grad():
         for r in range(rounds):
             for arch in order[r % len(order):] + order[:r % len(order)]:
-                times[arch] += runners[arch](shape.decode_steps)
+                times[arch] += runners[arch](shape.decode_steps, clock=time.thread_time)
+                if split:
+                    replays[arch] += _replay_times(recorded[arch])
     result = {}
     for arch, lm in wanted.items():
         result[arch] = {"median_s": statistics.median(times[arch]), "steps": len(times[arch]),
                         "against": BASELINES[lm][0]}
+        if split:
+            result[arch]["torch_s"] = statistics.median(replays[arch])
+            result[arch]["python_s"] = statistics.median(
+                step - calls for step, calls in zip(times[arch], replays[arch]))
     for arch in wanted:
-        result[arch]["ratio"] = result[arch]["median_s"] / result[result[arch]["against"]]["median_s"]
+        base = result[result[arch]["against"]]
+        for key, ratio in (("median_s", "ratio"), ("torch_s", "torch_ratio"),
+                           ("python_s", "python_ratio")):
+            if key in base:
+                result[arch][ratio] = result[arch][key] / base[key]
     return result
 
 
 def markdown(result):
     """A markdown table of :func:`step_times`: per model, µs per step and the ratio."""
-    lines = ["| model | against | µs per step (median) | × baseline | steps timed |",
-             "|---|---|---|---|---|"]
+    split = all("python_s" in r for r in result.values())
+    head = "| model | against | µs per step (median) | × baseline |"
+    if split:
+        head += " in torch's calls (µs) | × baseline | Python (µs) | × baseline |"
+    lines = [head + " steps timed |", "|---" * head.count("|") + "|"]
     baselines = sorted({r["against"] for r in result.values()})
     for arch in baselines + [a for a in result if a not in baselines]:
         r = result[arch]
-        lines.append(f"| {arch} | {r['against']} | {r['median_s'] * 1e6:,.0f} | {r['ratio']:.2f} | "
-                     f"{r['steps']} |")
+        line = f"| {arch} | {r['against']} | {r['median_s'] * 1e6:,.0f} | {r['ratio']:.2f} |"
+        if split:
+            line += (f" {r['torch_s'] * 1e6:,.0f} | {r['torch_ratio']:.2f} |"
+                     f" {r['python_s'] * 1e6:,.0f} | {r['python_ratio']:.2f} |")
+        lines.append(line + f" {r['steps']} |")
     return "\n".join(lines)

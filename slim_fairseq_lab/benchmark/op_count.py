@@ -308,7 +308,8 @@ def decoder_steps(model, lm, sample):
     """``run(steps, clock=None)``: ``model``'s decoder decodes the first ``steps`` tokens of
     ``sample`` (:func:`op_batch`) one incremental step at a time from an empty incremental
     state, the encoder output (a translation model's) computed here, once; ``run`` returns
-    each step's time by ``clock`` (e.g. ``time.thread_time``; None: nothing timed, [])."""
+    each step's time by ``clock`` (e.g. ``time.thread_time``; None: nothing timed, []).
+    ``run.step(t, state)`` runs step ``t`` alone on an incremental state ``state``."""
     net_input = sample["net_input"]
     tokens = net_input["src_tokens"] if lm else net_input["prev_output_tokens"]
     extra = {}
@@ -316,16 +317,20 @@ def decoder_steps(model, lm, sample):
         extra["encoder_out"] = model.encoder(net_input["src_tokens"],
                                              src_lengths=net_input["src_lengths"])
 
+    def step(t, state):
+        return model.decoder(tokens[:, :t + 1], incremental_state=state, **extra)
+
     def run(steps, clock=None):
         times, state = [], {}
         for t in range(steps):
             if clock is None:
-                model.decoder(tokens[:, :t + 1], incremental_state=state, **extra)
+                step(t, state)
                 continue
             start = clock()
-            model.decoder(tokens[:, :t + 1], incremental_state=state, **extra)
+            step(t, state)
             times.append(clock() - start)
         return times
+    run.step = step  # (t, incremental state) -> the decoder's output: one step, untimed
     return run
 
 
