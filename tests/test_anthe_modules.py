@@ -554,6 +554,37 @@ def test_chain_decoding_step_reads_parameters_from_their_dicts(monkeypatch, bias
     torch.testing.assert_close(again, first)
 
 
+def test_chain_decoding_step_answer_follows_mode_rows_and_data(monkeypatch):
+    """A decoding step's kept answer (multiply by the kept W, or contract) is asked again when
+    --tc-forward, the number of rows or a core's data changes."""
+    import slim_fairseq.modules.tensor_chain as tensor_chain
+    contracted = []
+    real = tensor_chain.contract_input
+    monkeypatch.setattr(tensor_chain, "contract_input",
+                        lambda x, cores: contracted.append(x.shape[0]) or real(x, cores))
+    torch.manual_seed(0)
+    layer = TensorChainLinear(16, 24, bond=3, forward_mode="materialise").eval()
+    x = torch.randn(1, 1, 16)
+    with torch.no_grad():
+        layer(x)
+        layer.forward_mode = "contract"
+        torch.testing.assert_close(layer(x), x @ layer.full_weight() + layer.bias)
+        assert contracted == [1]
+        layer.forward_mode = "auto"
+        wide = TensorChainLinear(512, 32000, bond=8).eval()  # contracts one row, not 4,096
+        assert wide.use_contraction(1) and not wide.use_contraction(4096)
+        wide(torch.randn(1, 512))
+        assert contracted == [1, 1]
+        wide(torch.randn(4096, 512))
+        assert contracted == [1, 1]
+        layer.forward_mode = "materialise"
+        layer(x)
+        version = layer.cores[1]._version
+        layer.cores[1].data = torch.randn_like(layer.cores[1])  # new data, same version
+        assert layer.cores[1]._version == version
+        torch.testing.assert_close(layer(x), x @ layer.full_weight() + layer.bias)
+
+
 def test_anthe_decoding_builds_each_chain_once(monkeypatch):
     """Generation-sized steps of an Anthe model build every Tensor-Chain weight once, not once
     per step (the policy picks the built weight on CUDA; forced here on the CPU)."""

@@ -108,6 +108,20 @@ def _core_std(target_std, bond, length):
     return (target_std ** 2 / bond ** (length - 1)) ** (1.0 / (2 * length))
 
 
+def _cores_key(cores):
+    """What a W built from ``cores`` (a ParameterList's parameter dict) depends on: the autocast
+    state of their device, then each core's pointer, version and dtype (a flat list: a few times
+    cheaper to build and compare than tuples)."""
+    first = cores["0"]
+    device_type = "cuda" if first.is_cuda else "cpu" if first.is_cpu else first.device.type
+    autocast = (device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type)
+                and torch.get_autocast_dtype(device_type))
+    key = [autocast]
+    for core in cores.values():
+        key += (core.data_ptr(), core._version, core.dtype)
+    return key
+
+
 class TensorChainLinear(BackwardModeMixin, nn.Module):
     """Drop-in replacement for ``nn.Linear(in_features, out_features)`` whose weight is a
     Tensor Chain (docs/TECHNIQUES.md#tensor-chain). Give either ``ratio`` (TC params / dense params, bond solved by
@@ -123,9 +137,9 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
     # marked so that a Tensor-Chain fc2 can rebuild it from this layer's input in backward
     rebuildable_output = False
     # kept between calls, not state: W while decoding (:meth:`inference_weight`), its
-    # nn.Linear-layout view, the contraction choices per shape, the group of
-    # :func:`built_together` this chain is in
-    _inference_weight = _linear_layout_of = _kept_choices = _group = None
+    # nn.Linear-layout view, the contraction choices per shape, a decoding step's answer
+    # (:meth:`_step_weight`), the group of :func:`built_together` this chain is in
+    _inference_weight = _linear_layout_of = _kept_choices = _kept_step = _group = None
 
     def __init__(self, in_features, out_features, ratio=None, bond=None, length=2, bias=True,
                  init_std=None, forward_mode="auto", min_bond=0):
@@ -182,22 +196,33 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         decoding step then multiplies by W instead of rebuilding it). Training mode, or a
         gradient through the cores, builds W at every call."""
         cores = self._modules["cores"]._parameters  # (not ParameterList's slower indexing)
-        first = cores["0"]
-        if self.training or (torch.is_grad_enabled() and first.requires_grad):
+        if self.training or (torch.is_grad_enabled() and cores["0"].requires_grad):
             return self.full_weight()
-        device_type = "cuda" if first.is_cuda else "cpu" if first.is_cpu else first.device.type
-        autocast = (device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type)
-                    and torch.get_autocast_dtype(device_type))
-        key = [autocast]  # (a flat list: a few times cheaper to build and compare than tuples)
-        for core in cores.values():
-            key += (core.data_ptr(), core._version, core.dtype)
+        key = _cores_key(cores)
         cached = self._inference_weight
         if cached is None or cached[0] != key:
             cached = self._inference_weight = (key, self.full_weight())
         return cached[1]
 
+    def _step_weight(self, x, cores):
+        """For a call in eval mode without gradients: W in ``nn.Linear``'s layout to multiply
+        ``x`` by, or None where the chain contracts ``x``. Kept under one key (the cores' state,
+        as :meth:`inference_weight` keys W, then the rows, the policy's target and
+        ``forward_mode``, as :meth:`_contracts` keys its choice), so that a decoding step
+        checks once what the two check."""
+        key = _cores_key(cores)
+        rows = x.numel() // self.in_features
+        key += (rows, tensor_chain_policy.target(x), self.forward_mode)
+        kept = self._kept_step
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        weight = None if self._contracts(rows, x, True) else self._linear_layout(True)
+        self._kept_step = (key, weight)
+        return weight
+
     def train(self, mode=True):
-        self._inference_weight = self._linear_layout_of = None  # parameters change in training
+        # parameters change in training
+        self._inference_weight = self._linear_layout_of = self._kept_step = None
         return super().train(mode)
 
     @property
@@ -256,14 +281,19 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         cores = self._modules["cores"]._parameters
         bias = self._parameters.get("bias")
         grad = torch.is_grad_enabled()
-        reuse = not self.training and not (grad and cores["0"].requires_grad)
-        if not self._contracts(x.numel() // self.in_features, x, reuse):
-            if not grad:
+        if not grad and not self.training:  # e.g. a decoding step
+            weight = self._step_weight(x, cores)
+            if weight is not None:
                 # one op: F.linear with W in nn.Linear's layout (a view), no reshapes around it
-                return F.linear(x, self._linear_layout(reuse), bias)
-            if recompute_recipe(x) is None:
-                return MaterialisedLinear.apply(x, self._linear_layout(reuse), bias)
-            return linear_input_of(x, self._linear_layout(reuse), bias)
+                return F.linear(x, weight, bias)
+        else:
+            reuse = not self.training and not (grad and cores["0"].requires_grad)
+            if not self._contracts(x.numel() // self.in_features, x, reuse):
+                if not grad:
+                    return F.linear(x, self._linear_layout(reuse), bias)
+                if recompute_recipe(x) is None:
+                    return MaterialisedLinear.apply(x, self._linear_layout(reuse), bias)
+                return linear_input_of(x, self._linear_layout(reuse), bias)
         shape = x.shape
         cores = list(cores.values())
         x2d = x.reshape(-1, self.in_features)
