@@ -452,6 +452,22 @@ def test_hsoftpos_incremental_equals_full_and_reorders(levels):
     assert torch.allclose(step, module(longer)[:, -1:], atol=1e-5)
 
 
+def test_hsoftpos_stores_its_cache_once_and_updates_it_in_place(monkeypatch):
+    """The convolution inputs live in one dict the incremental state holds: stored at the first
+    step, updated in place at the others (fairseq's key lookup and store cost Python a step)."""
+    torch.manual_seed(0)
+    module = _hsoftpos(levels=3)
+    tokens = torch.randint(4, 40, (2, 5))
+    stored = []
+    real = HSoftPOSEmbedding.set_incremental_state
+    monkeypatch.setattr(HSoftPOSEmbedding, "set_incremental_state",
+                        lambda self, state, key, value: stored.append(key) or real(self, state, key, value))
+    state = {}
+    steps = [module(tokens[:, : t + 1], incremental_state=state) for t in range(5)]
+    assert stored == ["conv_inputs"]
+    assert torch.allclose(torch.cat(steps, dim=1), module(tokens), atol=1e-5)
+
+
 def test_hsoftpos_is_causal():
     torch.manual_seed(0)
     module = _hsoftpos(levels=3)

@@ -106,11 +106,16 @@ class HSoftPOSEmbedding(nn.Module):
         if position is not None:
             x = x + position
         keep = token.ne(self.padding_idx).unsqueeze(-1)
-        # {level: (B, (K-1) dilation, C_in)}: the convolution inputs of earlier steps
-        cache = self.get_incremental_state(incremental_state, "conv_inputs") or {}
+        # {level: (B, (K-1) dilation, C_in)}: the convolution inputs of earlier steps, updated in
+        # place (the state holds this dict itself: stored once, at the first step)
+        cache = self.get_incremental_state(incremental_state, "conv_inputs")
+        first = cache is None
+        if first:
+            cache = {}
         out = hsoftpos_levels(x, keep, self.convs, self.dilations, self.softpos, self.n_sp,
                               histories=cache)
-        self.set_incremental_state(incremental_state, "conv_inputs", cache)
+        if first:
+            self.set_incremental_state(incremental_state, "conv_inputs", cache)
         return out
 
     def reorder_incremental_state(self, incremental_state, new_order):
