@@ -355,11 +355,11 @@ class SlimDecoderLayer(_Block, TransformerDecoderLayerBase):
             x = self.self_attn_layer_norm(x)
         if prev_self_attn_state is not None:
             _restore_state(self.self_attn, incremental_state, prev_self_attn_state)
-        _self_attn_input_buffer = self.self_attn._get_input_buffer(incremental_state)
+        # (the self-attention's cache is only looked up where cross-self-attention reads it)
         if self.cross_self_attention and not (
             incremental_state is not None
-            and _self_attn_input_buffer is not None
-            and "prev_key" in _self_attn_input_buffer
+            and (buffer := self.self_attn._get_input_buffer(incremental_state)) is not None
+            and "prev_key" in buffer
         ):
             if self_attn_mask is not None:
                 assert encoder_out is not None

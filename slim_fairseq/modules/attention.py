@@ -314,11 +314,12 @@ class SlimMultiheadAttention(nn.Module):
         q = _heads(q, self.num_heads, self.head_dim)
         if k is not None:
             k, v = _heads(k, self.kv_heads, self.head_dim), _heads(v, self.kv_heads, self.head_dim)
-        if self.rope is not None or self._position_hooks:
+        rope = self.rope  # (one module lookup: nn.Module.__getattr__ costs Python per access)
+        if rope is not None or self._position_hooks:
             past = 0 if saved is None or saved.get("prev_key") is None else saved["prev_key"].size(2)
-            if self.rope is not None:
-                rows = self.rope.rows(q, past)
-                q, k = self.rope.rotate(q, *rows), self.rope.rotate(k, *rows)
+            if rope is not None:
+                rows = rope.rows(q, past)
+                q, k = rope.rotate(q, *rows), rope.rotate(k, *rows)
             for extension in self._position_hooks:
                 q, k = extension.queries_keys(q, k, past)
 
@@ -361,8 +362,9 @@ class SlimMultiheadAttention(nn.Module):
             attn = self._fused_attention(q, k, v, attn_mask, key_padding_mask, kv_bsz)
         for extension in self._output_hooks:
             attn = extension.output(attn, attention_input)
-        if self.out_proj is not None:
-            attn = self.out_proj(attn)
+        out_proj = self.out_proj
+        if out_proj is not None:
+            attn = out_proj(attn)
         return attn, weights
 
     def _add_score_biases(self, attn_mask, tgt_len, src_len, q):
