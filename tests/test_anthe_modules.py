@@ -601,6 +601,27 @@ def test_chain_decoding_step_answer_follows_mode_rows_and_data(monkeypatch):
         torch.testing.assert_close(layer(x), x @ layer.full_weight() + layer.bias)
 
 
+def test_frozen_chain_keeps_its_weight_and_passes_input_gradients(monkeypatch):
+    """In eval mode with gradients recorded but frozen cores (a gradient wanted for the input
+    only), a chain multiplies by W built once, as in decoding, and the input's gradient is
+    the dense layer's."""
+    import slim_fairseq.modules.tensor_chain as tensor_chain
+    built = []
+    real = tensor_chain.materialise
+    monkeypatch.setattr(tensor_chain, "materialise", lambda cores: built.append(1) or real(cores))
+    torch.manual_seed(0)
+    layer = TensorChainLinear(16, 24, bond=3, forward_mode="materialise").eval()
+    layer.cores.requires_grad_(False)
+    weight = real(list(layer.cores))
+    for _ in range(3):
+        x = torch.randn(2, 3, 16, requires_grad=True)
+        y = layer(x)
+        torch.testing.assert_close(y, x @ weight + layer.bias)
+        y.square().sum().backward()
+        torch.testing.assert_close(x.grad, (2 * y.detach()) @ weight.t())
+    assert len(built) == 1
+
+
 def test_anthe_decoding_builds_each_chain_once(monkeypatch):
     """Generation-sized steps of an Anthe model build every Tensor-Chain weight once, not once
     per step (the policy picks the built weight on CUDA; forced here on the CPU)."""

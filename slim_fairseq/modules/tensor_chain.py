@@ -136,10 +136,10 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
     # set on a feed-forward's fc1 (the layer does it): in training, the contracted output is
     # marked so that a Tensor-Chain fc2 can rebuild it from this layer's input in backward
     rebuildable_output = False
-    # kept between calls, not state: W while decoding (:meth:`inference_weight`), its
-    # nn.Linear-layout view, the contraction choices per shape, a decoding step's answer
-    # (:meth:`_step_weight`), the group of :func:`built_together` this chain is in
-    _inference_weight = _linear_layout_of = _kept_choices = _kept_step = _group = None
+    # kept between calls, not state: W while decoding (:meth:`inference_weight`), the answer
+    # of a call while W is kept (:meth:`_kept_weight`), the group of :func:`built_together`
+    # this chain is in
+    _inference_weight = _kept_step = _group = None
 
     def __init__(self, in_features, out_features, ratio=None, bond=None, length=2, bias=True,
                  init_std=None, forward_mode="auto", min_bond=0):
@@ -204,25 +204,25 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
             cached = self._inference_weight = (key, self.full_weight())
         return cached[1]
 
-    def _step_weight(self, x, cores):
-        """For a call in eval mode without gradients: W in ``nn.Linear``'s layout to multiply
-        ``x`` by, or None where the chain contracts ``x``. Kept under one key (the cores' state,
-        as :meth:`inference_weight` keys W, then the rows, the policy's target and
-        ``forward_mode``, as :meth:`_contracts` keys its choice), so that a decoding step
-        checks once what the two check."""
+    def _kept_weight(self, x, cores):
+        """For a call while W is kept (eval mode, no gradient through the cores; e.g. a
+        decoding step): :meth:`inference_weight` in ``nn.Linear``'s layout (a view) to multiply
+        ``x`` by, or None where the chain contracts ``x``. The answer is kept under one key
+        (the cores' state, as :meth:`inference_weight` keys W, then the rows, the policy's
+        target and ``forward_mode``), so that a step checks once and skips the policy."""
         key = _cores_key(cores)
         rows = x.numel() // self.in_features
         key += (rows, tensor_chain_policy.target(x), self.forward_mode)
         kept = self._kept_step
         if kept is not None and kept[0] == key:
             return kept[1]
-        weight = None if self._contracts(rows, x, True) else self._linear_layout(True)
+        contracts = self.use_contraction(rows, x, weight_built=True)
+        weight = None if contracts else self.inference_weight().t()
         self._kept_step = (key, weight)
         return weight
 
     def train(self, mode=True):
-        # parameters change in training
-        self._inference_weight = self._linear_layout_of = self._kept_step = None
+        self._inference_weight = self._kept_step = None  # parameters change in training
         return super().train(mode)
 
     @property
@@ -245,10 +245,6 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
             cols *= c
         return na * nc * ((0 if weight_built else b) + rows) / (rows * contract_cost)
 
-    def reuses_weight(self):
-        """Whether :meth:`inference_weight` keeps W (eval mode, no gradient recorded)."""
-        return not self.training and not (torch.is_grad_enabled() and self.cores[0].requires_grad)
-
     def use_contraction(self, rows, like=None, weight_built=False):
         """Whether to contract the input rather than multiply by W for this many rows: as
         ``forward_mode`` says, or for "auto" as the policy of the device and compute dtype of
@@ -261,39 +257,26 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
         return tensor_chain_policy.contract_pays(self.cost_ratio(rows, weight_built), materialise_macs, rows,
                                                  *tensor_chain_policy.target(self.cores[0] if like is None else like))
 
-    def _contracts(self, rows, x, reuse):
-        """:meth:`use_contraction` for ``rows`` rows of ``x``; while W is kept (decoding), the
-        answer is kept per rows, target and ``forward_mode`` (a step then skips the policy)."""
-        if not reuse:
-            return self.use_contraction(rows, x)
-        key = (rows, tensor_chain_policy.target(x), self.forward_mode)
-        if self._kept_choices is None:
-            self._kept_choices = {}
-        kept = self._kept_choices
-        choice = kept.get(key)
-        if choice is None:
-            choice = kept[key] = self.use_contraction(rows, x, weight_built=True)
-        return choice
-
     def forward(self, x):
         # the parameters read from their dicts: through nn.Module.__getattr__ and
         # ParameterList's indexing they cost more than the F.linear of a decoding step
         cores = self._modules["cores"]._parameters
         bias = self._parameters.get("bias")
         grad = torch.is_grad_enabled()
-        if not grad and not self.training:  # e.g. a decoding step
-            weight = self._step_weight(x, cores)
-            if weight is not None:
+        if not self.training and not (grad and cores["0"].requires_grad):
+            weight = self._kept_weight(x, cores)  # W kept, e.g. a decoding step
+        elif self.use_contraction(x.numel() // self.in_features, x):
+            weight = None
+        else:
+            group = self._group
+            weight = group.weight(self, layout="linear") if group is not None else self.full_weight().t()
+        if weight is not None:
+            if not grad:
                 # one op: F.linear with W in nn.Linear's layout (a view), no reshapes around it
                 return F.linear(x, weight, bias)
-        else:
-            reuse = not self.training and not (grad and cores["0"].requires_grad)
-            if not self._contracts(x.numel() // self.in_features, x, reuse):
-                if not grad:
-                    return F.linear(x, self._linear_layout(reuse), bias)
-                if recompute_recipe(x) is None:
-                    return MaterialisedLinear.apply(x, self._linear_layout(reuse), bias)
-                return linear_input_of(x, self._linear_layout(reuse), bias)
+            if recompute_recipe(x) is None:
+                return MaterialisedLinear.apply(x, weight, bias)
+            return linear_input_of(x, weight, bias)
         shape = x.shape
         cores = list(cores.values())
         x2d = x.reshape(-1, self.in_features)
@@ -309,18 +292,6 @@ class TensorChainLinear(BackwardModeMixin, nn.Module):
             return mark_recomputable(y.reshape(*shape[:-1], self.out_features), chain_value,
                                      x2d, bias, *cores)
         return y.reshape(*shape[:-1], self.out_features)
-
-    def _linear_layout(self, reuse):
-        """W as ``[out_features, in_features]`` (a view of the ``[in, out]`` matrix); with
-        ``reuse``, the view of :meth:`inference_weight`'s kept W, kept with it."""
-        if not reuse:
-            group = self._group
-            return group.weight(self, layout="linear") if group is not None else self.full_weight().t()
-        weight = self.inference_weight()
-        kept = self._linear_layout_of
-        if kept is None or kept[0] is not weight:
-            kept = self._linear_layout_of = (weight, weight.t())
-        return kept[1]
 
     @torch.no_grad()
     def to_dense(self):
