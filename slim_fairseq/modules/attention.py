@@ -41,6 +41,7 @@ from slim_fairseq.modules.rope import RotaryEmbedding
 from slim_fairseq.modules.shaped_attention import shaped_mixing
 from slim_fairseq.modules.tc_autograd import in_autocast_dtype
 from slim_fairseq.modules.tensor_chain import TensorChainLinear, built_together
+from slim_fairseq.modules.tensor_chain_policy import device_and_autocast
 from slim_fairseq.specs import PLAIN_ATTENTION, AttentionSpec
 
 ROLES = ("encoder_self", "decoder_self", "cross")
@@ -241,8 +242,7 @@ class SlimMultiheadAttention(nn.Module):
         attention multiplies by its stacked input projection."""
         if self.gate != "none" or key is None or not torch.is_grad_enabled():
             return False
-        device_type = query.device.type
-        if device_type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device_type):
+        if device_and_autocast(query)[1] is None:
             return False
         if self.self_attention:
             projections = (self.q_proj, self.k_proj, self.v_proj)

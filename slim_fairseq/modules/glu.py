@@ -26,7 +26,8 @@ from slim_fairseq.modules.tc_autograd import (chain_backward, forward_autocast, 
                                               refuse_double_backward, remember_autocast)
 from slim_fairseq.modules.tc_contraction import contract_input
 from slim_fairseq.modules.tensor_chain import TensorChainLinear, built_together
-from slim_fairseq.modules.tensor_chain_policy import BackwardModeMixin, policy_for, target
+from slim_fairseq.modules.tensor_chain_policy import (BackwardModeMixin, device_and_autocast,
+                                                      policy_for, target)
 from slim_fairseq.specs import DENSE, ChainSpec
 
 
@@ -231,9 +232,8 @@ class GLUProjection(BackwardModeMixin, nn.Module):
 
     def _stack_weights(self, x):
         """Whether both linears are dense and autocast is on for ``x``'s device."""
-        device_type = x.device.type
         return (type(self.w1) is nn.Linear and type(self.w3) is nn.Linear
-                and device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type))
+                and device_and_autocast(x)[1] is not None)
 
     def _chain_contraction(self, rows):
         """Both linears are Tensor Chains that contract the input for this many rows."""

@@ -20,6 +20,7 @@ import functools
 import torch
 
 from slim_fairseq.modules.tc_contraction import contract_input, first_core_first, row_block
+from slim_fairseq.modules.tensor_chain_policy import device_and_autocast
 
 
 def _autocast_state(device_type):
@@ -33,12 +34,8 @@ def in_autocast_dtype(x):
     """``x`` in autocast's dtype where autocast is on for its device (itself otherwise): one
     cast for all the products that read ``x`` instead of one each, whose gradients then meet in
     that dtype and are cast back once."""
-    # (is_cuda / is_cpu: a few times cheaper than building x.device; this runs per layer call)
-    device_type = "cuda" if x.is_cuda else "cpu" if x.is_cpu else None
-    if device_type is None or not torch.is_autocast_enabled(device_type):
-        return x
-    dtype = torch.get_autocast_dtype(device_type)
-    if x.dtype == dtype or not x.is_floating_point():
+    dtype = device_and_autocast(x)[1]
+    if dtype is None or x.dtype == dtype or not x.is_floating_point():
         return x
     return x.to(dtype)
 

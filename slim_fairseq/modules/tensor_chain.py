@@ -112,11 +112,7 @@ def _cores_key(cores):
     """What a W built from ``cores`` (a ParameterList's parameter dict) depends on: the autocast
     state of their device, then each core's pointer, version and dtype (a flat list: a few times
     cheaper to build and compare than tuples)."""
-    first = cores["0"]
-    device_type = "cuda" if first.is_cuda else "cpu" if first.is_cpu else first.device.type
-    autocast = (device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type)
-                and torch.get_autocast_dtype(device_type))
-    key = [autocast]
+    key = [tensor_chain_policy.device_and_autocast(cores["0"])[1]]
     for core in cores.values():
         key += (core.data_ptr(), core._version, core.dtype)
     return key

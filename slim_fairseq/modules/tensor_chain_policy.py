@@ -111,16 +111,23 @@ def assume_target(device_type, dtype):
         _ASSUMED.pop()
 
 
+def device_and_autocast(like):
+    """(device type of tensor ``like``, autocast's dtype where autocast is on for that device,
+    else None)."""
+    # is_cuda / is_cpu: a few times cheaper than building like.device (this runs per layer call)
+    device_type = "cuda" if like.is_cuda else "cpu" if like.is_cpu else like.device.type
+    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+        return device_type, torch.get_autocast_dtype(device_type)
+    return device_type, None
+
+
 def target(like):
     """(device type, compute dtype) of work on tensor ``like``: autocast's dtype where autocast
     is on for its device, else its own dtype (or what :func:`assume_target` says)."""
     if _ASSUMED:
         return _ASSUMED[-1]
-    # is_cuda / is_cpu: a few times cheaper than building like.device (this runs per layer call)
-    device_type = "cuda" if like.is_cuda else "cpu" if like.is_cpu else like.device.type
-    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
-        return device_type, torch.get_autocast_dtype(device_type)
-    return device_type, like.dtype
+    device_type, autocast = device_and_autocast(like)
+    return device_type, like.dtype if autocast is None else autocast
 
 
 def contract_pays(cost_ratio, materialise_macs, rows, device_type, dtype):
