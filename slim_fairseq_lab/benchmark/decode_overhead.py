@@ -171,16 +171,15 @@ def _recorded_steps(run, steps):
 
 
 def _replay_times(recorded):
-    """CPU time of the thread replaying each step's recorded calls. In-place calls act on the
-    recorded tensors again (a scaling, repeated, would reach subnormal floats, which x86 runs
-    slowly: flushed to zero here)."""
+    """CPU time of the thread in :func:`replay` of each step's recorded calls. In-place calls
+    act on the recorded tensors again (a scaling, repeated, would reach subnormal floats, which
+    x86 runs slowly: flushed to zero here)."""
     times, clock = [], time.thread_time
     flushed = torch.set_flush_denormal(True)
     try:
         for calls in recorded:
             start = clock()
-            for func, args, kwargs in calls:
-                func(*args, **kwargs)
+            replay(calls)
             times.append(clock() - start)
     finally:
         if flushed:

@@ -377,14 +377,21 @@ def compare(build, models, shape=OpShape(), autocast=None):
     return counts
 
 
+def _table_rows(models):
+    """(model, its baseline) in a table's order: the baselines of the tasks among ``models``
+    ({arch: is a language model}) first, then ``models``."""
+    wanted = with_baselines(models)
+    baselines = [BASELINES[lm][0] for lm in sorted(set(models.values()))]
+    for arch in baselines + [a for a in models if a not in baselines]:
+        yield arch, BASELINES[wanted[arch]][0]
+
+
 def bytes_markdown(written, models):
     """A markdown table of :func:`compare_bytes`: per model, MB written per training step and
     the ratio against its baseline."""
     lines = ["| model | against | MB per training step | × baseline |", "|---|---|---|---|"]
-    baselines = [BASELINES[lm][0] for lm in sorted(set(models.values()))]
-    for arch in baselines + [a for a in models if a not in baselines]:
+    for arch, base in _table_rows(models):
         got, ratio = written[arch]
-        base = BASELINES[models.get(arch, arch == "transformer_lm")][0]
         lines.append(f"| {arch} | {base} | {got / 1e6:,.1f} | {ratio:.2f} |")
     return "\n".join(lines)
 
@@ -394,10 +401,8 @@ def markdown(counts, models):
     step (top-level and all) and the ratios against its baseline."""
     lines = ["| model | against | train: top | train: all | decode: top | decode: all | "
              "train × | decode × | train × (all) | decode × (all) |", "|" + "---|" * 10]
-    baselines = [BASELINES[lm][0] for lm in sorted(set(models.values()))]
-    for arch in baselines + [a for a in models if a not in baselines]:
+    for arch, base in _table_rows(models):
         c = counts[arch]
-        base = BASELINES[models.get(arch, arch == "transformer_lm")][0]
         lines.append(f"| {arch} | {base} | {c['train'].top:,.0f} | {c['train'].all:,.0f} | "
                      f"{c['decode'].top:,.1f} | {c['decode'].all:,.1f} | {c['ratio_train'].top:.2f} | "
                      f"{c['ratio_decode'].top:.2f} | {c['ratio_train'].all:.2f} | "
