@@ -72,7 +72,8 @@ def copy_layer(reader, src, dst, out, cross=False):
 
 
 def copy_linear(reader, src, dst, out):
-    """A linear layer into the custom code (its bias only if it has one); whether it has one."""
+    """A linear layer into ``out`` as ``dst.weight`` (and ``dst.bias`` only if it has a bias);
+    whether it has one."""
     weight, bias = reader.linear(src)
     out[f"{dst}.weight"] = weight
     if bias is not None:

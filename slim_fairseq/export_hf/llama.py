@@ -7,7 +7,8 @@ so queries and keys are copied without a permutation. Llama's ``gate_proj`` / ``
 projections are written as one copy per layer, LoRA folded in; an embedding scale sqrt(d) is
 folded into an untied input table.
 """
-from slim_fairseq.export_hf.layers import attention_shape, no_projections, same_parameter
+from slim_fairseq.export_hf.layers import (attention_shape, copy_linear, no_projections,
+                                           same_parameter)
 from slim_fairseq.export_hf.source import activation_name, input_embedding, is_scaled
 from slim_fairseq.option_errors import option_error
 
@@ -64,15 +65,9 @@ def build(src, reader):
         src_layer, dst = f"decoder.layers.{i}", f"model.layers.{i}"
         for name, target in (("q_proj", "q_proj"), ("k_proj", "k_proj"), ("v_proj", "v_proj"),
                              ("out_proj", "o_proj")):
-            weight, bias = reader.linear(f"{src_layer}.self_attn.{name}")
-            out[f"{dst}.self_attn.{target}.weight"] = weight
-            if bias is not None:
-                out[f"{dst}.self_attn.{target}.bias"] = bias
+            copy_linear(reader, f"{src_layer}.self_attn.{name}", f"{dst}.self_attn.{target}", out)
         for name, target in (("fc1.w1", "gate_proj"), ("fc1.w3", "up_proj"), ("fc2", "down_proj")):
-            weight, bias = reader.linear(f"{src_layer}.{name}")
-            out[f"{dst}.mlp.{target}.weight"] = weight
-            if bias is not None:
-                out[f"{dst}.mlp.{target}.bias"] = bias
+            copy_linear(reader, f"{src_layer}.{name}", f"{dst}.mlp.{target}", out)
         out[f"{dst}.input_layernorm.weight"] = reader.norm(f"{src_layer}.self_attn_layer_norm")[0]
         out[f"{dst}.post_attention_layernorm.weight"] = reader.norm(
             f"{src_layer}.final_layer_norm")[0]
