@@ -586,7 +586,6 @@ def test_chain_decoding_step_answer_follows_mode_rows_and_data(monkeypatch):
         layer.forward_mode = "contract"
         torch.testing.assert_close(layer(x), x @ layer.full_weight() + layer.bias)
         assert contracted == [1]
-        layer.forward_mode = "auto"
         wide = TensorChainLinear(512, 32000, bond=8).eval()  # contracts one row, not 4,096
         assert wide.use_contraction(1) and not wide.use_contraction(4096)
         wide(torch.randn(1, 512))
